@@ -1,0 +1,49 @@
+#pragma once
+
+#include <corocoll/version.hpp>
+
+#include <atomic>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// A unit of work handed to an event loop from any thread. It is intrusive: the item lives in
+/// the frame of the coroutine that posts it, so posting allocates nothing. `run_` is called
+/// once, on the loop's thread.
+struct work_item {
+    work_item* next_ = nullptr;
+    void (*run_)(work_item*) noexcept = nullptr;
+};
+
+/// What the core layer needs from an event loop, without knowing what the loop is: the io
+/// layer's reactor implements it. Keeping it abstract lets `sync_wait` and `offload` live in
+/// core while the reactor lives above (a lower layer never includes a higher one).
+class event_loop {
+public:
+    /// Queues `item` to run on the loop's thread and wakes the loop. Thread-safe.
+    virtual void post(work_item& item) noexcept = 0;
+    /// Wakes the loop if it sleeps, so that it re-checks whatever it waits for. Thread-safe.
+    virtual void wake() noexcept = 0;
+    /// Runs the loop on the calling thread until `done` is true. The loop sleeps in the kernel
+    /// while nothing is ready; whoever sets `done` from another thread calls `wake()`.
+    virtual void run_until(const std::atomic<bool>& done) = 0;
+
+    /// The loop bound to the calling thread, or null when it has none.
+    static event_loop* current() noexcept { return current_ref(); }
+
+protected:
+    event_loop() = default;
+    ~event_loop() = default;
+    event_loop(const event_loop&) = delete;
+    event_loop& operator=(const event_loop&) = delete;
+
+    static event_loop*& current_ref() noexcept {
+        thread_local event_loop* current = nullptr;
+        return current;
+    }
+};
+
+}  // namespace detail
+
+COROCOLL_END_NAMESPACE

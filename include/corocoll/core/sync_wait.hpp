@@ -1,0 +1,145 @@
+#pragma once
+
+#include <corocoll/core/awaitable_traits.hpp>
+#include <corocoll/core/event_loop.hpp>
+#include <corocoll/version.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <coroutine>
+#include <exception>
+#include <mutex>
+#include <utility>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// Where `sync_wait` blocks: the calling thread's event loop if it has one (so the loop keeps
+/// driving I/O while we wait), otherwise a mutex and condition variable.
+class sync_wait_state {
+public:
+    explicit sync_wait_state(event_loop* loop) noexcept : loop_(loop) {}
+
+    void wait() {
+        if (loop_ != nullptr) {
+            loop_->run_until(done_);
+            return;
+        }
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [&] { return done_.load(std::memory_order_acquire); });
+    }
+
+    // The waiter may return and destroy this state as soon as it sees `done_`; so read
+    // everything needed before publishing, and with no loop publish under the mutex (the
+    // waiter cannot leave until the notifier unlocks).
+    void signal() noexcept {
+        event_loop* loop = loop_;
+        if (loop != nullptr) {
+            done_.store(true, std::memory_order_release);
+            if (event_loop::current() != loop) loop->wake();
+            return;
+        }
+        std::lock_guard lock(mutex_);
+        done_.store(true, std::memory_order_release);
+        cv_.notify_one();
+    }
+
+private:
+    event_loop* loop_;
+    std::atomic<bool> done_{false};
+    std::mutex mutex_;
+    std::condition_variable cv_;
+};
+
+template <class T>
+struct sync_wait_result {
+    result_slot<T> result_;
+    template <class U>
+    void return_value(U&& value) {
+        result_.set_value(std::forward<U>(value));
+    }
+};
+
+template <>
+struct sync_wait_result<void> {
+    result_slot<void> result_;
+    void return_void() noexcept {}
+};
+
+/// The coroutine that `sync_wait` starts: it awaits the user's awaitable and signals the
+/// waiting thread from its final suspend point.
+template <class T>
+class sync_wait_task {
+public:
+    struct promise_type : sync_wait_result<T> {
+        sync_wait_state* state_ = nullptr;
+
+        sync_wait_task get_return_object() noexcept {
+            return sync_wait_task{std::coroutine_handle<promise_type>::from_promise(*this)};
+        }
+        std::suspend_always initial_suspend() const noexcept { return {}; }
+        auto final_suspend() const noexcept {
+            struct signaller {
+                bool await_ready() const noexcept { return false; }
+                void await_suspend(std::coroutine_handle<promise_type> h) const noexcept {
+                    h.promise().state_->signal();
+                }
+                void await_resume() const noexcept {}
+            };
+            return signaller{};
+        }
+        void unhandled_exception() noexcept {
+            this->result_.set_exception(std::current_exception());
+        }
+    };
+
+    explicit sync_wait_task(std::coroutine_handle<promise_type> h) noexcept : handle_(h) {}
+    sync_wait_task(sync_wait_task&& o) noexcept : handle_(std::exchange(o.handle_, {})) {}
+    sync_wait_task(const sync_wait_task&) = delete;
+    sync_wait_task& operator=(const sync_wait_task&) = delete;
+    sync_wait_task& operator=(sync_wait_task&&) = delete;
+    ~sync_wait_task() {
+        if (handle_) handle_.destroy();
+    }
+
+    T run(sync_wait_state& state) {
+        handle_.promise().state_ = &state;
+        handle_.resume();
+        state.wait();
+        return handle_.promise().result_.take();
+    }
+
+private:
+    std::coroutine_handle<promise_type> handle_;
+};
+
+template <class R, class A>
+sync_wait_task<R> make_sync_wait_task(A&& awaitable) {
+    if constexpr (std::is_void_v<R>) {
+        co_await std::forward<A>(awaitable);
+    } else {
+        co_return co_await std::forward<A>(awaitable);
+    }
+}
+
+}  // namespace detail
+
+/// Runs `awaitable` to completion on the calling thread and returns its result (or rethrows its
+/// exception). If the thread has an event loop (an `io::reactor`), the loop runs meanwhile, so
+/// I/O awaited inside makes progress; otherwise the thread blocks until whichever thread
+/// finishes the work wakes it. Call it from plain code, never from inside a coroutine that the
+/// same loop runs. Cost: one small coroutine frame.
+template <awaitable A>
+decltype(auto) sync_wait(A&& awaitable) {
+    using result = await_result_t<A>;
+    detail::sync_wait_state state(detail::event_loop::current());
+    auto t = detail::make_sync_wait_task<result>(std::forward<A>(awaitable));
+    if constexpr (std::is_void_v<result>) {
+        t.run(state);
+    } else {
+        return t.run(state);
+    }
+}
+
+COROCOLL_END_NAMESPACE

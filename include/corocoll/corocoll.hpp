@@ -1,0 +1,19 @@
+#pragma once
+
+/// Everything corocoll offers a CPU-only program. GPU support lives under its own include root
+/// and is never pulled in from here.
+
+#include <corocoll/version.hpp>
+
+#include <corocoll/core/async_scope.hpp>
+#include <corocoll/core/awaitable_traits.hpp>
+#include <corocoll/core/error.hpp>
+#include <corocoll/core/offload.hpp>
+#include <corocoll/core/sync_wait.hpp>
+#include <corocoll/core/task.hpp>
+#include <corocoll/core/thread_pool.hpp>
+#include <corocoll/core/when_all.hpp>
+
+#include <corocoll/io/endpoint.hpp>
+#include <corocoll/io/reactor.hpp>
+#include <corocoll/io/socket.hpp>

@@ -1,0 +1,332 @@
+#pragma once
+
+#include <corocoll/core/error.hpp>
+#include <corocoll/core/event_loop.hpp>
+#include <corocoll/core/sync_wait.hpp>
+#include <corocoll/io/detail/io_op.hpp>
+#include <corocoll/version.hpp>
+
+#include <liburing.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace io {
+
+/// How a reactor sets up its ring.
+struct reactor_options {
+    /// Submission-queue entries (the kernel rounds up to a power of two). Operations beyond
+    /// what fits wait in the reactor's backlog; none is lost.
+    unsigned sq_entries = 256;
+    /// Completion-queue entries; 0 lets the kernel choose (twice `sq_entries`). Completions
+    /// beyond it are kept by the kernel (IORING_FEAT_NODROP), not lost.
+    unsigned cq_entries = 0;
+    /// Poll the completion queue in a loop instead of sleeping in the kernel while idle.
+    /// Trades a core for latency; off by default.
+    bool spin = false;
+};
+
+/// The ring set-up flags a reactor asked for and the kernel accepted.
+struct reactor_features {
+    bool single_issuer = false;  ///< IORING_SETUP_SINGLE_ISSUER (Linux 6.0)
+    bool defer_taskrun = false;  ///< IORING_SETUP_DEFER_TASKRUN (Linux 6.1)
+    bool coop_taskrun = false;   ///< IORING_SETUP_COOP_TASKRUN (Linux 5.19)
+    bool submit_all = false;     ///< IORING_SETUP_SUBMIT_ALL (Linux 5.18)
+};
+
+/// One io_uring ring bound to the thread that creates it; the event loop that every awaitable
+/// I/O operation of that thread completes through. At most one reactor per thread; it must be
+/// created, run and destroyed on that thread. Other threads reach it only through `post` and
+/// `wake` (an eventfd), never through the ring. `run_until` (and so `sync_wait` on this
+/// thread) submits queued operations, sleeps in the kernel until something completes, and
+/// resumes the coroutines whose operations finished. Destroy it only once no operation is in
+/// flight: coroutines still waiting on it are never resumed.
+class reactor final : public corocoll::detail::event_loop {
+public:
+    explicit reactor(reactor_options options = {}) : options_(options) {
+        if (current_ref() != nullptr) {
+            throw std::logic_error("corocoll: this thread already has an io::reactor");
+        }
+        setup_ring();
+        wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (wake_fd_ < 0) {
+            int err = errno;
+            io_uring_queue_exit(&ring_);
+            corocoll::detail::throw_errno(err, "corocoll: reactor: eventfd");
+        }
+        wake_op_.self_ = this;
+        wake_op_.prepare_ = &prepare_wake_read;
+        wake_op_.complete_ = &complete_wake_read;
+        submit(wake_op_);
+        current_ref() = this;
+    }
+
+    reactor(const reactor&) = delete;
+    reactor& operator=(const reactor&) = delete;
+
+    ~reactor() {
+        current_ref() = nullptr;
+        // Closing the ring cancels whatever is still in flight, our eventfd read included.
+        io_uring_queue_exit(&ring_);
+        ::close(wake_fd_);
+    }
+
+    /// The reactor of the calling thread, or null.
+    static reactor* current() noexcept {
+        return static_cast<reactor*>(corocoll::detail::event_loop::current());
+    }
+
+    /// What the kernel accepted at set-up.
+    const reactor_features& features() const noexcept { return features_; }
+    /// Submission-queue size the kernel granted.
+    unsigned sq_entries() const noexcept { return ring_.sq.ring_entries; }
+
+    /// Operations submitted and not yet completed, not counting the reactor's own eventfd read.
+    std::size_t in_flight() const noexcept { return in_flight_ - 1; }
+
+    void post(corocoll::detail::work_item& item) noexcept override {
+        corocoll::detail::work_item* head = posted_.load(std::memory_order_relaxed);
+        do {
+            item.next_ = head;
+        } while (!posted_.compare_exchange_weak(head, &item, std::memory_order_release,
+                                                std::memory_order_relaxed));
+        // Only the first item after a drain needs to wake the loop: later ones ride along.
+        if (head == nullptr) wake();
+    }
+
+    void wake() noexcept override {
+        std::uint64_t one = 1;
+        // EAGAIN means the counter is already non-zero: the loop is woken anyway.
+        [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof(one));
+    }
+
+    void run_until(const std::atomic<bool>& done) override {
+        while (!done.load(std::memory_order_acquire)) {
+            run_posted();
+            if (done.load(std::memory_order_acquire)) break;
+            submit_backlog();
+            if (reap() > 0) continue;
+            wait_for_completion();
+            reap();
+        }
+        // What the last resumed coroutines queued goes out now rather than at the next run.
+        if (io_uring_sq_ready(&ring_) > 0) flush();
+    }
+
+    /// Runs `a` on this reactor's thread until it completes and returns its result:
+    /// `sync_wait(a)` with this reactor driving the I/O.
+    template <class A>
+    decltype(auto) run(A&& a) {
+        return corocoll::sync_wait(std::forward<A>(a));
+    }
+
+    /// Hands `op` to the kernel, or to the backlog when the submission queue is full. The
+    /// SQEs are flushed to the kernel the next time the loop waits (one syscall for a batch)
+    /// or here, when the queue fills up.
+    void submit(detail::io_op& op) noexcept {
+        if (backlog_head_ == nullptr && reserve(op.sqes_)) {
+            op.prepare_(&op, &ring_);
+            in_flight_ += op.tracked_ ? 1 : 0;
+            return;
+        }
+        backlog_push(op);
+    }
+
+    /// Removes `op` from the backlog if it waits there; true if it did.
+    bool withdraw(detail::io_op& op) noexcept {
+        if (!op.queued_) return false;
+        if (op.prev_ != nullptr) {
+            op.prev_->next_ = op.next_;
+        } else {
+            backlog_head_ = op.next_;
+        }
+        if (op.next_ != nullptr) {
+            op.next_->prev_ = op.prev_;
+        } else {
+            backlog_tail_ = op.prev_;
+        }
+        op.prev_ = op.next_ = nullptr;
+        op.queued_ = false;
+        return true;
+    }
+
+    /// Awaitable: suspends for `d`. Throws `std::system_error` (operation_canceled) if `stop`
+    /// is requested first.
+    template <class Rep, class Period>
+    auto sleep_for(std::chrono::duration<Rep, Period> d, std::stop_token stop = {});
+    /// Awaitable: suspends until the steady clock reaches `t`.
+    auto sleep_until(std::chrono::steady_clock::time_point t, std::stop_token stop = {});
+    /// Awaitable: resumes the awaiting coroutine on this reactor's thread, from any thread.
+    auto schedule() noexcept;
+    /// Awaitable: cancels every operation in flight on file descriptor `fd`; yields how many
+    /// were cancelled. Each of them completes with `std::errc::operation_canceled`.
+    auto cancel_fd(int fd);
+
+private:
+    void setup_ring() {
+        // Newest first; each step drops what an older kernel rejects with EINVAL.
+        const unsigned attempts[] = {
+            IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_SUBMIT_ALL,
+            IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SUBMIT_ALL,
+            IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SUBMIT_ALL,
+            0,
+        };
+        int rc = -EINVAL;
+        for (unsigned flags : attempts) {
+            io_uring_params p{};
+            p.flags = flags;
+            if (options_.cq_entries != 0) {
+                p.flags |= IORING_SETUP_CQSIZE;
+                p.cq_entries = options_.cq_entries;
+            }
+            rc = io_uring_queue_init_params(options_.sq_entries, &ring_, &p);
+            if (rc == 0) {
+                features_.single_issuer = (flags & IORING_SETUP_SINGLE_ISSUER) != 0;
+                features_.defer_taskrun = (flags & IORING_SETUP_DEFER_TASKRUN) != 0;
+                features_.coop_taskrun = (flags & IORING_SETUP_COOP_TASKRUN) != 0;
+                features_.submit_all = (flags & IORING_SETUP_SUBMIT_ALL) != 0;
+                break;
+            }
+            if (rc != -EINVAL) break;
+        }
+        if (rc != 0) {
+            corocoll::detail::throw_errno(
+                -rc, "corocoll: reactor: io_uring_queue_init with " +
+                         std::to_string(options_.sq_entries) + " entries");
+        }
+        // A child made by fork() must not share the ring's memory with us.
+        io_uring_ring_dontfork(&ring_);
+    }
+
+    bool reserve(unsigned n) noexcept {
+        if (io_uring_sq_space_left(&ring_) >= n) return true;
+        flush();
+        return io_uring_sq_space_left(&ring_) >= n;
+    }
+
+    void flush() noexcept {
+        int rc;
+        do {
+            rc = io_uring_submit(&ring_);
+        } while (rc == -EINTR);
+        // -EBUSY/-EAGAIN: the kernel wants completions reaped first; the SQEs stay queued and
+        // go out with the loop's next submit.
+    }
+
+    void backlog_push(detail::io_op& op) noexcept {
+        op.next_ = nullptr;
+        op.prev_ = backlog_tail_;
+        if (backlog_tail_ != nullptr) {
+            backlog_tail_->next_ = &op;
+        } else {
+            backlog_head_ = &op;
+        }
+        backlog_tail_ = &op;
+        op.queued_ = true;
+    }
+
+    void submit_backlog() noexcept {
+        while (backlog_head_ != nullptr && reserve(backlog_head_->sqes_)) {
+            detail::io_op* op = backlog_head_;
+            withdraw(*op);
+            op->prepare_(op, &ring_);
+            in_flight_ += op->tracked_ ? 1 : 0;
+        }
+    }
+
+    void run_posted() noexcept {
+        corocoll::detail::work_item* list = posted_.exchange(nullptr, std::memory_order_acquire);
+        // The stack holds the newest first; reverse it so items run in the order posted.
+        corocoll::detail::work_item* ordered = nullptr;
+        while (list != nullptr) {
+            auto* next = list->next_;
+            list->next_ = ordered;
+            ordered = list;
+            list = next;
+        }
+        while (ordered != nullptr) {
+            auto* next = ordered->next_;
+            ordered->run_(ordered);
+            ordered = next;
+        }
+    }
+
+    // Copies a batch of CQEs out of the ring and frees their slots before dispatching, so that
+    // what a resumed coroutine submits never races with the ring's completion side.
+    std::size_t reap() noexcept {
+        std::size_t total = 0;
+        for (;;) {
+            io_uring_cqe* cqes[64];
+            unsigned n = io_uring_peek_batch_cqe(&ring_, cqes, 64);
+            if (n == 0) return total;
+            struct completion {
+                __u64 user_data;
+                int res;
+            } batch[64];
+            for (unsigned i = 0; i < n; ++i) batch[i] = {cqes[i]->user_data, cqes[i]->res};
+            io_uring_cq_advance(&ring_, n);
+            for (unsigned i = 0; i < n; ++i) {
+                if (batch[i].user_data == detail::ignored_user_data) continue;
+                auto* op = reinterpret_cast<detail::io_op*>(batch[i].user_data);
+                --in_flight_;
+                op->complete_(op, batch[i].res);
+            }
+            total += n;
+        }
+    }
+
+    void wait_for_completion() noexcept {
+        if (options_.spin) {
+            flush();
+            if (features_.defer_taskrun) io_uring_get_events(&ring_);
+            return;
+        }
+        int rc = io_uring_submit_and_wait(&ring_, 1);
+        // EINTR: a signal; EBUSY/EAGAIN: completions to reap first. The loop comes back.
+        (void)rc;
+    }
+
+    // The eventfd read that is always in flight, so that post() and wake() from other threads
+    // end the loop's sleep. Re-armed each time it completes.
+    struct wake_op : detail::io_op {
+        reactor* self_ = nullptr;
+    };
+    static void prepare_wake_read(detail::io_op* op, io_uring* ring) noexcept {
+        reactor* self = static_cast<wake_op*>(op)->self_;
+        io_uring_sqe* sqe = io_uring_get_sqe(ring);
+        io_uring_prep_read(sqe, self->wake_fd_, &self->wake_buf_, sizeof(self->wake_buf_), 0);
+        io_uring_sqe_set_data(sqe, op);
+    }
+    static void complete_wake_read(detail::io_op* op, int /*res*/) noexcept {
+        reactor* self = static_cast<wake_op*>(op)->self_;
+        self->submit(self->wake_op_);
+    }
+
+    reactor_options options_;
+    reactor_features features_;
+    io_uring ring_{};
+    int wake_fd_ = -1;
+    std::uint64_t wake_buf_ = 0;
+    wake_op wake_op_;
+    std::atomic<corocoll::detail::work_item*> posted_{nullptr};
+    detail::io_op* backlog_head_ = nullptr;
+    detail::io_op* backlog_tail_ = nullptr;
+    std::size_t in_flight_ = 0;
+};
+
+}  // namespace io
+
+COROCOLL_END_NAMESPACE
+
+#include <corocoll/io/detail/basic_op.hpp>
+#include <corocoll/io/detail/reactor_ops.hpp>

@@ -1,0 +1,19 @@
+#pragma once
+
+/// corocoll's version, as numbers and as the name of the inline namespace that holds every
+/// public entity. Two copies of corocoll of different versions can meet in one binary (two
+/// vendored libraries, say) without an ODR clash: their symbols live in different namespaces.
+#define COROCOLL_VERSION_MAJOR 0
+#define COROCOLL_VERSION_MINOR 1
+#define COROCOLL_VERSION_PATCH 0
+#define COROCOLL_VERSION_STRING "0.1.0"
+
+#define COROCOLL_ABI_NAMESPACE v0_1
+
+/// Opens `namespace corocoll` with the versioned inline namespace inside.
+#define COROCOLL_BEGIN_NAMESPACE \
+    namespace corocoll {         \
+    inline namespace COROCOLL_ABI_NAMESPACE {
+#define COROCOLL_END_NAMESPACE \
+    }                          \
+    }
