@@ -18,7 +18,7 @@ namespace {
 constexpr std::size_t sizes[] = {0, 1, 4096, 65536, 1 << 20, 16 << 20};
 
 cc::task<> serve(cc::io::acceptor& listener) {
-    cc::io::socket peer = co_await listener.accept({.deadline = cc::io::deadline_after(10s)});
+    cc::io::socket peer = co_await listener.accept(cc::io::deadline_after(10s));
     std::vector<std::byte> buf;
     for (std::size_t size : sizes) {
         buf.resize(size);
@@ -37,7 +37,7 @@ cc::task<int> client(cc::io::reactor& r, cc::io::endpoint server) {
         auto t0 = std::chrono::steady_clock::now();
         // Send and receive concurrently: a large message would fill the socket buffers if we
         // sent it all before starting to read the echo.
-        cc::io::op_options o{.deadline = cc::io::deadline_after(10s)};
+        cc::io::op_options o(cc::io::deadline_after(10s));
         co_await cc::when_all(s.send(out, o), s.recv(back, o));
         auto us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0);
         bool same = out == back;

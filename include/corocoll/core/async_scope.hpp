@@ -29,12 +29,13 @@ public:
     /// returns. Takes the awaitable by value (move tasks in).
     template <awaitable A>
     void spawn(A a) {
+        running_.fetch_add(1, std::memory_order_relaxed);
         count_.fetch_add(1, std::memory_order_relaxed);
         run(this, std::move(a));
     }
 
-    /// Number of spawned awaitables still running.
-    std::size_t pending() const noexcept { return count_.load(std::memory_order_acquire) - 1; }
+    /// Number of spawned awaitables still running, also while a `join` waits for them.
+    std::size_t pending() const noexcept { return running_.load(std::memory_order_acquire); }
 
     /// An awaitable that completes when every spawned awaitable has finished; it rethrows the
     /// first exception among them. The scope may be used again afterwards.
@@ -92,6 +93,7 @@ private:
     }
 
     std::coroutine_handle<> child_done() noexcept {
+        running_.fetch_sub(1, std::memory_order_release);
         if (count_.fetch_sub(1, std::memory_order_acq_rel) == 1) return joiner_;
         return std::noop_coroutine();
     }
@@ -101,6 +103,8 @@ private:
 
     // Spawned work still running, plus one that the joiner gives up when it suspends.
     std::atomic<std::size_t> count_{1};
+    // Spawned work still running, for pending(): count_ cannot tell while a joiner waits.
+    std::atomic<std::size_t> running_{0};
     std::coroutine_handle<> joiner_;
     std::atomic<bool> failed_{false};
     std::exception_ptr error_;

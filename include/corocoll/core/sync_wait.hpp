@@ -116,10 +116,20 @@ private:
 
 template <class R, class A>
 sync_wait_task<R> make_sync_wait_task(A&& awaitable) {
-    if constexpr (std::is_void_v<R>) {
+    // An awaiter with no operator co_await is used as an lvalue whatever the category of the
+    // operand ([expr.await], CWG2472), so awaiting the named parameter means the same as
+    // forwarding it. g++ 12.2 copies an operand that is an xvalue or a call, which a
+    // non-copyable awaiter such as offload's cannot allow; only operator co_await needs the
+    // category.
+    constexpr bool has_co_await = has_member_co_await<A> || has_free_co_await<A>;
+    if constexpr (std::is_void_v<R> && has_co_await) {
         co_await std::forward<A>(awaitable);
-    } else {
+    } else if constexpr (std::is_void_v<R>) {
+        co_await awaitable;
+    } else if constexpr (has_co_await) {
         co_return co_await std::forward<A>(awaitable);
+    } else {
+        co_return co_await awaitable;
     }
 }
 

@@ -34,6 +34,10 @@ struct reactor_options {
     /// Poll the completion queue in a loop instead of sleeping in the kernel while idle.
     /// Trades a core for latency; off by default.
     bool spin = false;
+    /// IORING_SETUP_* flags the reactor may try (it still drops those the kernel rejects).
+    /// Narrow it to run on the set-up an older kernel would give: 0 means a plain ring.
+    unsigned allowed_setup_flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN |
+                                   IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SUBMIT_ALL;
 };
 
 /// The ring set-up flags a reactor asked for and the kernel accepted.
@@ -183,6 +187,7 @@ private:
         };
         int rc = -EINVAL;
         for (unsigned flags : attempts) {
+            if ((flags & ~options_.allowed_setup_flags) != 0) continue;
             io_uring_params p{};
             p.flags = flags;
             if (options_.cq_entries != 0) {

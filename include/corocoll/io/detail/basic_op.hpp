@@ -24,11 +24,24 @@ namespace io {
 
 class reactor;
 
-/// Options every awaitable I/O operation takes.
+/// Options every awaitable I/O operation takes: a deadline, a stop token, both or neither. A
+/// deadline or a token converts to it, so `s.recv(buf, deadline_after(5s))` reads as it says.
+///
+/// Not an aggregate on purpose: g++ 12 destroys an aggregate temporary twice when it appears in
+/// a `co_await` expression whose `await_resume` throws (seen with g++ 12.2; clang 14 is right),
+/// and a double-destroyed `std::stop_token` corrupts its shared state. Types with a
+/// constructor are not affected.
 struct op_options {
+    using time_point = std::chrono::steady_clock::time_point;
+
+    op_options() noexcept = default;
+    op_options(time_point d) noexcept : deadline(d) {}  // NOLINT(google-explicit-constructor)
+    op_options(std::stop_token s) noexcept : stop(std::move(s)) {}  // NOLINT
+    op_options(time_point d, std::stop_token s) noexcept : deadline(d), stop(std::move(s)) {}
+
     /// When the operation fails with `std::errc::timed_out` if not complete (a linked
     /// timeout in the kernel, on the steady clock). The default is no deadline.
-    std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+    time_point deadline = time_point::max();
     /// Requesting a stop cancels the operation; it then fails with
     /// `std::errc::operation_canceled`, and its buffer is not touched afterwards.
     std::stop_token stop{};

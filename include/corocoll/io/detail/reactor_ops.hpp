@@ -46,7 +46,7 @@ void basic_op<Derived>::submit_cancel() noexcept {
 class timer_op final : public basic_op<timer_op> {
 public:
     timer_op(reactor& r, std::chrono::steady_clock::time_point when, std::stop_token stop)
-        : basic_op(r, op_options{.stop = std::move(stop)}), when_(to_kernel_time(when)) {}
+        : basic_op(r, op_options(std::move(stop))), when_(to_kernel_time(when)) {}
 
     void await_resume() { throw_if_failed("sleep"); }
 

@@ -1,0 +1,249 @@
+#include "test_util.hpp"
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <stop_token>
+#include <thread>
+
+using namespace test;
+
+TEST_CASE("the reactor probes io_uring set-up flags and falls back to what the kernel has") {
+    cc::io::reactor r;
+    const auto& f = r.features();
+    // DEFER_TASKRUN needs SINGLE_ISSUER, and COOP_TASKRUN is only the fallback for it.
+    if (f.defer_taskrun) CHECK(f.single_issuer);
+    CHECK_FALSE((f.defer_taskrun && f.coop_taskrun));
+    MESSAGE("single_issuer=" << f.single_issuer << " defer_taskrun=" << f.defer_taskrun
+                             << " coop_taskrun=" << f.coop_taskrun
+                             << " submit_all=" << f.submit_all);
+    CHECK(r.sq_entries() >= 256);
+    CHECK(r.in_flight() == 0);
+}
+
+TEST_CASE("a thread can have only one reactor, and each thread can have its own") {
+    cc::io::reactor r;
+    CHECK(cc::io::reactor::current() == &r);
+    CHECK_THROWS_AS(cc::io::reactor(), std::logic_error);
+    bool other_ok = false;
+    std::thread t([&] {
+        cc::io::reactor mine;
+        other_ok = cc::io::reactor::current() == &mine &&
+                   (mine.run(mine.sleep_for(1ms)), true);
+    });
+    t.join();
+    CHECK(other_ok);
+    CHECK(cc::io::reactor::current() == &r);
+}
+
+TEST_CASE("a timer fires on time") {
+    cc::io::reactor r;
+    for (auto d : {1ms, 20ms, 60ms}) {
+        auto t0 = std::chrono::steady_clock::now();
+        r.run(r.sleep_for(d));
+        double ms = elapsed_ms(t0);
+        CAPTURE(d.count());
+        CHECK(ms >= static_cast<double>(d.count()) - 0.5);
+        CHECK(ms < static_cast<double>(d.count()) + 100.0);
+    }
+    auto until = std::chrono::steady_clock::now() + 30ms;
+    r.run(r.sleep_until(until));
+    CHECK(std::chrono::steady_clock::now() >= until);
+}
+
+TEST_CASE("timers run concurrently: ten 50 ms sleeps take about 50 ms in all") {
+    cc::io::reactor r;
+    std::vector<cc::task<>> sleeps;
+    auto one = [](cc::io::reactor& rr) -> cc::task<> { co_await rr.sleep_for(50ms); };
+    for (int i = 0; i < 10; ++i) sleeps.push_back(one(r));
+    auto t0 = std::chrono::steady_clock::now();
+    r.run(cc::when_all(std::move(sleeps)));
+    double ms = elapsed_ms(t0);
+    CHECK(ms >= 49.0);
+    CHECK(ms < 200.0);
+}
+
+TEST_CASE("a timer cancelled through its stop token ends early with operation_canceled") {
+    cc::io::reactor r;
+    std::stop_source stop;
+    auto body = [&]() -> cc::task<> {
+        auto sleeper = [&]() -> cc::task<> { co_await r.sleep_for(10s, stop.get_token()); };
+        auto canceller = [&]() -> cc::task<> {
+            co_await r.sleep_for(10ms);
+            stop.request_stop();
+        };
+        co_await cc::when_all(sleeper(), canceller());
+    };
+    auto t0 = std::chrono::steady_clock::now();
+    auto e = expect_system_error([&] { r.run(body()); });
+    CHECK(e.code() == std::errc::operation_canceled);
+    CHECK(elapsed_ms(t0) < 1000.0);
+    CHECK(r.in_flight() == 0);
+}
+
+TEST_CASE("the idle reactor sleeps in the kernel instead of spinning") {
+    cc::io::reactor r;
+    double cpu0 = thread_cpu_ms();
+    r.run(r.sleep_for(200ms));
+    double used = thread_cpu_ms() - cpu0;
+    CAPTURE(used);
+    CHECK(used < 20.0);
+}
+
+TEST_CASE("a spinning reactor still completes operations, burning its core while it waits") {
+    cc::io::reactor r({.spin = true});
+    double cpu0 = thread_cpu_ms();
+    auto t0 = std::chrono::steady_clock::now();
+    r.run(r.sleep_for(50ms));
+    CHECK(elapsed_ms(t0) >= 49.0);
+    CHECK(thread_cpu_ms() - cpu0 > 20.0);
+}
+
+TEST_CASE("1,000 concurrent timers on a ring with 4 SQ entries all complete") {
+    cc::io::reactor r({.sq_entries = 4});
+    REQUIRE(r.sq_entries() == 4);
+    std::atomic<int> fired{0};
+    std::vector<cc::task<>> timers;
+    auto one = [](cc::io::reactor& rr, int i, std::atomic<int>& n) -> cc::task<> {
+        co_await rr.sleep_for(std::chrono::microseconds(100 * (i % 50)));
+        ++n;
+    };
+    for (int i = 0; i < 1000; ++i) timers.push_back(one(r, i, fired));
+    r.run(cc::when_all(std::move(timers)));
+    CHECK(fired == 1000);
+    CHECK(r.in_flight() == 0);
+}
+
+TEST_CASE("schedule moves a coroutine from another thread onto the reactor's thread") {
+    cc::io::reactor r;
+    auto reactor_thread = std::this_thread::get_id();
+    std::thread::id resumed_on;
+    std::atomic<bool> done{false};
+    auto hop = [&]() -> cc::task<> {
+        co_await r.schedule();
+        resumed_on = std::this_thread::get_id();
+    };
+    // Started on a plain thread (no reactor there), it must finish on ours.
+    std::thread t([&] {
+        cc::sync_wait(hop());
+        done = true;
+    });
+    // Keep the reactor running until the other thread is done.
+    auto wait_done = [&]() -> cc::task<> {
+        while (!done) co_await r.sleep_for(1ms);
+    };
+    r.run(wait_done());
+    t.join();
+    CHECK(resumed_on == reactor_thread);
+}
+
+TEST_CASE("wake from another thread ends sync_wait's sleep when work completes elsewhere") {
+    cc::io::reactor r;
+    // A hand-made event that another thread completes: the reactor sleeps in the kernel until
+    // the completing thread wakes it through the eventfd.
+    struct event {
+        std::coroutine_handle<> waiter;
+        std::atomic<bool> armed{false};
+        bool await_ready() const noexcept { return false; }
+        void await_suspend(std::coroutine_handle<> h) noexcept {
+            waiter = h;
+            armed = true;
+        }
+        void await_resume() const noexcept {}
+    } ev;
+    std::thread t([&] {
+        while (!ev.armed) std::this_thread::yield();
+        std::this_thread::sleep_for(20ms);
+        ev.waiter.resume();  // resumes on this thread; sync_wait's signal wakes the reactor
+    });
+    auto t0 = std::chrono::steady_clock::now();
+    r.run(ev);
+    t.join();
+    CHECK(elapsed_ms(t0) >= 19.0);
+}
+
+TEST_CASE("offload runs work on a pool thread and resumes on the reactor, which keeps going") {
+    cc::io::reactor r;
+    auto reactor_thread = std::this_thread::get_id();
+    int ticks = 0;
+    std::atomic<bool> computing{true};
+    auto body = [&]() -> cc::task<> {
+        auto compute = [&]() -> cc::task<std::thread::id> {
+            auto worker = co_await cc::offload([&] {
+                std::this_thread::sleep_for(100ms);  // stands in for CPU work
+                computing = false;
+                return std::this_thread::get_id();
+            });
+            CHECK(std::this_thread::get_id() == reactor_thread);
+            co_return worker;
+        };
+        auto ticker = [&]() -> cc::task<> {
+            while (computing) {
+                co_await r.sleep_for(5ms);
+                ++ticks;
+            }
+        };
+        auto [worker, unused] = co_await cc::when_all(compute(), ticker());
+        CHECK(worker != reactor_thread);
+    };
+    r.run(body());
+    // The reactor ran timers while the pool computed: about 20 ticks of 5 ms in 100 ms.
+    CHECK(ticks >= 5);
+}
+
+TEST_CASE("posted work items run on the reactor's thread in the order they were posted") {
+    cc::io::reactor r;
+    struct item : cc::detail::work_item {
+        std::vector<int>* out;
+        int value;
+    };
+    std::vector<int> order;
+    std::vector<item> items(100);
+    for (int i = 0; i < 100; ++i) {
+        items[i].out = &order;
+        items[i].value = i;
+        items[i].run_ = [](cc::detail::work_item* w) noexcept {
+            auto* it = static_cast<item*>(w);
+            it->out->push_back(it->value);
+        };
+    }
+    std::thread t([&] {
+        for (auto& it : items) r.post(it);
+    });
+    t.join();
+    auto wait = [&]() -> cc::task<> {
+        while (order.size() < 100) co_await r.sleep_for(1ms);
+    };
+    r.run(wait());
+    std::vector<int> expected(100);
+    for (int i = 0; i < 100; ++i) expected[i] = i;
+    CHECK(order == expected);
+}
+
+TEST_CASE("rings set up as older kernels would (no DEFER_TASKRUN, or no flags) work the same") {
+    for (unsigned allowed : {unsigned{IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SUBMIT_ALL}, 0u}) {
+        CAPTURE(allowed);
+        cc::io::reactor r({.sq_entries = 8, .allowed_setup_flags = allowed});
+        CHECK_FALSE(r.features().defer_taskrun);
+        CHECK_FALSE(r.features().single_issuer);
+        CHECK(r.features().coop_taskrun == (allowed != 0));
+        auto [a, b] = r.run(connected_pair(r));
+        auto out = pattern(3 << 20, 11);
+        std::vector<std::byte> in(out.size());
+        r.run(cc::when_all(a.send(out), b.recv(in)));
+        CHECK(in == out);
+        auto t0 = std::chrono::steady_clock::now();
+        auto e = expect_system_error([&] { r.run(b.recv(in, cc::io::deadline_after(20ms))); });
+        CHECK(e.code() == std::errc::timed_out);
+        CHECK(elapsed_ms(t0) >= 19.0);
+        // Cross-thread wake-ups go through the same eventfd on every set-up.
+        std::stop_source stop;
+        std::thread t([&] {
+            std::this_thread::sleep_for(10ms);
+            stop.request_stop();
+        });
+        auto c = expect_system_error([&] { r.run(r.sleep_for(10s, stop.get_token())); });
+        t.join();
+        CHECK(c.code() == std::errc::operation_canceled);
+    }
+}
