@@ -54,7 +54,8 @@ int main() {
     cc::io::reactor r;
     auto listener = cc::io::acceptor::listen(r, cc::io::endpoint::loopback(0));
     std::printf("echo server listening on %s\n", listener.local_endpoint().to_string().c_str());
-    auto [served, wrong] = r.run(cc::when_all(serve(listener), client(r, listener.local_endpoint())));
+    auto [served, wrong] =
+        r.run(cc::when_all(serve(listener), client(r, listener.local_endpoint())));
     (void)served;
     std::printf("%s\n", wrong == 0 ? "all echoes matched" : "MISMATCH");
     return wrong == 0 ? 0 : 1;

@@ -3,10 +3,10 @@
 #include <corocoll/version.hpp>
 
 #include <concepts>
+#include <coroutine>
 #include <exception>
 #include <memory>
 #include <optional>
-#include <coroutine>
 #include <type_traits>
 #include <utility>
 
@@ -15,10 +15,14 @@ COROCOLL_BEGIN_NAMESPACE
 namespace detail {
 
 template <class T>
-concept has_member_co_await = requires(T&& t) { std::forward<T>(t).operator co_await(); };
+concept has_member_co_await = requires(T&& t) {
+    std::forward<T>(t).operator co_await();
+};
 
 template <class T>
-concept has_free_co_await = requires(T&& t) { operator co_await(std::forward<T>(t)); };
+concept has_free_co_await = requires(T&& t) {
+    operator co_await(std::forward<T>(t));
+};
 
 template <class T>
 concept is_awaiter = requires(T& a, std::coroutine_handle<> h) {
@@ -93,8 +97,8 @@ public:
     }
 
 private:
-    using stored = std::conditional_t<std::is_reference_v<T>, std::remove_reference_t<T>*,
-                                      std::optional<T>>;
+    using stored =
+        std::conditional_t<std::is_reference_v<T>, std::remove_reference_t<T>*, std::optional<T>>;
     stored value_{};
     std::exception_ptr exception_;
 };

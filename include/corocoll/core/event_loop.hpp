@@ -21,12 +21,13 @@ struct work_item {
 /// core while the reactor lives above (a lower layer never includes a higher one).
 class event_loop {
 public:
-    /// Queues `item` to run on the loop's thread and wakes the loop. Thread-safe.
+    /// Queues `item` to run on the loop's thread and wakes the loop. Thread-safe. The loop
+    /// stays alive until every `post` that started before it ran the item has returned, so
+    /// a thread may post the last piece of work a loop waits for and go on using nothing else.
     virtual void post(work_item& item) noexcept = 0;
-    /// Wakes the loop if it sleeps, so that it re-checks whatever it waits for. Thread-safe.
-    virtual void wake() noexcept = 0;
     /// Runs the loop on the calling thread until `done` is true. The loop sleeps in the kernel
-    /// while nothing is ready; whoever sets `done` from another thread calls `wake()`.
+    /// while nothing is ready; another thread that wants `done` seen posts a work item that
+    /// sets it.
     virtual void run_until(const std::atomic<bool>& done) = 0;
 
     /// The loop bound to the calling thread, or null when it has none.

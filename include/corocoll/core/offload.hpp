@@ -18,9 +18,9 @@ COROCOLL_BEGIN_NAMESPACE
 namespace detail {
 
 template <class F>
-using offload_result_t = typename
-    std::conditional_t<std::is_invocable_v<F&, std::stop_token>,
-                       std::invoke_result<F&, std::stop_token>, std::invoke_result<F&>>::type;
+using offload_result_t = typename std::conditional_t<std::is_invocable_v<F&, std::stop_token>,
+                                                     std::invoke_result<F&, std::stop_token>,
+                                                     std::invoke_result<F&>>::type;
 
 /// The awaiter behind `offload`. It lives in the awaiting coroutine's frame and is itself the
 /// work item: first queued on the pool, then posted back to the awaiting thread's event loop.
@@ -107,8 +107,7 @@ template <class F>
 /// `offload` on `thread_pool::default_pool()`.
 template <class F>
 [[nodiscard]] auto offload(F fn, std::stop_token stop = {}) {
-    return detail::offload_awaiter<F>(thread_pool::default_pool(), std::move(fn),
-                                      std::move(stop));
+    return detail::offload_awaiter<F>(thread_pool::default_pool(), std::move(fn), std::move(stop));
 }
 
 COROCOLL_END_NAMESPACE

@@ -17,9 +17,13 @@ namespace detail {
 
 /// Where `sync_wait` blocks: the calling thread's event loop if it has one (so the loop keeps
 /// driving I/O while we wait), otherwise a mutex and condition variable.
-class sync_wait_state {
+class sync_wait_state : private work_item {
 public:
-    explicit sync_wait_state(event_loop* loop) noexcept : loop_(loop) {}
+    explicit sync_wait_state(event_loop* loop) noexcept : loop_(loop) {
+        run_ = [](work_item* self) noexcept {
+            static_cast<sync_wait_state*>(self)->done_.store(true, std::memory_order_release);
+        };
+    }
 
     void wait() {
         if (loop_ != nullptr) {
@@ -30,14 +34,17 @@ public:
         cv_.wait(lock, [&] { return done_.load(std::memory_order_acquire); });
     }
 
-    // The waiter may return and destroy this state as soon as it sees `done_`; so read
-    // everything needed before publishing, and with no loop publish under the mutex (the
-    // waiter cannot leave until the notifier unlocks).
+    // The waiter may return and destroy this state as soon as it sees `done_`. From another
+    // thread, the loop learns of it through a posted item (the loop outlives every post in
+    // progress); with no loop, `done_` is published under the mutex, which the waiter cannot
+    // leave with until the notifier unlocks.
     void signal() noexcept {
-        event_loop* loop = loop_;
-        if (loop != nullptr) {
-            done_.store(true, std::memory_order_release);
-            if (event_loop::current() != loop) loop->wake();
+        if (loop_ != nullptr) {
+            if (event_loop::current() == loop_) {
+                done_.store(true, std::memory_order_release);
+            } else {
+                loop_->post(*this);
+            }
             return;
         }
         std::lock_guard lock(mutex_);

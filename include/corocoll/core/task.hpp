@@ -59,9 +59,7 @@ public:
     void unhandled_exception() noexcept { result_.set_exception(std::current_exception()); }
     template <class U>
         requires std::convertible_to<U&&, T>
-    void return_value(U&& value) {
-        result_.set_value(std::forward<U>(value));
-    }
+    void return_value(U&& value) { result_.set_value(std::forward<U>(value)); }
     result_slot<T>& result() noexcept { return result_; }
 
 private:

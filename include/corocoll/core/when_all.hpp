@@ -150,7 +150,8 @@ task<std::tuple<detail::non_void_t<await_result_t<As>>...>> when_all(As... await
     detail::when_all_latch latch(sizeof...(As));
     auto children = std::make_tuple(detail::make_when_all_child(awaitables)...);
     co_await detail::when_all_awaiter{
-        latch, [&]() noexcept { std::apply([&](auto&... c) { (c.start(latch), ...); }, children); }};
+        latch,
+        [&]() noexcept { std::apply([&](auto&... c) { (c.start(latch), ...); }, children); }};
     latch.rethrow_if_failed();
     co_return std::apply([](auto&... c) { return std::make_tuple(c.take()...); }, children);
 }

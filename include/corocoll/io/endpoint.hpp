@@ -25,7 +25,8 @@ public:
 
     /// From a socket address as the kernel reports it.
     endpoint(const sockaddr* addr, socklen_t len) {
-        if (len > sizeof(storage_)) throw std::invalid_argument("corocoll: socket address too long");
+        if (len > sizeof(storage_))
+            throw std::invalid_argument("corocoll: socket address too long");
         std::memcpy(&storage_, addr, len);
         len_ = len;
     }
@@ -86,8 +87,10 @@ public:
     bool empty() const noexcept { return len_ == 0; }
 
     std::uint16_t port() const noexcept {
-        if (family() == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&storage_)->sin_port);
-        if (family() == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&storage_)->sin6_port);
+        if (family() == AF_INET)
+            return ntohs(reinterpret_cast<const sockaddr_in*>(&storage_)->sin_port);
+        if (family() == AF_INET6)
+            return ntohs(reinterpret_cast<const sockaddr_in6*>(&storage_)->sin6_port);
         return 0;
     }
 

@@ -51,10 +51,11 @@ struct reactor_features {
 /// One io_uring ring bound to the thread that creates it; the event loop that every awaitable
 /// I/O operation of that thread completes through. At most one reactor per thread; it must be
 /// created, run and destroyed on that thread. Other threads reach it only through `post` and
-/// `wake` (an eventfd), never through the ring. `run_until` (and so `sync_wait` on this
+/// `post` (a queue and an eventfd), never through the ring. `run_until` (and so `sync_wait` on this
 /// thread) submits queued operations, sleeps in the kernel until something completes, and
 /// resumes the coroutines whose operations finished. Destroy it only once no operation is in
-/// flight: coroutines still waiting on it are never resumed.
+/// flight: coroutines still waiting on it are never resumed. Its destructor waits for posts
+/// from other threads that are still returning.
 class reactor final : public corocoll::detail::event_loop {
 public:
     explicit reactor(reactor_options options = {}) : options_(options) {
@@ -79,6 +80,7 @@ public:
     reactor& operator=(const reactor&) = delete;
 
     ~reactor() {
+        while (posters_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
         current_ref() = nullptr;
         // Closing the ring cancels whatever is still in flight, our eventfd read included.
         io_uring_queue_exit(&ring_);
@@ -99,19 +101,17 @@ public:
     std::size_t in_flight() const noexcept { return in_flight_ - 1; }
 
     void post(corocoll::detail::work_item& item) noexcept override {
-        corocoll::detail::work_item* head = posted_.load(std::memory_order_relaxed);
-        do {
-            item.next_ = head;
-        } while (!posted_.compare_exchange_weak(head, &item, std::memory_order_release,
-                                                std::memory_order_relaxed));
+        if (current_ref() == this) {
+            // The loop drains the queue before it sleeps: no wake, no lifetime guard needed.
+            push(item);
+            return;
+        }
+        // Counted so that the destructor waits for us: once the item is in, the loop may run
+        // it and the owner destroy the reactor while we still write to the eventfd.
+        posters_.fetch_add(1, std::memory_order_acq_rel);
         // Only the first item after a drain needs to wake the loop: later ones ride along.
-        if (head == nullptr) wake();
-    }
-
-    void wake() noexcept override {
-        std::uint64_t one = 1;
-        // EAGAIN means the counter is already non-zero: the loop is woken anyway.
-        [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof(one));
+        if (push(item)) wake();
+        posters_.fetch_sub(1, std::memory_order_acq_rel);
     }
 
     void run_until(const std::atomic<bool>& done) override {
@@ -120,6 +120,8 @@ public:
             if (done.load(std::memory_order_acquire)) break;
             submit_backlog();
             if (reap() > 0) continue;
+            // Work posted from this thread while the items above ran did not wake us.
+            if (posted_.load(std::memory_order_acquire) != nullptr) continue;
             wait_for_completion();
             reap();
         }
@@ -205,12 +207,28 @@ private:
             if (rc != -EINVAL) break;
         }
         if (rc != 0) {
-            corocoll::detail::throw_errno(
-                -rc, "corocoll: reactor: io_uring_queue_init with " +
-                         std::to_string(options_.sq_entries) + " entries");
+            corocoll::detail::throw_errno(-rc, "corocoll: reactor: io_uring_queue_init with " +
+                                                   std::to_string(options_.sq_entries) +
+                                                   " entries");
         }
         // A child made by fork() must not share the ring's memory with us.
         io_uring_ring_dontfork(&ring_);
+    }
+
+    // True when the queue was empty, so the loop may be asleep.
+    bool push(corocoll::detail::work_item& item) noexcept {
+        corocoll::detail::work_item* head = posted_.load(std::memory_order_relaxed);
+        do {
+            item.next_ = head;
+        } while (!posted_.compare_exchange_weak(head, &item, std::memory_order_release,
+                                                std::memory_order_relaxed));
+        return head == nullptr;
+    }
+
+    void wake() noexcept {
+        std::uint64_t one = 1;
+        // EAGAIN means the counter is already non-zero: the loop is woken anyway.
+        [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof(one));
     }
 
     bool reserve(unsigned n) noexcept {
@@ -301,7 +319,7 @@ private:
         (void)rc;
     }
 
-    // The eventfd read that is always in flight, so that post() and wake() from other threads
+    // The eventfd read that is always in flight, so that post() from other threads
     // end the loop's sleep. Re-armed each time it completes.
     struct wake_op : detail::io_op {
         reactor* self_ = nullptr;
@@ -324,6 +342,7 @@ private:
     std::uint64_t wake_buf_ = 0;
     wake_op wake_op_;
     std::atomic<corocoll::detail::work_item*> posted_{nullptr};
+    std::atomic<int> posters_{0};
     detail::io_op* backlog_head_ = nullptr;
     detail::io_op* backlog_tail_ = nullptr;
     std::size_t in_flight_ = 0;

@@ -200,8 +200,7 @@ private:
 
     bool finished_early() const noexcept { return data_.empty(); }
     void prep(io_uring_sqe* sqe) noexcept {
-        io_uring_prep_recv(sqe, fd_, data_.data(), std::min(data_.size(), max_transfer_per_sqe),
-                           0);
+        io_uring_prep_recv(sqe, fd_, data_.data(), std::min(data_.size(), max_transfer_per_sqe), 0);
     }
     step on_result(int res) noexcept {
         if (res < 0) {
@@ -304,9 +303,8 @@ public:
     void set_nodelay(bool on) {
         int v = on ? 1 : 0;
         if (::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &v, sizeof(v)) != 0) {
-            corocoll::detail::throw_errno(errno,
-                                          "corocoll: setsockopt TCP_NODELAY on socket to " +
-                                              peer_.to_string());
+            corocoll::detail::throw_errno(
+                errno, "corocoll: setsockopt TCP_NODELAY on socket to " + peer_.to_string());
         }
     }
 
@@ -437,8 +435,8 @@ public:
 
     socket await_resume() {
         if (create_error_ != 0) {
-            corocoll::detail::throw_errno(create_error_, "corocoll: socket to connect to " +
-                                                             peer_.to_string());
+            corocoll::detail::throw_errno(create_error_,
+                                          "corocoll: socket to connect to " + peer_.to_string());
         }
         throw_if_failed("connect to " + peer_.to_string());
         set_nodelay(fd_);
@@ -449,7 +447,9 @@ private:
     friend class basic_op<connect_op>;
 
     bool finished_early() const noexcept { return create_error_ != 0; }
-    void prep(io_uring_sqe* sqe) noexcept { io_uring_prep_connect(sqe, fd_, peer_.data(), peer_.size()); }
+    void prep(io_uring_sqe* sqe) noexcept {
+        io_uring_prep_connect(sqe, fd_, peer_.data(), peer_.size());
+    }
     step on_result(int res) noexcept {
         if (res < 0) fail(-res);
         return step::done;

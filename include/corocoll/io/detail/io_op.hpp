@@ -21,8 +21,8 @@ struct io_op {
     io_op* prev_ = nullptr;
     io_op* next_ = nullptr;
     unsigned sqes_ = 1;
-    bool queued_ = false;   // in the reactor's backlog
-    bool tracked_ = true;   // its CQE carries user_data = this (counted as in flight)
+    bool queued_ = false;  // in the reactor's backlog
+    bool tracked_ = true;  // its CQE carries user_data = this (counted as in flight)
 };
 
 /// `user_data` of SQEs whose completions nobody waits for (linked timeouts, cancel requests).

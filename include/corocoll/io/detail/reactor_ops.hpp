@@ -53,7 +53,9 @@ public:
 private:
     friend class basic_op<timer_op>;
 
-    void prep(io_uring_sqe* sqe) noexcept { io_uring_prep_timeout(sqe, &when_, 0, IORING_TIMEOUT_ABS); }
+    void prep(io_uring_sqe* sqe) noexcept {
+        io_uring_prep_timeout(sqe, &when_, 0, IORING_TIMEOUT_ABS);
+    }
     step on_result(int res) noexcept {
         // -ETIME is the timer expiring, which is success here.
         if (res < 0 && res != -ETIME) fail(-res);
@@ -76,7 +78,9 @@ public:
 private:
     friend class basic_op<cancel_fd_op>;
 
-    void prep(io_uring_sqe* sqe) noexcept { io_uring_prep_cancel_fd(sqe, fd_, IORING_ASYNC_CANCEL_ALL); }
+    void prep(io_uring_sqe* sqe) noexcept {
+        io_uring_prep_cancel_fd(sqe, fd_, IORING_ASYNC_CANCEL_ALL);
+    }
     step on_result(int res) noexcept {
         if (res >= 0) {
             cancelled_ = res;
