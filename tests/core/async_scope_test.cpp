@@ -204,3 +204,21 @@ TEST_CASE("join rethrows a failure from work that completed on another thread") 
     hopper.join();
     CHECK(scope.pending() == 0);
 }
+
+namespace {
+// An awaitable that cannot be moved into the spawned coroutine's frame.
+struct unmovable_in_practice {
+    unmovable_in_practice() = default;
+    unmovable_in_practice(unmovable_in_practice&&) { throw std::runtime_error("no move"); }
+    bool await_ready() const noexcept { return true; }
+    void await_suspend(std::coroutine_handle<>) const noexcept {}
+    void await_resume() const noexcept {}
+};
+}  // namespace
+
+TEST_CASE("spawn that throws before starting anything leaves the scope with nothing pending") {
+    cc::async_scope scope;
+    CHECK_THROWS_AS(scope.spawn(unmovable_in_practice{}), std::runtime_error);
+    CHECK(scope.pending() == 0);
+    cc::sync_wait(scope.join());
+}

@@ -31,7 +31,15 @@ public:
     void spawn(A a) {
         running_.fetch_add(1, std::memory_order_relaxed);
         count_.fetch_add(1, std::memory_order_relaxed);
-        run(this, std::move(a));
+        try {
+            run(this, std::move(a));
+        } catch (...) {
+            // Only creating the frame can throw here (the body's exceptions are captured):
+            // nothing was started, so nothing is left to wait for.
+            running_.fetch_sub(1, std::memory_order_relaxed);
+            count_.fetch_sub(1, std::memory_order_relaxed);
+            throw;
+        }
     }
 
     /// Number of spawned awaitables still running, also while a `join` waits for them.
