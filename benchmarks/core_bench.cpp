@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <new>
 
 // g++ 12 flags free() in our replacement operator delete as mismatched with the replacement
@@ -101,7 +102,7 @@ cc::task<pingpong_result> pingpong(cc::io::reactor& r, long n) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
     long n = 200000;
     for (int i = 1; i + 1 < argc; ++i) {
         if (std::strcmp(argv[i], "-n") == 0) n = std::atol(argv[i + 1]);
@@ -119,4 +120,7 @@ int main(int argc, char** argv) {
     std::printf("%-44s %12.4f\n", "heap allocations per message (steady state)",
                 pp.allocations_per_message);
     return 0;
+} catch (const std::exception& e) {
+    std::fprintf(stderr, "core_bench: %s\n", e.what());
+    return 1;
 }

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <vector>
 
 namespace cc = corocoll;
@@ -50,7 +51,7 @@ cc::task<int> client(cc::io::reactor& r, cc::io::endpoint server) {
 
 }  // namespace
 
-int main() {
+int main() try {
     cc::io::reactor r;
     auto listener = cc::io::acceptor::listen(r, cc::io::endpoint::loopback(0));
     std::printf("echo server listening on %s\n", listener.local_endpoint().to_string().c_str());
@@ -59,4 +60,7 @@ int main() {
     (void)served;
     std::printf("%s\n", wrong == 0 ? "all echoes matched" : "MISMATCH");
     return wrong == 0 ? 0 : 1;
+} catch (const std::exception& e) {
+    std::fprintf(stderr, "echo: %s\n", e.what());
+    return 1;
 }

@@ -209,6 +209,8 @@ namespace {
 // An awaitable that cannot be moved into the spawned coroutine's frame.
 struct unmovable_in_practice {
     unmovable_in_practice() = default;
+    // Throwing is the point: it stands for a frame that cannot be created.
+    // NOLINTNEXTLINE(performance-noexcept-move-constructor,bugprone-exception-escape)
     unmovable_in_practice(unmovable_in_practice&&) { throw std::runtime_error("no move"); }
     bool await_ready() const noexcept { return true; }
     void await_suspend(std::coroutine_handle<>) const noexcept {}

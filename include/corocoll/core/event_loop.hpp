@@ -33,11 +33,12 @@ public:
     /// The loop bound to the calling thread, or null when it has none.
     static event_loop* current() noexcept { return current_ref(); }
 
+    event_loop(const event_loop&) = delete;
+    event_loop& operator=(const event_loop&) = delete;
+
 protected:
     event_loop() = default;
     ~event_loop() = default;
-    event_loop(const event_loop&) = delete;
-    event_loop& operator=(const event_loop&) = delete;
 
     static event_loop*& current_ref() noexcept {
         thread_local event_loop* current = nullptr;

@@ -230,16 +230,15 @@ class socket {
 public:
     socket() noexcept = default;
     /// Takes ownership of connected descriptor `fd` whose peer is `peer`.
-    socket(reactor& r, int fd, endpoint peer) noexcept
-        : reactor_(&r), fd_(fd), peer_(std::move(peer)) {}
+    socket(reactor& r, int fd, endpoint peer) noexcept : reactor_(&r), fd_(fd), peer_(peer) {}
     socket(socket&& o) noexcept
-        : reactor_(o.reactor_), fd_(std::exchange(o.fd_, -1)), peer_(std::move(o.peer_)) {}
+        : reactor_(o.reactor_), fd_(std::exchange(o.fd_, -1)), peer_(o.peer_) {}
     socket& operator=(socket&& o) noexcept {
         if (this != &o) {
             close();
             reactor_ = o.reactor_;
             fd_ = std::exchange(o.fd_, -1);
-            peer_ = std::move(o.peer_);
+            peer_ = o.peer_;
         }
         return *this;
     }
