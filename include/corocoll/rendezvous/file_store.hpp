@@ -1,0 +1,255 @@
+#pragma once
+
+#include <corocoll/core/error.hpp>
+#include <corocoll/io/reactor.hpp>
+#include <corocoll/rendezvous/store.hpp>
+#include <corocoll/version.hpp>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace rendezvous {
+
+/// A store in a file that every rank can open, for `file://path` on a shared filesystem.
+/// The file is an append-only log of records (set or delete), so a rank only reads what was
+/// appended since its last look; every operation holds an exclusive `flock` while it reads
+/// and appends. Waiting polls the file every 10 ms on the reactor's timer (the reactor keeps
+/// running meanwhile). Not wire-compatible with c10d's FileStore.
+class file_store final : public store {
+public:
+    explicit file_store(std::string path, duration timeout = default_timeout)
+        : store(timeout), path_(std::move(path)) {
+        fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd_ < 0) corocoll::detail::throw_errno(errno, "corocoll: file store: open " + path_);
+    }
+    file_store(const file_store&) = delete;
+    file_store& operator=(const file_store&) = delete;
+    ~file_store() override { ::close(fd_); }
+
+    const std::string& path() const noexcept { return path_; }
+
+    task<> set(std::string key, std::string value) override {
+        locked l(*this);
+        append(record_set, key, value);
+        co_return;
+    }
+
+    task<std::string> get(std::string key) override {
+        // Named: g++ 12.2 rejects an initializer_list temporary inside co_await
+        // ("array used as initializer").
+        std::vector<std::string> keys{key};
+        co_await wait(std::move(keys), timeout());
+        locked l(*this);
+        co_return data_.at(key);
+    }
+
+    task<std::int64_t> add(std::string key, std::int64_t delta) override {
+        locked l(*this);
+        std::int64_t value = delta;
+        if (auto it = data_.find(key); it != data_.end()) value += parse_int(key, it->second);
+        append(record_set, key, std::to_string(value));
+        co_return value;
+    }
+
+    task<std::string> compare_set(std::string key, std::string expected,
+                                  std::string desired) override {
+        locked l(*this);
+        auto it = data_.find(key);
+        if (it == data_.end()) {
+            if (!expected.empty()) co_return expected;
+        } else if (it->second != expected) {
+            co_return it->second;
+        }
+        append(record_set, key, desired);
+        co_return desired;
+    }
+
+    task<> wait(std::vector<std::string> keys, duration timeout) override {
+        auto deadline = std::chrono::steady_clock::now() + timeout;
+        io::reactor* r = io::reactor::current();
+        if (r == nullptr) {
+            throw std::logic_error(
+                "corocoll: file store: wait needs an io::reactor on this thread");
+        }
+        for (;;) {
+            {
+                locked l(*this);
+                if (all_present(keys)) co_return;
+            }
+            if (std::chrono::steady_clock::now() >= deadline) {
+                corocoll::detail::throw_error(std::make_error_code(std::errc::timed_out),
+                                              "corocoll: file store " + path_ + ": wait for " +
+                                                  detail::join_keys(keys) + " timed out after " +
+                                                  std::to_string(timeout.count()) + " ms");
+            }
+            co_await r->sleep_for(std::chrono::milliseconds(10));
+        }
+    }
+    using store::wait;
+
+    task<bool> check(std::vector<std::string> keys) override {
+        locked l(*this);
+        co_return all_present(keys);
+    }
+
+    task<bool> delete_key(std::string key) override {
+        locked l(*this);
+        if (data_.count(key) == 0) co_return false;
+        append(record_delete, key, {});
+        co_return true;
+    }
+
+    task<std::int64_t> num_keys() override {
+        locked l(*this);
+        co_return static_cast<std::int64_t>(data_.size());
+    }
+
+private:
+    enum : unsigned char { record_set = 1, record_delete = 2 };
+
+    // Holds the file lock and brings data_ up to date with what others appended.
+    class locked {
+    public:
+        explicit locked(file_store& s) : s_(s) {
+            while (::flock(s_.fd_, LOCK_EX) != 0) {
+                if (errno != EINTR) {
+                    corocoll::detail::throw_errno(errno, "corocoll: file store: flock " + s_.path_);
+                }
+            }
+            try {
+                s_.catch_up();
+            } catch (...) {
+                ::flock(s_.fd_, LOCK_UN);
+                throw;
+            }
+        }
+        locked(const locked&) = delete;
+        locked& operator=(const locked&) = delete;
+        ~locked() { ::flock(s_.fd_, LOCK_UN); }
+
+    private:
+        file_store& s_;
+    };
+
+    bool all_present(const std::vector<std::string>& keys) const {
+        for (const auto& k : keys) {
+            if (data_.count(k) == 0) return false;
+        }
+        return true;
+    }
+
+    static std::int64_t parse_int(const std::string& key, const std::string& text) {
+        try {
+            std::size_t used = 0;
+            long long v = std::stoll(text, &used);
+            if (used == text.size()) return v;
+        } catch (const std::exception&) {
+        }
+        throw std::invalid_argument("corocoll: store add: the value of key '" + key +
+                                    "' is not an integer");
+    }
+
+    void catch_up() {
+        struct stat st {};
+        if (::fstat(fd_, &st) != 0) {
+            corocoll::detail::throw_errno(errno, "corocoll: file store: stat " + path_);
+        }
+        auto size = static_cast<std::uint64_t>(st.st_size);
+        if (size <= offset_) return;
+        std::string chunk(size - offset_, '\0');
+        read_at(chunk.data(), chunk.size(), offset_);
+        std::size_t pos = 0;
+        auto take = [&](std::size_t n) {
+            if (chunk.size() - pos < n) {
+                throw std::runtime_error("corocoll: file store " + path_ +
+                                         " is truncated or corrupt");
+            }
+            std::string out = chunk.substr(pos, n);
+            pos += n;
+            return out;
+        };
+        auto take_len = [&] {
+            std::uint64_t n = 0;
+            std::memcpy(&n, take(sizeof(n)).data(), sizeof(n));
+            return static_cast<std::size_t>(n);
+        };
+        while (pos < chunk.size()) {
+            auto kind = static_cast<unsigned char>(take(1)[0]);
+            std::string key = take(take_len());
+            std::string value = take(take_len());
+            if (kind == record_set) {
+                data_[std::move(key)] = std::move(value);
+            } else {
+                data_.erase(key);
+            }
+        }
+        offset_ = size;
+    }
+
+    void append(unsigned char kind, const std::string& key, const std::string& value) {
+        std::string rec(1, static_cast<char>(kind));
+        auto put_len = [&](std::uint64_t n) {
+            rec.append(reinterpret_cast<const char*>(&n), sizeof(n));
+        };
+        put_len(key.size());
+        rec += key;
+        put_len(value.size());
+        rec += value;
+        write_at(rec.data(), rec.size(), offset_);
+        offset_ += rec.size();
+        if (kind == record_set) {
+            data_[key] = value;
+        } else {
+            data_.erase(key);
+        }
+    }
+
+    void read_at(char* p, std::size_t n, std::uint64_t at) {
+        while (n > 0) {
+            ssize_t got = ::pread(fd_, p, n, static_cast<off_t>(at));
+            if (got < 0 && errno == EINTR) continue;
+            if (got <= 0)
+                corocoll::detail::throw_errno(got < 0 ? errno : EIO,
+                                              "corocoll: file store: read " + path_);
+            p += got;
+            n -= static_cast<std::size_t>(got);
+            at += static_cast<std::uint64_t>(got);
+        }
+    }
+
+    void write_at(const char* p, std::size_t n, std::uint64_t at) {
+        while (n > 0) {
+            ssize_t put = ::pwrite(fd_, p, n, static_cast<off_t>(at));
+            if (put < 0 && errno == EINTR) continue;
+            if (put < 0)
+                corocoll::detail::throw_errno(errno, "corocoll: file store: write " + path_);
+            p += put;
+            n -= static_cast<std::size_t>(put);
+            at += static_cast<std::uint64_t>(put);
+        }
+    }
+
+    std::string path_;
+    int fd_ = -1;
+    std::uint64_t offset_ = 0;
+    std::map<std::string, std::string> data_;
+};
+
+}  // namespace rendezvous
+
+COROCOLL_END_NAMESPACE

@@ -1,0 +1,67 @@
+#pragma once
+
+#include <corocoll/rendezvous/store.hpp>
+#include <corocoll/version.hpp>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace rendezvous {
+
+/// A namespace inside another store: every key becomes `prefix + "/" + key`, as c10d's
+/// `PrefixStore` does, so process groups (and launcher attempts) do not see each other's
+/// keys. `num_keys` counts the whole underlying store, as c10d's does.
+class prefix_store final : public store {
+public:
+    prefix_store(std::string prefix, std::shared_ptr<store> base)
+        : store(base->timeout()), prefix_(std::move(prefix)), base_(std::move(base)) {}
+
+    const std::string& prefix() const noexcept { return prefix_; }
+    const std::shared_ptr<store>& underlying() const noexcept { return base_; }
+
+    task<> set(std::string key, std::string value) override {
+        return base_->set(full(key), std::move(value));
+    }
+    task<std::string> get(std::string key) override { return with_timeout_get(full(key)); }
+    task<std::int64_t> add(std::string key, std::int64_t delta) override {
+        return base_->add(full(key), delta);
+    }
+    task<std::string> compare_set(std::string key, std::string expected,
+                                  std::string desired) override {
+        return base_->compare_set(full(key), std::move(expected), std::move(desired));
+    }
+    task<> wait(std::vector<std::string> keys, duration timeout) override {
+        for (auto& k : keys) k = full(k);
+        return base_->wait(std::move(keys), timeout);
+    }
+    using store::wait;
+    task<bool> check(std::vector<std::string> keys) override {
+        for (auto& k : keys) k = full(k);
+        return base_->check(std::move(keys));
+    }
+    task<bool> delete_key(std::string key) override { return base_->delete_key(full(key)); }
+    task<std::int64_t> num_keys() override { return base_->num_keys(); }
+
+private:
+    std::string full(const std::string& key) const { return prefix_ + "/" + key; }
+
+    // get() honours this store's timeout, which may differ from the base store's.
+    task<std::string> with_timeout_get(std::string key) {
+        // Named: g++ 12.2 rejects an initializer_list temporary inside co_await
+        // ("array used as initializer").
+        std::vector<std::string> keys{key};
+        co_await base_->wait(std::move(keys), timeout());
+        co_return co_await base_->get(std::move(key));
+    }
+
+    std::string prefix_;
+    std::shared_ptr<store> base_;
+};
+
+}  // namespace rendezvous
+
+COROCOLL_END_NAMESPACE

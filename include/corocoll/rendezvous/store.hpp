@@ -1,0 +1,81 @@
+#pragma once
+
+#include <corocoll/core/task.hpp>
+#include <corocoll/version.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace rendezvous {
+
+/// The key-value store through which ranks find each other, as c10d's `Store`: every method
+/// is a coroutine to await on the calling thread's reactor (`sync_wait` it from plain code).
+/// Keys are strings; values are byte strings held in `std::string` (any bytes, not only text).
+/// Every wait is bounded by the store's timeout; a timeout throws `std::system_error` with
+/// `std::errc::timed_out` naming the keys that were missing.
+class store {
+public:
+    using duration = std::chrono::milliseconds;
+
+    /// c10d's default store timeout.
+    static constexpr duration default_timeout = std::chrono::minutes(5);
+
+    virtual ~store() = default;
+
+    /// Sets `key` to `value`, replacing an old value; wakes whoever waits for `key`.
+    virtual task<> set(std::string key, std::string value) = 0;
+    /// Waits (up to `timeout()`) until `key` exists and returns its value.
+    virtual task<std::string> get(std::string key) = 0;
+    /// Adds `delta` to the integer stored at `key` (0 if absent; stored as decimal text, as
+    /// c10d does) and returns the new value.
+    virtual task<std::int64_t> add(std::string key, std::int64_t delta) = 0;
+    /// If `key` holds `expected` (or is absent and `expected` is empty), stores `desired`.
+    /// Returns what `key` holds afterwards (for an absent key and a non-empty `expected`:
+    /// `expected`, as c10d does).
+    virtual task<std::string> compare_set(std::string key, std::string expected,
+                                          std::string desired) = 0;
+    /// Waits until every key in `keys` exists, for at most `timeout`.
+    virtual task<> wait(std::vector<std::string> keys, duration timeout) = 0;
+    /// True when every key in `keys` exists; never waits.
+    virtual task<bool> check(std::vector<std::string> keys) = 0;
+    /// Deletes `key`; true if it existed.
+    virtual task<bool> delete_key(std::string key) = 0;
+    /// Number of keys in the store.
+    virtual task<std::int64_t> num_keys() = 0;
+
+    /// `wait(keys, timeout())`.
+    task<> wait(std::vector<std::string> keys) { return wait(std::move(keys), timeout_); }
+
+    /// The timeout of `get` and of `wait` without an explicit one.
+    duration timeout() const noexcept { return timeout_; }
+    void set_timeout(duration t) noexcept { timeout_ = t; }
+
+protected:
+    explicit store(duration timeout) noexcept : timeout_(timeout) {}
+    store(const store&) = default;
+    store& operator=(const store&) = default;
+
+private:
+    duration timeout_;
+};
+
+namespace detail {
+
+inline std::string join_keys(const std::vector<std::string>& keys) {
+    std::string out;
+    for (const auto& k : keys) {
+        if (!out.empty()) out += ", ";
+        out += "'" + k + "'";
+    }
+    return out;
+}
+
+}  // namespace detail
+
+}  // namespace rendezvous
+
+COROCOLL_END_NAMESPACE
