@@ -15,7 +15,7 @@ namespace cc = corocoll;
 
 TEST_CASE("async_mutex: waiters get the lock one at a time, in the order they asked") {
     cc::async_mutex m;
-    test::manual_event release;
+    corocoll_test::manual_event release;
     std::vector<int> order;
     bool inside = false;
     auto holder = [&]() -> cc::task<> {
