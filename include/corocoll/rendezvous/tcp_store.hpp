@@ -382,6 +382,10 @@ private:
 /// made; it lives on the reactor of the thread that connected. Every request has a deadline
 /// of the store's timeout. A `wait` that times out leaves the server's answer in flight, so
 /// the client drops the connection and opens a new one for the next request.
+///
+/// Like torch's client, it sends every key with a leading '/' (`set("a")` puts "/a" on the
+/// wire), so that a key names the same entry for a torch client and for this one, and a
+/// `prefix_store` over it produces the keys torchrun's workers use.
 class tcp_store final : public store {
 public:
     /// Connects to `server`, retrying with exponential backoff and jitter while the server is
@@ -399,7 +403,7 @@ public:
         auto lock = co_await mutex_.scoped_lock();
         detail::wire_writer w;
         w.u8(static_cast<std::uint8_t>(detail::query::set));
-        w.bytes(key);
+        w.bytes(wire_key(key));
         w.bytes(value);
         co_await request(w, "set '" + key + "'");
     }
@@ -412,7 +416,7 @@ public:
         auto lock = co_await mutex_.scoped_lock();
         detail::wire_writer w;
         w.u8(static_cast<std::uint8_t>(detail::query::get));
-        w.bytes(key);
+        w.bytes(wire_key(key));
         std::string what = "get '" + key + "'";
         auto in = co_await request(w, what);
         co_return co_await guarded(in.bytes(detail::max_value_bytes, "value"), what);
@@ -422,7 +426,7 @@ public:
         auto lock = co_await mutex_.scoped_lock();
         detail::wire_writer w;
         w.u8(static_cast<std::uint8_t>(detail::query::add));
-        w.bytes(key);
+        w.bytes(wire_key(key));
         w.i64(delta);
         std::string what = "add to '" + key + "'";
         auto in = co_await request(w, what);
@@ -434,7 +438,7 @@ public:
         auto lock = co_await mutex_.scoped_lock();
         detail::wire_writer w;
         w.u8(static_cast<std::uint8_t>(detail::query::compare_set));
-        w.bytes(key);
+        w.bytes(wire_key(key));
         w.bytes(expected);
         w.bytes(desired);
         std::string what = "compare_set '" + key + "'";
@@ -447,7 +451,7 @@ public:
         detail::wire_writer w;
         w.u8(static_cast<std::uint8_t>(detail::query::wait));
         w.u64(keys.size());
-        for (const auto& k : keys) w.bytes(k);
+        for (const auto& k : keys) w.bytes(wire_key(k));
         std::string what = "wait for " + rendezvous::detail::join_keys(keys);
         auto in = co_await request(w, what, timeout);
         std::uint8_t reply = co_await guarded(in.u8(), what, timeout);
@@ -465,7 +469,7 @@ public:
         detail::wire_writer w;
         w.u8(static_cast<std::uint8_t>(detail::query::check));
         w.u64(keys.size());
-        for (const auto& k : keys) w.bytes(k);
+        for (const auto& k : keys) w.bytes(wire_key(k));
         std::string what = "check " + rendezvous::detail::join_keys(keys);
         auto in = co_await request(w, what);
         co_return co_await guarded(in.u8(), what) == detail::check_ready;
@@ -475,7 +479,7 @@ public:
         auto lock = co_await mutex_.scoped_lock();
         detail::wire_writer w;
         w.u8(static_cast<std::uint8_t>(detail::query::delete_key));
-        w.bytes(key);
+        w.bytes(wire_key(key));
         std::string what = "delete '" + key + "'";
         auto in = co_await request(w, what);
         co_return co_await guarded(in.i64(), what) > 0;
@@ -490,6 +494,8 @@ public:
     }
 
 private:
+    static std::string wire_key(const std::string& key) { return "/" + key; }
+
     tcp_store(io::reactor& r, io::endpoint server, duration timeout)
         : store(timeout), reactor_(r), server_(server) {}
 

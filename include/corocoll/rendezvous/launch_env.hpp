@@ -1,0 +1,164 @@
+#pragma once
+
+#include <corocoll/version.hpp>
+
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace rendezvous {
+
+/// Reads one environment variable: null when unset. Tests pass their own.
+using env_lookup = std::function<const char*(const char*)>;
+
+/// The process environment.
+inline env_lookup process_env() {
+    return [](const char* name) -> const char* { return std::getenv(name); };
+}
+
+/// What the launcher that started this process says about it.
+struct launch_info {
+    int rank = -1;
+    int world_size = -1;
+    int local_rank = -1;        ///< -1 when the launcher does not say
+    int local_world_size = -1;  ///< -1 when the launcher does not say
+    /// Which convention the numbers came from: "torchrun" (RANK/WORLD_SIZE, also corocollrun's),
+    /// "openmpi", "mpich" (Hydra's PMI_*), "slurm".
+    std::string launcher;
+    std::optional<std::string> master_addr;
+    std::optional<std::uint16_t> master_port;
+    /// torchrun's agent already serves the store on MASTER_ADDR:MASTER_PORT.
+    bool agent_store = false;
+    int restart_count = 0;
+
+    /// The key prefix workers use in an agent's store (torch 1.13's env:// rendezvous).
+    std::string agent_store_prefix() const {
+        return "/worker/attempt_" + std::to_string(restart_count);
+    }
+};
+
+namespace detail {
+
+inline std::optional<long long> env_int(const env_lookup& env, const char* name) {
+    const char* v = env(name);
+    if (v == nullptr) return std::nullopt;
+    std::string_view s(v);
+    long long value = 0;
+    bool negative = !s.empty() && s.front() == '-';
+    if (negative) s.remove_prefix(1);
+    if (s.empty() || s.size() > 12) {
+        throw std::invalid_argument("corocoll: environment variable " + std::string(name) + "='" +
+                                    v + "' is not an integer");
+    }
+    for (char c : s) {
+        if (c < '0' || c > '9') {
+            throw std::invalid_argument("corocoll: environment variable " + std::string(name) +
+                                        "='" + v + "' is not an integer");
+        }
+        value = value * 10 + (c - '0');
+    }
+    return negative ? -value : value;
+}
+
+// One launcher's names for rank, size, local rank and local size.
+struct launcher_vars {
+    const char* launcher;
+    const char* rank;
+    const char* size;
+    const char* local_rank;
+    const char* local_size;  // may be null
+};
+
+inline constexpr launcher_vars launchers[] = {
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {"mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
+};
+
+}  // namespace detail
+
+/// Reads rank and world size from whichever launcher started the process. Precedence, first
+/// match wins: RANK/WORLD_SIZE (corocollrun, torchrun, or set by hand), Open MPI's
+/// OMPI_COMM_WORLD_*, MPICH/Hydra's PMI_RANK/PMI_SIZE, Slurm's SLURM_PROCID/SLURM_NTASKS.
+/// A launcher whose rank is set but whose size is not (or the reverse), a value that is not an
+/// integer, a rank outside [0, size), or two launchers' variables that disagree on the rank or
+/// the size are errors that name the variables. MASTER_ADDR and MASTER_PORT are read for every
+/// launcher (mpirun and srun do not set them: export them). Throws `std::invalid_argument`;
+/// when no launcher's variables are there at all, the message says which were looked for.
+inline launch_info read_launch_env(const env_lookup& env = process_env()) {
+    launch_info info;
+    const detail::launcher_vars* chosen = nullptr;
+    for (const auto& l : detail::launchers) {
+        auto rank = detail::env_int(env, l.rank);
+        auto size = detail::env_int(env, l.size);
+        if (!rank && !size) continue;
+        if (!rank || !size) {
+            throw std::invalid_argument(std::string("corocoll: ") + (rank ? l.size : l.rank) +
+                                        " is not set but " + (rank ? l.rank : l.size) + " is (" +
+                                        l.launcher + " convention)");
+        }
+        if (*size <= 0) {
+            throw std::invalid_argument(std::string("corocoll: ") + l.size + "=" +
+                                        std::to_string(*size) + " must be positive");
+        }
+        if (*rank < 0 || *rank >= *size) {
+            throw std::invalid_argument(std::string("corocoll: ") + l.rank + "=" +
+                                        std::to_string(*rank) + " is outside [0, " + l.size + "=" +
+                                        std::to_string(*size) + ")");
+        }
+        if (chosen == nullptr) {
+            chosen = &l;
+            info.rank = static_cast<int>(*rank);
+            info.world_size = static_cast<int>(*size);
+            info.launcher = l.launcher;
+            if (auto lr = detail::env_int(env, l.local_rank))
+                info.local_rank = static_cast<int>(*lr);
+            if (l.local_size != nullptr) {
+                if (auto ls = detail::env_int(env, l.local_size)) {
+                    info.local_world_size = static_cast<int>(*ls);
+                }
+            }
+        } else if (*rank != info.rank || *size != info.world_size) {
+            throw std::invalid_argument(std::string("corocoll: launcher variables disagree: ") +
+                                        chosen->rank + "=" + std::to_string(info.rank) + ", " +
+                                        chosen->size + "=" + std::to_string(info.world_size) +
+                                        " but " + l.rank + "=" + std::to_string(*rank) + ", " +
+                                        l.size + "=" + std::to_string(*size));
+        }
+    }
+    if (chosen == nullptr) {
+        throw std::invalid_argument(
+            "corocoll: cannot tell rank and world size: none of RANK/WORLD_SIZE, "
+            "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE, PMI_RANK/PMI_SIZE, "
+            "SLURM_PROCID/SLURM_NTASKS is set (start the program with corocollrun, torchrun, "
+            "mpirun or srun, or pass rank and world_size)");
+    }
+    if (const char* a = env("MASTER_ADDR")) info.master_addr = a;
+    if (auto p = detail::env_int(env, "MASTER_PORT")) {
+        if (*p < 0 || *p > 65535) {
+            throw std::invalid_argument("corocoll: MASTER_PORT=" + std::to_string(*p) +
+                                        " is not a port number");
+        }
+        info.master_port = static_cast<std::uint16_t>(*p);
+    }
+    if (const char* s = env("TORCHELASTIC_USE_AGENT_STORE")) {
+        info.agent_store = std::string_view(s) == "True" || std::string_view(s) == "true" ||
+                           std::string_view(s) == "1";
+    }
+    if (auto c = detail::env_int(env, "TORCHELASTIC_RESTART_COUNT")) {
+        info.restart_count = static_cast<int>(*c);
+    }
+    return info;
+}
+
+}  // namespace rendezvous
+
+COROCOLL_END_NAMESPACE
