@@ -5,6 +5,7 @@
 
 #include <corocoll/version.hpp>
 
+#include <corocoll/core/async_mutex.hpp>
 #include <corocoll/core/async_scope.hpp>
 #include <corocoll/core/awaitable_traits.hpp>
 #include <corocoll/core/error.hpp>
@@ -13,7 +14,21 @@
 #include <corocoll/core/task.hpp>
 #include <corocoll/core/thread_pool.hpp>
 #include <corocoll/core/when_all.hpp>
+#include <corocoll/core/work.hpp>
 
 #include <corocoll/io/endpoint.hpp>
 #include <corocoll/io/reactor.hpp>
 #include <corocoll/io/socket.hpp>
+
+#include <corocoll/rendezvous/file_store.hpp>
+#include <corocoll/rendezvous/launch_env.hpp>
+#include <corocoll/rendezvous/prefix_store.hpp>
+#include <corocoll/rendezvous/store.hpp>
+#include <corocoll/rendezvous/tcp_store.hpp>
+
+#include <corocoll/transport/engine.hpp>
+#include <corocoll/transport/frame.hpp>
+#include <corocoll/transport/mesh.hpp>
+
+#include <corocoll/process_group/process_group.hpp>
+#include <corocoll/process_group/run.hpp>

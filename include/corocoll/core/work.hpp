@@ -1,0 +1,123 @@
+#pragma once
+
+#include <corocoll/core/awaitable_traits.hpp>
+#include <corocoll/core/sync_wait.hpp>
+#include <corocoll/core/task.hpp>
+#include <corocoll/version.hpp>
+
+#include <atomic>
+#include <coroutine>
+#include <exception>
+#include <utility>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace detail {
+
+template <class T>
+struct work_state {
+    // Two owners: the running coroutine and the `work` handle; the last one frees it.
+    std::atomic<int> owners{2};
+    // null: running, nobody waits; done_marker(): finished; anything else: the waiter.
+    std::atomic<void*> waiter{nullptr};
+    result_slot<T> result;
+
+    static void* done_marker() noexcept { return reinterpret_cast<void*>(1); }
+    void release() noexcept {
+        if (owners.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+    }
+};
+
+struct work_runner {
+    struct promise_type {
+        work_runner get_return_object() noexcept { return {}; }
+        std::suspend_never initial_suspend() const noexcept { return {}; }
+        std::suspend_never final_suspend() const noexcept { return {}; }
+        void return_void() noexcept {}
+        void unhandled_exception() noexcept { std::terminate(); }  // run_work catches all
+    };
+};
+
+template <class T>
+work_runner run_work(task<T> t, work_state<T>* state) {
+    try {
+        if constexpr (std::is_void_v<T>) {
+            co_await std::move(t);
+            state->result.set_value();
+        } else {
+            state->result.set_value(co_await std::move(t));
+        }
+    } catch (...) {
+        state->result.set_exception(std::current_exception());
+    }
+    void* w = state->waiter.exchange(work_state<T>::done_marker(), std::memory_order_acq_rel);
+    if (w != nullptr) std::coroutine_handle<>::from_address(w).resume();
+    state->release();
+}
+
+}  // namespace detail
+
+/// An operation that is already running, like torch's `Work`: `isend`/`irecv` return one.
+/// `co_await w` (or `w.wait()` from plain code) waits for it and yields its result or rethrows
+/// its error; `is_completed()` polls. Dropping a `work` does not cancel the operation: it runs
+/// to its end, as in torch. Await it once. Cost: one allocation for the shared state besides
+/// the operation's coroutine frame.
+template <class T = void>
+class [[nodiscard]] work {
+public:
+    work() noexcept = default;
+    explicit work(task<T> t) : state_(new detail::work_state<T>) {
+        detail::run_work(std::move(t), state_);
+    }
+    work(work&& o) noexcept : state_(std::exchange(o.state_, nullptr)) {}
+    work& operator=(work&& o) noexcept {
+        if (this != &o) {
+            if (state_ != nullptr) state_->release();
+            state_ = std::exchange(o.state_, nullptr);
+        }
+        return *this;
+    }
+    work(const work&) = delete;
+    work& operator=(const work&) = delete;
+    ~work() {
+        if (state_ != nullptr) state_->release();
+    }
+
+    /// True once the operation has finished, successfully or not.
+    bool is_completed() const noexcept {
+        return state_ != nullptr && state_->waiter.load(std::memory_order_acquire) ==
+                                        detail::work_state<T>::done_marker();
+    }
+
+    auto operator co_await() noexcept {
+        struct awaiter {
+            detail::work_state<T>* state;
+            bool await_ready() const noexcept {
+                return state->waiter.load(std::memory_order_acquire) ==
+                       detail::work_state<T>::done_marker();
+            }
+            bool await_suspend(std::coroutine_handle<> h) noexcept {
+                void* expected = nullptr;
+                return state->waiter.compare_exchange_strong(expected, h.address(),
+                                                             std::memory_order_acq_rel);
+            }
+            T await_resume() { return state->result.take(); }
+        };
+        return awaiter{state_};
+    }
+
+    /// Blocks until the operation finishes (running the thread's reactor meanwhile) and
+    /// returns its result: torch's `req.wait()`.
+    T wait() { return sync_wait(*this); }
+
+private:
+    detail::work_state<T>* state_ = nullptr;
+};
+
+/// Starts `t` now and returns the handle to its completion.
+template <class T>
+work<T> start(task<T> t) {
+    return work<T>(std::move(t));
+}
+
+COROCOLL_END_NAMESPACE

@@ -1,0 +1,343 @@
+#pragma once
+
+#include <corocoll/core/task.hpp>
+#include <corocoll/io/reactor.hpp>
+#include <corocoll/process_group/process_group.hpp>
+#include <corocoll/rendezvous/launch_env.hpp>
+#include <corocoll/rendezvous/tcp_store.hpp>
+#include <corocoll/version.hpp>
+
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace detail {
+
+/// The default group of this thread, set by `init_process_group(options)` (ranks may run as
+/// threads, so it is per thread), and the reactor it made if the thread had none.
+struct default_group_state {
+    std::unique_ptr<io::reactor> owned_reactor;
+    std::shared_ptr<process_group> group;
+};
+
+inline default_group_state& default_group_ref() {
+    thread_local default_group_state state;
+    return state;
+}
+
+inline process_group& require_default_group(const char* what) {
+    auto& g = default_group_ref().group;
+    if (!g) {
+        throw std::logic_error(std::string("corocoll: ") + what +
+                               ": the default process group is not initialized "
+                               "(call init_process_group first)");
+    }
+    return *g;
+}
+
+}  // namespace detail
+
+/// From plain code: sets up the default group of this thread (creating a reactor for the
+/// thread if it has none) and returns it. The free functions below act on it.
+inline process_group& init_process_group(init_options o = {}) {
+    auto& state = detail::default_group_ref();
+    if (state.group) throw std::logic_error("corocoll: init_process_group: already initialized");
+    io::reactor* r = io::reactor::current();
+    if (r == nullptr) {
+        state.owned_reactor = std::make_unique<io::reactor>();
+        r = state.owned_reactor.get();
+    }
+    state.group = sync_wait(init_process_group(*r, std::move(o)));
+    return *state.group;
+}
+
+/// True once this thread's default group is set up.
+inline bool is_initialized() noexcept {
+    return static_cast<bool>(detail::default_group_ref().group);
+}
+
+/// The default group's rank; 0 before init, as torch tutorials' helpers expect.
+inline int get_rank() noexcept {
+    auto& g = detail::default_group_ref().group;
+    return g ? g->rank() : 0;
+}
+
+/// The default group's size; 1 before init.
+inline int get_world_size() noexcept {
+    auto& g = detail::default_group_ref().group;
+    return g ? g->size() : 1;
+}
+
+/// The default group (throws `std::logic_error` before init).
+inline process_group& default_group() { return detail::require_default_group("default_group"); }
+
+/// Closes and forgets the default group (and the reactor init made for it).
+inline void destroy_process_group() {
+    auto& state = detail::default_group_ref();
+    if (state.group) {
+        sync_wait(state.group->close());
+        state.group.reset();
+    }
+    state.owned_reactor.reset();
+}
+
+/// Blocking send on the default group.
+template <buffer R>
+void send(const R& buf, int dst, std::int64_t tag = 0) {
+    sync_wait(detail::require_default_group("send").send(buf, dst, tag));
+}
+
+/// Blocking receive on the default group; returns the sender.
+template <buffer R>
+int recv(R& buf, int src = any_source, std::int64_t tag = 0) {
+    return sync_wait(detail::require_default_group("recv").recv(buf, src, tag));
+}
+
+/// Non-blocking send on the default group: `.wait()` or `co_await` the result.
+template <buffer R>
+work<> isend(const R& buf, int dst, std::int64_t tag = 0) {
+    return detail::require_default_group("isend").isend(buf, dst, tag);
+}
+
+/// Non-blocking receive on the default group.
+template <buffer R>
+work<int> irecv(R& buf, int src = any_source, std::int64_t tag = 0) {
+    return detail::require_default_group("irecv").irecv(buf, src, tag);
+}
+
+/// Runs one rank: makes a reactor, sets up the group from the launcher's environment (or
+/// `o`), awaits `body(group)`, closes the group. Returns the process exit code: 0, or 1 after
+/// printing "corocoll: rank N: <error>" to stderr. `body` is any callable taking
+/// `process_group&` and returning an awaitable.
+template <class Body>
+int run(Body body, init_options o = {}) {
+    int rank = o.rank;
+    try {
+        io::reactor r;
+        auto main = [&]() -> task<> {
+            auto pg = co_await init_process_group(r, o);
+            rank = pg->rank();
+            std::exception_ptr failed;
+            try {
+                co_await body(*pg);
+            } catch (...) {
+                failed = std::current_exception();
+            }
+            co_await pg->close();
+            if (failed) std::rethrow_exception(failed);
+        };
+        r.run(main());
+        return 0;
+    } catch (const std::exception& e) {
+        if (rank >= 0) {
+            std::fprintf(stderr, "corocoll: rank %d: %s\n", rank, e.what());
+        } else {
+            std::fprintf(stderr, "%s\n", e.what());
+        }
+        std::fflush(stderr);
+        return 1;
+    }
+}
+
+/// How one rank of `spawn_ranks` ended.
+struct rank_exit {
+    int rank = -1;
+    pid_t pid = -1;
+    int exit_code = -1;  ///< -1 when killed by a signal
+    int signal = 0;      ///< the signal that killed it, 0 if it exited
+    bool stopped_by_us = false;
+
+    bool ok() const noexcept { return signal == 0 && exit_code == 0; }
+    std::string describe() const {
+        std::string s = "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ") ";
+        if (signal != 0) {
+            s += "was killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
+        } else {
+            s += "exited with code " + std::to_string(exit_code);
+        }
+        if (stopped_by_us) s += " after being stopped because another rank failed";
+        return s;
+    }
+};
+
+/// What `spawn_ranks` saw.
+struct spawn_result {
+    std::vector<rank_exit> ranks;
+    /// The first rank to fail on its own (not stopped by us), or -1.
+    int first_failure = -1;
+    bool ok() const noexcept { return first_failure < 0; }
+};
+
+struct spawn_options {
+    /// When a rank fails, stop the others (SIGTERM, then SIGKILL after `grace`).
+    bool stop_others_on_failure = true;
+    std::chrono::milliseconds grace = std::chrono::seconds(5);
+    /// Stop every rank (as failed) if they are not all done by then.
+    std::chrono::milliseconds timeout = std::chrono::minutes(30);
+};
+
+/// Starts `n` ranks as child processes, like `torch.multiprocessing.spawn`: the parent serves
+/// the rendezvous store on an ephemeral loopback port; each child gets RANK, WORLD_SIZE,
+/// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_USE_AGENT_STORE
+/// (it connects to the parent's store as torchrun's workers do), calls `child_main()` and exits
+/// with what it returns. Every child is reaped. Call it from plain code on a thread without a
+/// reactor, before starting other threads of your own (fork copies only the calling thread).
+template <class ChildMain>
+spawn_result spawn_processes(int n, ChildMain child_main, spawn_options options = {}) {
+    if (n <= 0) throw std::invalid_argument("corocoll: spawn: need at least one rank");
+    if (io::reactor::current() != nullptr) {
+        throw std::logic_error("corocoll: spawn: call it from a thread without an io::reactor");
+    }
+    rendezvous::tcp_store_server store(io::endpoint::loopback(0));
+    std::fflush(nullptr);
+    spawn_result result;
+    for (int rank = 0; rank < n; ++rank) {
+        pid_t pid = ::fork();
+        if (pid < 0) {
+            int err = errno;
+            for (auto& r : result.ranks) ::kill(r.pid, SIGKILL);
+            for (auto& r : result.ranks) ::waitpid(r.pid, nullptr, 0);
+            corocoll::detail::throw_errno(err, "corocoll: spawn: fork");
+        }
+        if (pid == 0) {
+            // The child: only this thread exists here; never return into the parent's frames.
+            for (const char* v : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK",
+                                  "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS"}) {
+                ::unsetenv(v);
+            }
+            ::setenv("RANK", std::to_string(rank).c_str(), 1);
+            ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+            ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+            ::setenv("LOCAL_WORLD_SIZE", std::to_string(n).c_str(), 1);
+            ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+            ::setenv("MASTER_PORT", std::to_string(store.port()).c_str(), 1);
+            ::setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+            ::setenv("TORCHELASTIC_RESTART_COUNT", "0", 1);
+            int code = 1;
+            try {
+                code = child_main();
+            } catch (const std::exception& e) {
+                std::fprintf(stderr, "corocoll: rank %d: %s\n", rank, e.what());
+            }
+            std::fflush(nullptr);
+            ::_exit(code);
+        }
+        result.ranks.push_back({rank, pid});
+    }
+
+    auto started = std::chrono::steady_clock::now();
+    std::size_t running = result.ranks.size();
+    bool stopping = false;
+    auto stop_time = std::chrono::steady_clock::time_point::max();
+    while (running > 0) {
+        bool reaped = false;
+        for (auto& r : result.ranks) {
+            if (r.exit_code >= 0 || r.signal != 0) continue;
+            int status = 0;
+            pid_t got = ::waitpid(r.pid, &status, WNOHANG);
+            if (got != r.pid) continue;
+            reaped = true;
+            --running;
+            if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+            if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+            r.stopped_by_us = stopping && !r.ok();
+            if (!r.ok() && !r.stopped_by_us && result.first_failure < 0) {
+                result.first_failure = r.rank;
+            }
+        }
+        auto now = std::chrono::steady_clock::now();
+        bool timed_out = now - started > options.timeout;
+        if (!stopping && running > 0 &&
+            ((result.first_failure >= 0 && options.stop_others_on_failure) || timed_out)) {
+            stopping = true;
+            if (timed_out && result.first_failure < 0) {
+                result.first_failure = -2;  // reported below as a timeout
+            }
+            for (auto& r : result.ranks) {
+                if (r.exit_code < 0 && r.signal == 0) ::kill(r.pid, SIGTERM);
+            }
+            stop_time = now + options.grace;
+        }
+        if (stopping && now >= stop_time) {
+            for (auto& r : result.ranks) {
+                if (r.exit_code < 0 && r.signal == 0) ::kill(r.pid, SIGKILL);
+            }
+            stop_time = std::chrono::steady_clock::time_point::max();
+        }
+        if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (result.first_failure == -2) {
+        std::fprintf(stderr, "corocoll: spawn: ranks still running after %lld ms were stopped\n",
+                     static_cast<long long>(options.timeout.count()));
+        result.first_failure = 0;
+    }
+    return result;
+}
+
+/// `spawn_processes` where each child runs `run(body)`.
+template <class Body>
+spawn_result spawn_ranks(int n, Body body, spawn_options options = {}) {
+    return spawn_processes(
+        n, [&body] { return run(body); }, options);
+}
+
+namespace detail {
+
+inline int report(const spawn_result& r) {
+    if (r.ok()) return 0;
+    for (const auto& e : r.ranks) {
+        if (!e.ok()) std::fprintf(stderr, "corocoll: spawn: %s\n", e.describe().c_str());
+    }
+    return 1;
+}
+
+}  // namespace detail
+
+/// True when a launcher's rank variable is set (RANK, OMPI_COMM_WORLD_RANK, PMI_RANK,
+/// SLURM_PROCID).
+inline bool launched_by_launcher() {
+    for (const char* v : {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+        if (std::getenv(v) != nullptr) return true;
+    }
+    return false;
+}
+
+/// `spawn_ranks`, reporting a failure on stderr ("which rank, how") and returning the exit
+/// code for `main`: 0 when every rank succeeded, 1 otherwise.
+template <class Body>
+int spawn(int n, Body body, spawn_options options = {}) {
+    return detail::report(spawn_ranks(n, std::move(body), options));
+}
+
+/// For examples and tools: `run(body)` when a launcher started this process, otherwise
+/// `spawn(n, body)` on this machine, as torch tutorials do.
+template <class Body>
+int run_or_spawn(int n, Body body) {
+    if (launched_by_launcher()) return run(std::move(body));
+    return spawn(n, std::move(body));
+}
+
+/// The same for programs written with the blocking API: `rank_main()` sets up the default
+/// group itself (`init_process_group()`); it runs directly under a launcher, else in `n`
+/// spawned processes.
+template <class RankMain>
+int run_or_spawn_main(int n, RankMain rank_main) {
+    if (launched_by_launcher()) return rank_main();
+    return detail::report(spawn_processes(n, rank_main));
+}
+
+COROCOLL_END_NAMESPACE

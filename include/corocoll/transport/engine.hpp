@@ -1,0 +1,549 @@
+#pragma once
+
+#include <corocoll/core/async_mutex.hpp>
+#include <corocoll/core/async_scope.hpp>
+#include <corocoll/core/error.hpp>
+#include <corocoll/core/log.hpp>
+#include <corocoll/core/task.hpp>
+#include <corocoll/core/when_all.hpp>
+#include <corocoll/io/reactor.hpp>
+#include <corocoll/io/socket.hpp>
+#include <corocoll/transport/frame.hpp>
+#include <corocoll/version.hpp>
+
+#include <sys/uio.h>
+
+#include <chrono>
+#include <coroutine>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <span>
+#include <stdexcept>
+#include <stop_token>
+#include <string>
+#include <system_error>
+#include <vector>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport {
+
+/// `recv` from whichever rank sends first.
+inline constexpr int any_source = -1;
+
+/// What a receive got: who sent it and how many bytes.
+struct recv_result {
+    int source = -1;
+    std::size_t length = 0;
+};
+
+/// Limits of the point-to-point engine.
+struct engine_options {
+    /// The largest message a peer may announce; a larger header fails the group (1 TiB).
+    std::uint64_t max_message_bytes = std::uint64_t{1} << 40;
+    /// Unexpected messages (arrived before a matching receive was posted) buffered per peer.
+    /// Past this bound the peer's connection is not read until a matching receive is posted:
+    /// TCP flow control then holds the sender back. A message is never dropped.
+    std::size_t unexpected_bytes_per_peer = std::size_t{64} << 20;
+};
+
+/// Point-to-point messaging over a mesh of connections, on one reactor: the transport under
+/// a process group. Messages are matched by (source, tag) in the order receives were posted;
+/// between one pair of ranks, messages with the same tag never overtake each other. A posted
+/// receive is filled straight from the socket; a message that arrives first is buffered
+/// (one copy). The first failure of any peer (closed connection, reset, timeout mid-message,
+/// a broken header) fails every pending operation and every later one with an error naming
+/// that peer; the engine is then unusable. Must be `close()`d before it is destroyed.
+class engine {
+public:
+    using time_point = std::chrono::steady_clock::time_point;
+
+    engine(io::reactor& r, int rank, int size, std::vector<io::socket> sockets,
+           engine_options options = {})
+        : reactor_(r), rank_(rank), size_(size), options_(options), peers_(sockets.size()) {
+        for (std::size_t p = 0; p < peers_.size(); ++p) {
+            peers_[p].sock = std::move(sockets[p]);
+            if (peers_[p].sock.is_open()) {
+                peers_[p].address = peers_[p].sock.peer().to_string();
+                readers_.spawn(read_loop(static_cast<int>(p)));
+            }
+        }
+    }
+    engine(const engine&) = delete;
+    engine& operator=(const engine&) = delete;
+    ~engine() {
+        if (readers_.pending() != 0) std::terminate();  // close() was not awaited
+    }
+
+    int rank() const noexcept { return rank_; }
+    int size() const noexcept { return size_; }
+    io::reactor& owner() const noexcept { return reactor_; }
+
+    /// True once a peer failed or the engine was closed.
+    bool failed() const noexcept { return static_cast<bool>(failure_); }
+
+    /// Sends `data` to `dst` with `tag`; completes when the bytes are handed to the kernel.
+    task<> send(std::span<const std::byte> data, int dst, std::int64_t tag, time_point deadline) {
+        std::string what = "send to rank " + std::to_string(dst) + " (tag " + std::to_string(tag) +
+                           ", " + std::to_string(data.size()) + " bytes)";
+        check_peer(dst, what);
+        check_usable(what);
+        peer& ps = peers_[static_cast<std::size_t>(dst)];
+        if (ps.departed) {
+            corocoll::detail::throw_error(corocoll::errc::connection_closed,
+                                          "corocoll: rank " + std::to_string(rank_) + ": " + what +
+                                              ": rank " + std::to_string(dst) +
+                                              " closed its process group");
+        }
+        auto guard = co_await ps.send_lock.scoped_lock();
+        check_usable(what);
+        frame_header h;
+        h.kind = frame_kind::p2p;
+        h.src = static_cast<std::uint32_t>(rank_);
+        h.dst = static_cast<std::uint32_t>(dst);
+        h.tag = tag;
+        h.length = data.size();
+        h.seal();
+        iovec iov[2] = {{&h, sizeof(h)}, {const_cast<std::byte*>(data.data()), data.size()}};
+        try {
+            co_await ps.sock.send_vec(std::span(iov, data.empty() ? 1 : 2),
+                                      io::op_options(deadline, stop_.get_token()));
+        } catch (const std::system_error& e) {
+            fail(dst, e.code(), e.what());
+        }
+        check_usable(what);
+    }
+
+    /// Receives a message with `tag` from `src` (or `any_source`) into `buf`; yields the sender
+    /// and the length. A message longer than `buf` is an error (the message is consumed).
+    task<recv_result> recv(std::span<std::byte> buf, int src, std::int64_t tag,
+                           time_point deadline) {
+        std::string what = (src == any_source ? std::string("recv from any rank")
+                                              : "recv from rank " + std::to_string(src)) +
+                           " (tag " + std::to_string(tag) + ")";
+        if (src != any_source) check_peer(src, what);
+        check_usable(what);
+        if (src != any_source && peers_[static_cast<std::size_t>(src)].departed &&
+            !has_unexpected_from(src, tag)) {
+            corocoll::detail::throw_error(corocoll::errc::connection_closed,
+                                          "corocoll: rank " + std::to_string(rank_) + ": " + what +
+                                              ": rank " + std::to_string(src) +
+                                              " closed its process group");
+        }
+        posted_recv pr;
+        pr.buf = buf;
+        pr.src = src;
+        pr.tag = tag;
+        pr.deadline = deadline;
+        if (!take_unexpected(pr) && !hand_to_blocked_reader(pr)) {
+            link(pr);
+            co_await wait_done(pr);
+        } else if (pr.state != posted_recv::done) {
+            co_await wait_done(pr);
+        }
+        if (pr.error) {
+            try {
+                std::rethrow_exception(pr.error);
+            } catch (const std::system_error& e) {
+                corocoll::detail::throw_error(e.code(), "corocoll: rank " + std::to_string(rank_) +
+                                                            ": " + what + ": " + e.what());
+            }
+        }
+        co_return recv_result{pr.from, pr.length};
+    }
+
+    /// Says goodbye to every peer (after whatever this rank already sent, so they get all of
+    /// it and can tell a departure from a crash), stops the readers, closes every connection
+    /// and fails whatever is still pending here.
+    task<> close() {
+        if (!failure_) {
+            auto deadline = io::deadline_after(std::chrono::seconds(5));
+            std::vector<task<>> goodbyes;
+            for (int p = 0; p < size_; ++p) {
+                if (peers_[static_cast<std::size_t>(p)].sock.is_open()) {
+                    goodbyes.push_back(say_goodbye(p, deadline));
+                }
+            }
+            co_await when_all(std::move(goodbyes));
+        }
+        if (!failure_) {
+            failure_ = std::make_exception_ptr(
+                std::system_error(std::make_error_code(std::errc::operation_canceled),
+                                  "the process group was closed"));
+        }
+        closing_ = true;
+        abort_all();
+        co_await readers_.join();
+        for (auto& p : peers_) p.sock.close();
+    }
+
+private:
+    task<> say_goodbye(int p, time_point deadline) {
+        peer& ps = peers_[static_cast<std::size_t>(p)];
+        auto guard = co_await ps.send_lock.scoped_lock();
+        frame_header h;
+        h.kind = frame_kind::goodbye;
+        h.src = static_cast<std::uint32_t>(rank_);
+        h.dst = static_cast<std::uint32_t>(p);
+        h.seal();
+        try {
+            co_await ps.sock.send(std::as_bytes(std::span(&h, 1)), deadline);
+        } catch (const std::system_error&) {
+            // The peer is gone already; nothing to tell it.
+        }
+    }
+
+    // A peer said goodbye: receives that can only be satisfied by it fail; the rest go on.
+    void depart(int p) {
+        peer& ps = peers_[static_cast<std::size_t>(p)];
+        ps.departed = true;
+        bool anyone_left = false;
+        for (int q = 0; q < size_; ++q) {
+            if (q != rank_ && !peers_[static_cast<std::size_t>(q)].departed) anyone_left = true;
+        }
+        for (posted_recv* pr = head_; pr != nullptr;) {
+            posted_recv* next = pr->next;
+            if (pr->src == p || (pr->src == any_source && !anyone_left)) {
+                unlink(*pr);
+                pr->error = std::make_exception_ptr(std::system_error(
+                    make_error_code(corocoll::errc::connection_closed),
+                    "rank " + std::to_string(p) + " closed its process group before sending"));
+                complete(*pr);
+            }
+            pr = next;
+        }
+    }
+
+    struct posted_recv {
+        enum state_t { waiting, receiving, done };
+        std::span<std::byte> buf;
+        int src = any_source;
+        std::int64_t tag = 0;
+        time_point deadline;
+        state_t state = waiting;
+        int from = -1;
+        std::size_t length = 0;
+        std::exception_ptr error;
+        posted_recv* prev = nullptr;
+        posted_recv* next = nullptr;
+        bool linked = false;
+        std::coroutine_handle<> waiter;
+        std::stop_source* timer_stop = nullptr;
+    };
+
+    struct unexpected_msg {
+        std::int64_t tag = 0;
+        std::uint64_t arrival = 0;
+        std::vector<std::byte> data;
+    };
+
+    struct peer {
+        io::socket sock;
+        std::string address;
+        async_mutex send_lock;
+        std::deque<unexpected_msg> unexpected;
+        std::size_t unexpected_bytes = 0;
+        // A reader that holds a header it has nowhere to put (buffer full) waits here.
+        const frame_header* blocked = nullptr;
+        std::coroutine_handle<> blocked_reader;
+        posted_recv* handed = nullptr;
+        // The peer closed its group (a goodbye frame): its EOF is no failure.
+        bool departed = false;
+    };
+
+    void check_peer(int r, const std::string& what) const {
+        if (r < 0 || r >= size_) {
+            throw std::invalid_argument("corocoll: rank " + std::to_string(rank_) + ": " + what +
+                                        ": rank " + std::to_string(r) + " is outside [0, " +
+                                        std::to_string(size_) + ")");
+        }
+        if (r == rank_) {
+            throw std::invalid_argument("corocoll: rank " + std::to_string(rank_) + ": " + what +
+                                        ": the peer is this rank itself");
+        }
+    }
+
+    void check_usable(const std::string& what) const {
+        if (!failure_) return;
+        try {
+            std::rethrow_exception(failure_);
+        } catch (const std::system_error& e) {
+            corocoll::detail::throw_error(e.code(), "corocoll: rank " + std::to_string(rank_) +
+                                                        ": " + what + ": " + e.what());
+        }
+    }
+
+    // Records the first failure, then ends every pending operation.
+    void fail(int p, std::error_code code, const std::string& reason) {
+        if (!failure_) {
+            std::string peer_name = "rank " + std::to_string(p);
+            if (p >= 0 && p < size_ && !peers_[static_cast<std::size_t>(p)].address.empty()) {
+                peer_name += " (" + peers_[static_cast<std::size_t>(p)].address + ")";
+            }
+            COROCOLL_LOG(warn, "P2P", "peer ", peer_name, " failed: ", reason);
+            failure_ = std::make_exception_ptr(
+                std::system_error(code, "peer " + peer_name + " failed: " + reason));
+            abort_all();
+        }
+    }
+
+    // Shuts every connection (pending socket operations end at once), completes the waiting
+    // receives with the failure and releases blocked readers.
+    void abort_all() {
+        stop_.request_stop();
+        for (auto& p : peers_) {
+            p.sock.shutdown();
+            if (p.blocked_reader) std::exchange(p.blocked_reader, {}).resume();
+        }
+        while (head_ != nullptr) {
+            posted_recv* pr = head_;
+            unlink(*pr);
+            pr->error = failure_;
+            complete(*pr);
+        }
+    }
+
+    void link(posted_recv& pr) {
+        pr.prev = tail_;
+        pr.next = nullptr;
+        if (tail_ != nullptr) {
+            tail_->next = &pr;
+        } else {
+            head_ = &pr;
+        }
+        tail_ = &pr;
+        pr.linked = true;
+    }
+    void unlink(posted_recv& pr) {
+        if (!pr.linked) return;
+        (pr.prev != nullptr ? pr.prev->next : head_) = pr.next;
+        (pr.next != nullptr ? pr.next->prev : tail_) = pr.prev;
+        pr.prev = pr.next = nullptr;
+        pr.linked = false;
+    }
+
+    posted_recv* match_posted(int p, std::int64_t tag) {
+        for (posted_recv* pr = head_; pr != nullptr; pr = pr->next) {
+            if ((pr->src == p || pr->src == any_source) && pr->tag == tag) return pr;
+        }
+        return nullptr;
+    }
+
+    void complete(posted_recv& pr) {
+        if (pr.state == posted_recv::done) return;
+        pr.state = posted_recv::done;
+        if (pr.timer_stop != nullptr) pr.timer_stop->request_stop();
+        if (pr.waiter) std::exchange(pr.waiter, {}).resume();
+    }
+
+    // Fills `pr` from a buffered message if one matches (the earliest, for any_source).
+    bool take_unexpected(posted_recv& pr) {
+        peer* from = nullptr;
+        std::deque<unexpected_msg>::iterator msg;
+        int from_rank = -1;
+        for (int p = 0; p < size_; ++p) {
+            if (pr.src != any_source && pr.src != p) continue;
+            peer& ps = peers_[static_cast<std::size_t>(p)];
+            for (auto it = ps.unexpected.begin(); it != ps.unexpected.end(); ++it) {
+                if (it->tag != pr.tag) continue;
+                if (from == nullptr || it->arrival < msg->arrival) {
+                    from = &ps;
+                    msg = it;
+                    from_rank = p;
+                }
+                break;
+            }
+        }
+        if (from == nullptr) return false;
+        fill_from(pr, from_rank, msg->data);
+        from->unexpected_bytes -= msg->data.size();
+        from->unexpected.erase(msg);
+        // Room freed: a reader held back by the bound may go on.
+        if (from->blocked_reader) std::exchange(from->blocked_reader, {}).resume();
+        return true;
+    }
+
+    bool has_unexpected_from(int p, std::int64_t tag) const {
+        for (const auto& m : peers_[static_cast<std::size_t>(p)].unexpected) {
+            if (m.tag == tag) return true;
+        }
+        return false;
+    }
+
+    void fill_from(posted_recv& pr, int p, const std::vector<std::byte>& data) {
+        pr.from = p;
+        pr.length = data.size();
+        if (data.size() > pr.buf.size()) {
+            pr.error = too_long(p, data.size(), pr.buf.size());
+        } else if (!data.empty()) {
+            std::memcpy(pr.buf.data(), data.data(), data.size());
+        }
+        pr.state = posted_recv::done;
+    }
+
+    std::exception_ptr too_long(int p, std::size_t len, std::size_t room) const {
+        return std::make_exception_ptr(std::system_error(
+            make_error_code(corocoll::errc::message_too_large),
+            "the message from rank " + std::to_string(p) + " has " + std::to_string(len) +
+                " bytes, the receive buffer " + std::to_string(room)));
+    }
+
+    // A reader stopped by the buffer bound may hold exactly the header this receive wants.
+    bool hand_to_blocked_reader(posted_recv& pr) {
+        for (int p = 0; p < size_; ++p) {
+            if (pr.src != any_source && pr.src != p) continue;
+            peer& ps = peers_[static_cast<std::size_t>(p)];
+            if (ps.blocked != nullptr && ps.blocked->tag == pr.tag && ps.blocked_reader) {
+                ps.handed = &pr;
+                pr.state = posted_recv::receiving;
+                std::exchange(ps.blocked_reader, {}).resume();
+                return true;
+            }
+        }
+        return false;
+    }
+
+    // Suspends the receiving coroutine until `pr` is done or its deadline passes.
+    task<> wait_done(posted_recv& pr) {
+        if (pr.state == posted_recv::done) co_return;
+        struct done_awaiter {
+            posted_recv& pr;
+            bool await_ready() const noexcept { return pr.state == posted_recv::done; }
+            void await_suspend(std::coroutine_handle<> h) noexcept { pr.waiter = h; }
+            void await_resume() const noexcept {}
+        };
+        if (pr.deadline == time_point::max()) {
+            co_await done_awaiter{pr};
+            co_return;
+        }
+        std::stop_source timer_stop;
+        pr.timer_stop = &timer_stop;
+        auto timer = [&]() -> task<> {
+            try {
+                co_await reactor_.sleep_until(pr.deadline, timer_stop.get_token());
+            } catch (const std::system_error&) {
+                co_return;  // the receive completed first
+            }
+            // Only a receive still waiting can be withdrawn; one whose payload is arriving
+            // ends with its socket operation, which has the same deadline.
+            if (pr.state == posted_recv::waiting) {
+                unlink(pr);
+                pr.error = std::make_exception_ptr(
+                    std::system_error(std::make_error_code(std::errc::timed_out),
+                                      "no matching message arrived in time"));
+                complete(pr);
+            }
+        };
+        auto waiter = [&]() -> task<> { co_await done_awaiter{pr}; };
+        co_await when_all(waiter(), timer());
+        pr.timer_stop = nullptr;
+    }
+
+    task<> read_loop(int p) {
+        peer& ps = peers_[static_cast<std::size_t>(p)];
+        posted_recv* delivering = nullptr;
+        try {
+            for (;;) {
+                frame_header h;
+                co_await ps.sock.recv(std::as_writable_bytes(std::span(&h, 1)), stop_.get_token());
+                if (std::string problem = h.problem(options_.max_message_bytes); !problem.empty()) {
+                    corocoll::detail::throw_error(corocoll::errc::protocol_error, problem);
+                }
+                if (h.kind == frame_kind::goodbye && h.src == static_cast<std::uint32_t>(p)) {
+                    depart(p);
+                    co_return;
+                }
+                if (h.kind != frame_kind::p2p || h.src != static_cast<std::uint32_t>(p) ||
+                    h.dst != static_cast<std::uint32_t>(rank_)) {
+                    corocoll::detail::throw_error(corocoll::errc::protocol_error,
+                                                  "unexpected frame kind or ranks in a header");
+                }
+                posted_recv* pr = match_posted(p, h.tag);
+                while (pr == nullptr && h.length > 0 &&
+                       ps.unexpected_bytes + h.length > options_.unexpected_bytes_per_peer &&
+                       !ps.unexpected.empty()) {
+                    ps.blocked = &h;
+                    co_await blocked_awaiter{ps};
+                    ps.blocked = nullptr;
+                    if (closing_ || failure_) co_return;
+                    pr = std::exchange(ps.handed, nullptr);
+                    if (pr == nullptr) pr = match_posted(p, h.tag);
+                }
+                if (pr != nullptr) {
+                    unlink(*pr);
+                    pr->state = posted_recv::receiving;
+                    delivering = pr;
+                    co_await deliver(ps, p, h, *pr);
+                    delivering = nullptr;
+                    complete(*pr);
+                    continue;
+                }
+                unexpected_msg m{h.tag, arrivals_++, std::vector<std::byte>(h.length)};
+                co_await ps.sock.recv(m.data, stop_.get_token());
+                // A receive may have been posted while the payload arrived.
+                if (posted_recv* late = match_posted(p, h.tag)) {
+                    unlink(*late);
+                    fill_from(*late, p, m.data);
+                    late->state = posted_recv::receiving;
+                    complete(*late);
+                } else {
+                    ps.unexpected_bytes += m.data.size();
+                    ps.unexpected.push_back(std::move(m));
+                }
+            }
+        } catch (const std::system_error& e) {
+            if (!closing_) fail(p, e.code(), e.what());
+        } catch (const std::exception& e) {
+            if (!closing_) fail(p, make_error_code(corocoll::errc::protocol_error), e.what());
+        }
+        if (delivering != nullptr) {
+            delivering->error = failure_;
+            complete(*delivering);
+        }
+    }
+
+    struct blocked_awaiter {
+        peer& ps;
+        bool await_ready() const noexcept { return false; }
+        void await_suspend(std::coroutine_handle<> h) noexcept { ps.blocked_reader = h; }
+        void await_resume() const noexcept {}
+    };
+
+    // Reads a payload straight into a posted receive's buffer (or drains it when too long).
+    task<> deliver(peer& ps, int p, const frame_header& h, posted_recv& pr) {
+        io::op_options o(pr.deadline, stop_.get_token());
+        pr.from = p;
+        pr.length = h.length;
+        if (h.length <= pr.buf.size()) {
+            co_await ps.sock.recv(pr.buf.first(h.length), o);
+            co_return;
+        }
+        std::vector<std::byte> scratch(std::min<std::uint64_t>(h.length, 1 << 20));
+        for (std::uint64_t left = h.length; left > 0;) {
+            auto n = static_cast<std::size_t>(std::min<std::uint64_t>(left, scratch.size()));
+            co_await ps.sock.recv(std::span(scratch).first(n), o);
+            left -= n;
+        }
+        pr.error = too_long(p, h.length, pr.buf.size());
+    }
+
+    io::reactor& reactor_;
+    int rank_;
+    int size_;
+    engine_options options_;
+    std::vector<peer> peers_;
+    posted_recv* head_ = nullptr;
+    posted_recv* tail_ = nullptr;
+    std::uint64_t arrivals_ = 0;
+    std::exception_ptr failure_;
+    bool closing_ = false;
+    std::stop_source stop_;
+    async_scope readers_;
+};
+
+}  // namespace transport
+
+COROCOLL_END_NAMESPACE

@@ -1,0 +1,95 @@
+#pragma once
+
+#include <corocoll/version.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport {
+
+/// "CCOL", the first four bytes of every frame.
+inline constexpr std::uint32_t frame_magic = 0x4c4f4343;
+/// Bumped whenever the frame layout or the meaning of a field changes; peers with different
+/// versions refuse each other at connection time.
+inline constexpr std::uint16_t protocol_version = 1;
+
+enum class frame_kind : std::uint8_t {
+    hello = 1,       ///< first frame on a connection: who is calling, for which group
+    p2p = 2,         ///< a point-to-point message; `length` payload bytes follow
+    collective = 3,  ///< a collective's message (layer 5)
+    goodbye = 4,     ///< the sender closed its process group; nothing follows
+};
+
+/// The fixed 64-byte header in front of every message between ranks, in the sender's byte
+/// order (all ranks of a job run on one architecture). `checksum` covers the 60 bytes before
+/// it, so a stream that lost its framing is detected at the next header instead of being
+/// read as garbage.
+struct frame_header {
+    std::uint32_t magic = frame_magic;
+    std::uint16_t version = protocol_version;
+    frame_kind kind = frame_kind::p2p;
+    std::uint8_t flags = 0;
+    std::uint32_t src = 0;     ///< sender's rank in the group
+    std::uint32_t dst = 0;     ///< receiver's rank in the group
+    std::int64_t tag = 0;      ///< p2p tag
+    std::uint64_t length = 0;  ///< payload bytes after the header
+    std::uint64_t seq = 0;     ///< collective sequence number; hello: group id
+    std::uint64_t count = 0;   ///< collective element count; hello: world size
+    std::uint32_t root = 0;    ///< collective root
+    std::uint8_t op = 0;       ///< collective kind / reduce op
+    std::uint8_t dtype = 0;    ///< element type
+    std::uint16_t reserved0 = 0;
+    std::uint32_t reserved1 = 0;
+    std::uint32_t checksum = 0;
+
+    /// FNV-1a over the bytes before `checksum`.
+    std::uint32_t compute_checksum() const noexcept {
+        unsigned char bytes[offsetof(frame_header, checksum)];
+        std::memcpy(bytes, this, sizeof(bytes));
+        std::uint32_t h = 2166136261u;
+        for (unsigned char b : bytes) h = (h ^ b) * 16777619u;
+        return h;
+    }
+    void seal() noexcept { checksum = compute_checksum(); }
+
+    /// Empty when the header is sound; otherwise what is wrong with it.
+    std::string problem(std::uint64_t max_length) const {
+        if (magic != frame_magic) return "not a corocoll frame (bad magic)";
+        if (version != protocol_version) {
+            return "protocol version " + std::to_string(version) + ", this rank speaks " +
+                   std::to_string(protocol_version);
+        }
+        if (checksum != compute_checksum()) return "header checksum mismatch";
+        if (length > max_length) {
+            return "message of " + std::to_string(length) + " bytes exceeds the maximum of " +
+                   std::to_string(max_length);
+        }
+        return {};
+    }
+};
+static_assert(sizeof(frame_header) == 64, "the wire header is 64 bytes");
+
+/// A 64-bit FNV-1a hash: a group's name as it travels in hello frames.
+inline std::uint64_t hash64(const std::string& s) noexcept {
+    std::uint64_t h = 14695981039346656037ull;
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+    return h;
+}
+
+/// Compares two byte strings in time that depends only on their lengths, for job tokens.
+inline bool constant_time_equal(const std::string& a, const std::string& b) noexcept {
+    unsigned char diff = a.size() == b.size() ? 0 : 1;
+    std::size_t n = a.size() < b.size() ? a.size() : b.size();
+    for (std::size_t i = 0; i < n; ++i) {
+        diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+    }
+    return diff == 0;
+}
+
+}  // namespace transport
+
+COROCOLL_END_NAMESPACE
