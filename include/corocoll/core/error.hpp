@@ -58,6 +58,18 @@ namespace detail {
     throw std::system_error(err, std::system_category(), what);
 }
 
+/// The text of `e` without the ": <reason>" that `std::system_error` appends to it, for
+/// wrapping an error in more context without repeating its reason.
+inline std::string context_of(const std::system_error& e) {
+    std::string text = e.what();
+    std::string suffix = ": " + e.code().message();
+    if (text.size() >= suffix.size() &&
+        text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        text.resize(text.size() - suffix.size());
+    }
+    return text;
+}
+
 /// Throws a `std::system_error` carrying `code` with `what` in front of the reason.
 [[noreturn]] inline void throw_error(std::error_code code, const std::string& what) {
     throw std::system_error(code, what);

@@ -235,7 +235,7 @@ inline task<init_store> tcp_rendezvous(io::reactor& r, const std::string& host, 
                                           ? " (port " + std::to_string(port) +
                                                 " is already in use: pick another MASTER_PORT)"
                                           : "") +
-                                     ": " + e.what()));
+                                     ": " + corocoll::detail::context_of(e)));
         }
     }
     out.store = co_await rendezvous::tcp_store::connect(r, master, timeout);

@@ -7,6 +7,7 @@
 #include <corocoll/rendezvous/tcp_store.hpp>
 #include <corocoll/version.hpp>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -123,6 +124,33 @@ work<int> irecv(R& buf, int src = any_source, std::int64_t tag = 0) {
 /// `o`), awaits `body(group)`, closes the group. Returns the process exit code: 0, or 1 after
 /// printing "corocoll: rank N: <error>" to stderr. `body` is any callable taking
 /// `process_group&` and returning an awaitable.
+namespace detail {
+
+/// Where a rank started by `spawn` reports that it failed, so the parent learns which rank
+/// failed first (before the others fail because of it). -1: not spawned.
+inline int& failure_pipe() noexcept {
+    static int fd = -1;
+    return fd;
+}
+
+inline void announce_failure(int rank) noexcept {
+    static bool announced = false;
+    if (failure_pipe() < 0 || announced) return;
+    announced = true;
+    std::int32_t r = rank;
+    [[maybe_unused]] auto n = ::write(failure_pipe(), &r, sizeof(r));  // atomic: < PIPE_BUF
+}
+
+inline void print_rank_error(int rank, const char* what) {
+    std::string text = what;
+    std::string prefix = "corocoll: rank " + std::to_string(rank) + ":";
+    if (rank >= 0 && text.rfind(prefix, 0) != 0) text = prefix + " " + text;
+    std::fprintf(stderr, "%s\n", text.c_str());
+    std::fflush(stderr);
+}
+
+}  // namespace detail
+
 template <class Body>
 int run(Body body, init_options o = {}) {
     int rank = o.rank;
@@ -136,6 +164,8 @@ int run(Body body, init_options o = {}) {
                 co_await body(*pg);
             } catch (...) {
                 failed = std::current_exception();
+                // Before the goodbye that makes the peers fail too.
+                detail::announce_failure(rank);
             }
             co_await pg->close();
             if (failed) std::rethrow_exception(failed);
@@ -143,12 +173,8 @@ int run(Body body, init_options o = {}) {
         r.run(main());
         return 0;
     } catch (const std::exception& e) {
-        if (rank >= 0) {
-            std::fprintf(stderr, "corocoll: rank %d: %s\n", rank, e.what());
-        } else {
-            std::fprintf(stderr, "%s\n", e.what());
-        }
-        std::fflush(stderr);
+        detail::announce_failure(rank);
+        detail::print_rank_error(rank, e.what());
         return 1;
     }
 }
@@ -177,7 +203,9 @@ struct rank_exit {
 /// What `spawn_ranks` saw.
 struct spawn_result {
     std::vector<rank_exit> ranks;
-    /// The first rank to fail on its own (not stopped by us), or -1.
+    /// The rank whose failure came first, or -1: a rank killed by a signal we did not send;
+    /// else the first rank to report that its body failed (ranks report before their peers
+    /// can notice); else the first failed rank reaped.
     int first_failure = -1;
     bool ok() const noexcept { return first_failure < 0; }
 };
@@ -203,6 +231,10 @@ spawn_result spawn_processes(int n, ChildMain child_main, spawn_options options 
         throw std::logic_error("corocoll: spawn: call it from a thread without an io::reactor");
     }
     rendezvous::tcp_store_server store(io::endpoint::loopback(0));
+    int failures[2];
+    if (::pipe2(failures, O_CLOEXEC | O_NONBLOCK) != 0) {
+        corocoll::detail::throw_errno(errno, "corocoll: spawn: pipe");
+    }
     std::fflush(nullptr);
     spawn_result result;
     for (int rank = 0; rank < n; ++rank) {
@@ -211,10 +243,20 @@ spawn_result spawn_processes(int n, ChildMain child_main, spawn_options options 
             int err = errno;
             for (auto& r : result.ranks) ::kill(r.pid, SIGKILL);
             for (auto& r : result.ranks) ::waitpid(r.pid, nullptr, 0);
+            ::close(failures[0]);
+            ::close(failures[1]);
             corocoll::detail::throw_errno(err, "corocoll: spawn: fork");
         }
         if (pid == 0) {
             // The child: only this thread exists here; never return into the parent's frames.
+            // It starts with default signal dispositions, not whatever handlers the parent
+            // installed (a test framework's crash reporter, say).
+            for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGSEGV, SIGABRT, SIGFPE, SIGILL, SIGBUS,
+                            SIGPIPE, SIGCHLD}) {
+                ::signal(sig, SIG_DFL);
+            }
+            ::close(failures[0]);
+            detail::failure_pipe() = failures[1];
             for (const char* v : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK",
                                   "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS"}) {
                 ::unsetenv(v);
@@ -231,13 +273,23 @@ spawn_result spawn_processes(int n, ChildMain child_main, spawn_options options 
             try {
                 code = child_main();
             } catch (const std::exception& e) {
-                std::fprintf(stderr, "corocoll: rank %d: %s\n", rank, e.what());
+                detail::print_rank_error(rank, e.what());
+            } catch (...) {
+                detail::print_rank_error(rank, "an exception that is not a std::exception");
             }
+            if (code != 0) detail::announce_failure(rank);
             std::fflush(nullptr);
             ::_exit(code);
         }
         result.ranks.push_back({rank, pid});
     }
+    ::close(failures[1]);
+    std::vector<int> announced;
+    auto read_announcements = [&] {
+        std::int32_t r = 0;
+        while (::read(failures[0], &r, sizeof(r)) == sizeof(r)) announced.push_back(r);
+    };
+    int first_reaped = -1;
 
     auto started = std::chrono::steady_clock::now();
     std::size_t running = result.ranks.size();
@@ -255,17 +307,22 @@ spawn_result spawn_processes(int n, ChildMain child_main, spawn_options options 
             if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
             if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
             r.stopped_by_us = stopping && !r.ok();
-            if (!r.ok() && !r.stopped_by_us && result.first_failure < 0) {
-                result.first_failure = r.rank;
+            if (!r.ok() && !r.stopped_by_us && first_reaped < 0) first_reaped = r.rank;
+            if (r.signal != 0 && !r.stopped_by_us && result.first_failure < 0) {
+                result.first_failure = r.rank;  // killed from outside: the likeliest cause
             }
         }
+        read_announcements();
         auto now = std::chrono::steady_clock::now();
         bool timed_out = now - started > options.timeout;
-        if (!stopping && running > 0 &&
-            ((result.first_failure >= 0 && options.stop_others_on_failure) || timed_out)) {
+        bool failed = first_reaped >= 0 || !announced.empty();
+        if (!stopping && running > 0 && ((failed && options.stop_others_on_failure) || timed_out)) {
             stopping = true;
-            if (timed_out && result.first_failure < 0) {
-                result.first_failure = -2;  // reported below as a timeout
+            if (timed_out && !failed) {
+                std::fprintf(stderr,
+                             "corocoll: spawn: ranks still running after %lld ms are stopped\n",
+                             static_cast<long long>(options.timeout.count()));
+                if (first_reaped < 0) first_reaped = -2;
             }
             for (auto& r : result.ranks) {
                 if (r.exit_code < 0 && r.signal == 0) ::kill(r.pid, SIGTERM);
@@ -280,10 +337,25 @@ spawn_result spawn_processes(int n, ChildMain child_main, spawn_options options 
         }
         if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
-    if (result.first_failure == -2) {
-        std::fprintf(stderr, "corocoll: spawn: ranks still running after %lld ms were stopped\n",
-                     static_cast<long long>(options.timeout.count()));
-        result.first_failure = 0;
+    read_announcements();
+    ::close(failures[0]);
+    if (result.first_failure < 0) {
+        for (int r : announced) {
+            if (r >= 0 && r < n && !result.ranks[static_cast<std::size_t>(r)].ok()) {
+                result.first_failure = r;
+                break;
+            }
+        }
+    }
+    if (result.first_failure < 0 && first_reaped >= 0) result.first_failure = first_reaped;
+    if (result.first_failure < 0 && first_reaped == -2) {
+        // Timed out: blame the first rank that was still running.
+        for (const auto& r : result.ranks) {
+            if (r.stopped_by_us) {
+                result.first_failure = r.rank;
+                break;
+            }
+        }
     }
     return result;
 }

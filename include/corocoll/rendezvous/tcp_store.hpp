@@ -540,8 +540,8 @@ private:
     }
 
     [[noreturn]] void fail(const std::system_error& e, const std::string& what) {
-        corocoll::detail::throw_error(
-            e.code(), "corocoll: store " + server_.to_string() + ": " + what + ": " + e.what());
+        corocoll::detail::throw_error(e.code(), "corocoll: store " + server_.to_string() + ": " +
+                                                    what + ": " + corocoll::detail::context_of(e));
     }
 
     task<> reconnect(duration timeout) {

@@ -11,6 +11,7 @@
 #include <corocoll/transport/frame.hpp>
 #include <corocoll/version.hpp>
 
+#include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <chrono>
@@ -112,7 +113,7 @@ public:
             co_await ps.sock.send_vec(std::span(iov, data.empty() ? 1 : 2),
                                       io::op_options(deadline, stop_.get_token()));
         } catch (const std::system_error& e) {
-            fail(dst, e.code(), e.what());
+            fail(dst, e.code(), "");
         }
         check_usable(what);
     }
@@ -149,7 +150,8 @@ public:
                 std::rethrow_exception(pr.error);
             } catch (const std::system_error& e) {
                 corocoll::detail::throw_error(e.code(), "corocoll: rank " + std::to_string(rank_) +
-                                                            ": " + what + ": " + e.what());
+                                                            ": " + what + ": " +
+                                                            corocoll::detail::context_of(e));
             }
         }
         co_return recv_result{pr.from, pr.length};
@@ -194,6 +196,28 @@ private:
         } catch (const std::system_error&) {
             // The peer is gone already; nothing to tell it.
         }
+    }
+
+    // Tells peer `q` which rank made this group fail, so that it blames that rank and not us
+    // when our connection closes first. Only where no frame is half-sent (the send lock is
+    // free); a 64-byte header fits the idle socket's buffer, so the non-blocking write does
+    // not come up short.
+    void tell_abort(int q) {
+        peer& p = peers_[static_cast<std::size_t>(q)];
+        if (failed_peer_ < 0 || q == failed_peer_ || !p.sock.is_open() || p.departed) return;
+        if (!p.send_lock.try_lock()) return;
+        frame_header h;
+        h.kind = frame_kind::goodbye;
+        h.flags = goodbye_abort;
+        h.src = static_cast<std::uint32_t>(rank_);
+        h.dst = static_cast<std::uint32_t>(q);
+        h.root = static_cast<std::uint32_t>(failed_peer_);
+        h.count = static_cast<std::uint64_t>(failure_code_.value());
+        h.op = failure_code_.category() == corocoll::error_category() ? 1 : 0;
+        h.seal();
+        [[maybe_unused]] auto n =
+            ::send(p.sock.native_handle(), &h, sizeof(h), MSG_DONTWAIT | MSG_NOSIGNAL);
+        p.send_lock.unlock();
     }
 
     // A peer said goodbye: receives that can only be satisfied by it fail; the rest go on.
@@ -272,20 +296,24 @@ private:
             std::rethrow_exception(failure_);
         } catch (const std::system_error& e) {
             corocoll::detail::throw_error(e.code(), "corocoll: rank " + std::to_string(rank_) +
-                                                        ": " + what + ": " + e.what());
+                                                        ": " + what + ": " +
+                                                        corocoll::detail::context_of(e));
         }
     }
 
-    // Records the first failure, then ends every pending operation.
-    void fail(int p, std::error_code code, const std::string& reason) {
+    // Records the first failure, then ends every pending operation. `detail` adds to what
+    // the code says (a protocol problem); socket errors need none.
+    void fail(int p, std::error_code code, const std::string& detail) {
         if (!failure_) {
             std::string peer_name = "rank " + std::to_string(p);
             if (p >= 0 && p < size_ && !peers_[static_cast<std::size_t>(p)].address.empty()) {
                 peer_name += " (" + peers_[static_cast<std::size_t>(p)].address + ")";
             }
-            COROCOLL_LOG(warn, "P2P", "peer ", peer_name, " failed: ", reason);
-            failure_ = std::make_exception_ptr(
-                std::system_error(code, "peer " + peer_name + " failed: " + reason));
+            COROCOLL_LOG(warn, "P2P", "peer ", peer_name, " failed: ", detail, " ", code.message());
+            failure_ = std::make_exception_ptr(std::system_error(
+                code, "peer " + peer_name + " failed" + (detail.empty() ? "" : ": " + detail)));
+            failed_peer_ = p;
+            failure_code_ = code;
             abort_all();
         }
     }
@@ -294,7 +322,9 @@ private:
     // receives with the failure and releases blocked readers.
     void abort_all() {
         stop_.request_stop();
-        for (auto& p : peers_) {
+        for (std::size_t q = 0; q < peers_.size(); ++q) {
+            peer& p = peers_[q];
+            tell_abort(static_cast<int>(q));
             p.sock.shutdown();
             if (p.blocked_reader) std::exchange(p.blocked_reader, {}).resume();
         }
@@ -453,7 +483,17 @@ private:
                     corocoll::detail::throw_error(corocoll::errc::protocol_error, problem);
                 }
                 if (h.kind == frame_kind::goodbye && h.src == static_cast<std::uint32_t>(p)) {
-                    depart(p);
+                    if ((h.flags & goodbye_abort) != 0 &&
+                        h.root < static_cast<std::uint32_t>(size_)) {
+                        auto value = static_cast<int>(h.count);
+                        std::error_code code =
+                            h.op == 1 ? std::error_code(value, corocoll::error_category())
+                                      : std::error_code(value, std::system_category());
+                        fail(static_cast<int>(h.root), code,
+                             "reported by rank " + std::to_string(p));
+                    } else {
+                        depart(p);
+                    }
                     co_return;
                 }
                 if (h.kind != frame_kind::p2p || h.src != static_cast<std::uint32_t>(p) ||
@@ -495,7 +535,11 @@ private:
                 }
             }
         } catch (const std::system_error& e) {
-            if (!closing_) fail(p, e.code(), e.what());
+            // Our own protocol errors carry their detail in the text; socket errors say all
+            // in their code.
+            bool ours = e.code().category() == corocoll::error_category() &&
+                        e.code() != corocoll::errc::connection_closed;
+            if (!closing_) fail(p, e.code(), ours ? corocoll::detail::context_of(e) : "");
         } catch (const std::exception& e) {
             if (!closing_) fail(p, make_error_code(corocoll::errc::protocol_error), e.what());
         }
@@ -539,6 +583,8 @@ private:
     posted_recv* tail_ = nullptr;
     std::uint64_t arrivals_ = 0;
     std::exception_ptr failure_;
+    int failed_peer_ = -1;
+    std::error_code failure_code_;
     bool closing_ = false;
     std::stop_source stop_;
     async_scope readers_;

@@ -24,6 +24,10 @@ enum class frame_kind : std::uint8_t {
     goodbye = 4,     ///< the sender closed its process group; nothing follows
 };
 
+/// `flags` of a goodbye: the sender's group failed because of rank `root` (error code in
+/// `count`, `op` 1 for a corocoll code, 0 for an errno value).
+inline constexpr std::uint8_t goodbye_abort = 1;
+
 /// The fixed 64-byte header in front of every message between ranks, in the sender's byte
 /// order (all ranks of a job run on one architecture). `checksum` covers the 60 bytes before
 /// it, so a stream that lost its framing is detected at the next header instead of being

@@ -181,7 +181,7 @@ inline task<io::socket> connect_to(io::reactor& r, rendezvous::store& store, int
                 corocoll::detail::throw_error(
                     e.code(), "corocoll: init: rank " + std::to_string(rank) +
                                   " connecting to rank " + std::to_string(peer) + " at " +
-                                  where.to_string() + ": " + e.what());
+                                  where.to_string() + ": " + corocoll::detail::context_of(e));
             }
         }
         auto sleep = backoff + std::chrono::milliseconds(jitter() % (backoff.count() + 1));
@@ -222,7 +222,7 @@ inline task<std::vector<io::socket>> connect_mesh(io::reactor& r, rendezvous::st
                 corocoll::detail::throw_error(
                     e.code(), "corocoll: init: rank " + std::to_string(rank) + " waited " + "for " +
                                   std::to_string(missing) +
-                                  " higher rank(s) to connect: " + e.what());
+                                  " higher rank(s) to connect: " + corocoll::detail::context_of(e));
             }
             int peer = -1;
             try {
