@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <optional>
 #include <ranges>
@@ -180,7 +181,8 @@ public:
     task<> close() {
         if (closed_) co_return;
         closed_ = true;
-        co_await engine_.close();
+        // The rank that serves the store keeps it up until the others are gone.
+        co_await engine_.close(hosted_ ? deadline() : std::chrono::steady_clock::time_point{});
     }
 
     /// The transport underneath (for collectives and tests).
@@ -321,14 +323,37 @@ inline task<std::shared_ptr<process_group>> init_process_group(io::reactor& r,
     }
     s.store->set_timeout(o.timeout);
 
-    auto group_store =
-        std::make_shared<rendezvous::prefix_store>("corocoll/" + o.group_name, s.store);
+    // Every set-up of a group name gets fresh keys: ranks set groups up in the same order (as
+    // torch requires too), so they agree on this count without asking each other. Per thread,
+    // because ranks may be threads.
+    thread_local std::map<std::string, int> generations;
+    int generation = generations[o.group_name]++;
+    auto group_store = std::make_shared<rendezvous::prefix_store>(
+        "corocoll/" + o.group_name + "/" + std::to_string(generation), s.store);
     transport::mesh_options mesh;
     mesh.deadline = deadline;
     mesh.group_name = o.group_name;
     if (const char* token = std::getenv("COROCOLL_JOB_TOKEN")) mesh.job_token = token;
     mesh.listen_on = transport::choose_listen_address(s.master);
     auto peers = co_await transport::connect_mesh(r, *group_store, o.rank, o.world_size, mesh);
+    // A store-based barrier, as torch's init ends with: nobody returns (and perhaps finishes
+    // and exits, taking a hosted store along) before every rank has its connections.
+    if (co_await group_store->add("init/arrived", 1) == o.world_size) {
+        co_await group_store->set("init/complete", "1");
+    }
+    std::vector<std::string> complete{"init/complete"};
+    try {
+        co_await group_store->wait(complete,
+                                   std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       std::max(deadline - std::chrono::steady_clock::now(),
+                                                std::chrono::steady_clock::duration{})));
+    } catch (const std::system_error& e) {
+        corocoll::detail::throw_error(
+            e.code(),
+            detail::init_error("rank " + std::to_string(o.rank) +
+                               " connected, but not every rank finished set-up in time: " +
+                               corocoll::detail::context_of(e)));
+    }
     COROCOLL_LOG(info, "INIT", "group '", o.group_name, "' ready: rank ", o.rank, " of ",
                  o.world_size);
     co_return std::make_shared<process_group>(r, o.rank, o.world_size, o.group_name, o.timeout,

@@ -159,18 +159,47 @@ public:
 
     /// Says goodbye to every peer (after whatever this rank already sent, so they get all of
     /// it and can tell a departure from a crash), stops the readers, closes every connection
-    /// and fails whatever is still pending here.
-    task<> close() {
-        if (!failure_) {
-            auto deadline = io::deadline_after(std::chrono::seconds(5));
-            std::vector<task<>> goodbyes;
-            for (int p = 0; p < size_; ++p) {
-                if (peers_[static_cast<std::size_t>(p)].sock.is_open()) {
-                    goodbyes.push_back(say_goodbye(p, deadline));
+    /// and fails whatever is still pending here. With `linger_until`, it first waits (until
+    /// then at most) for every peer to say goodbye or disconnect: what a rank that serves the
+    /// others' store does, so that nobody loses the store while still using it.
+    task<> close(time_point linger_until = {}) {
+        if (!failure_ && linger_until > std::chrono::steady_clock::now()) {
+            co_await say_goodbyes();
+            std::stop_source timer_stop;
+            auto timer = [&]() -> task<> {
+                try {
+                    co_await reactor_.sleep_until(linger_until, timer_stop.get_token());
+                } catch (const std::system_error&) {
+                    co_return;  // every peer left first
                 }
-            }
-            co_await when_all(std::move(goodbyes));
+                COROCOLL_LOG(warn, "P2P", "rank ", rank_, " stops waiting for peers to close");
+                closing_ = true;
+                abort_all();
+            };
+            auto readers = [&]() -> task<> {
+                co_await readers_.join();
+                timer_stop.request_stop();
+            };
+            co_await when_all(readers(), timer());
+            goodbyes_said_ = true;
         }
+        co_await close_now();
+    }
+
+private:
+    task<> say_goodbyes() {
+        auto deadline = io::deadline_after(std::chrono::seconds(5));
+        std::vector<task<>> goodbyes;
+        for (int p = 0; p < size_; ++p) {
+            if (peers_[static_cast<std::size_t>(p)].sock.is_open()) {
+                goodbyes.push_back(say_goodbye(p, deadline));
+            }
+        }
+        co_await when_all(std::move(goodbyes));
+    }
+
+    task<> close_now() {
+        if (!failure_ && !goodbyes_said_) co_await say_goodbyes();
         if (!failure_) {
             failure_ = std::make_exception_ptr(
                 std::system_error(std::make_error_code(std::errc::operation_canceled),
@@ -182,7 +211,6 @@ public:
         for (auto& p : peers_) p.sock.close();
     }
 
-private:
     task<> say_goodbye(int p, time_point deadline) {
         peer& ps = peers_[static_cast<std::size_t>(p)];
         auto guard = co_await ps.send_lock.scoped_lock();
@@ -586,6 +614,7 @@ private:
     int failed_peer_ = -1;
     std::error_code failure_code_;
     bool closing_ = false;
+    bool goodbyes_said_ = false;
     std::stop_source stop_;
     async_scope readers_;
 };
