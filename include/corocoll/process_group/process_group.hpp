@@ -281,7 +281,10 @@ inline task<std::shared_ptr<process_group>> init_process_group(io::reactor& r,
     if (o.store) {
         s.store = o.store;
     } else if (o.init_method == "env://") {
-        if (!env) env = rendezvous::read_launch_env();
+        if (!env) {
+            env.emplace();
+            rendezvous::read_master_env(*env);
+        }
         if (!env->master_addr || !env->master_port) {
             throw std::invalid_argument(
                 detail::init_error(std::string("env:// needs MASTER_ADDR and MASTER_PORT; ") +

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -325,7 +326,11 @@ spawn_result spawn_processes(int n, ChildMain child_main, spawn_options options 
                 if (first_reaped < 0) first_reaped = -2;
             }
             for (auto& r : result.ranks) {
-                if (r.exit_code < 0 && r.signal == 0) ::kill(r.pid, SIGTERM);
+                // A rank that reported its own failure is exiting already: let it, so the
+                // report shows how it ended (SIGKILL after the grace period if it does not).
+                bool exiting =
+                    std::find(announced.begin(), announced.end(), r.rank) != announced.end();
+                if (r.exit_code < 0 && r.signal == 0 && !exiting) ::kill(r.pid, SIGTERM);
             }
             stop_time = now + options.grace;
         }

@@ -85,6 +85,27 @@ inline constexpr launcher_vars launchers[] = {
 
 }  // namespace detail
 
+/// Fills in where the rendezvous store is: MASTER_ADDR, MASTER_PORT, and whether torchrun's
+/// agent serves it (TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT). Needs no rank
+/// variables: `env://` with an explicit rank and world size reads only these.
+inline void read_master_env(launch_info& info, const env_lookup& env = process_env()) {
+    if (const char* a = env("MASTER_ADDR")) info.master_addr = a;
+    if (auto p = detail::env_int(env, "MASTER_PORT")) {
+        if (*p < 0 || *p > 65535) {
+            throw std::invalid_argument("corocoll: MASTER_PORT=" + std::to_string(*p) +
+                                        " is not a port number");
+        }
+        info.master_port = static_cast<std::uint16_t>(*p);
+    }
+    if (const char* s = env("TORCHELASTIC_USE_AGENT_STORE")) {
+        info.agent_store = std::string_view(s) == "True" || std::string_view(s) == "true" ||
+                           std::string_view(s) == "1";
+    }
+    if (auto c = detail::env_int(env, "TORCHELASTIC_RESTART_COUNT")) {
+        info.restart_count = static_cast<int>(*c);
+    }
+}
+
 /// Reads rank and world size from whichever launcher started the process. Precedence, first
 /// match wins: RANK/WORLD_SIZE (corocollrun, torchrun, or set by hand), Open MPI's
 /// OMPI_COMM_WORLD_*, MPICH/Hydra's PMI_RANK/PMI_SIZE, Slurm's SLURM_PROCID/SLURM_NTASKS.
@@ -141,21 +162,7 @@ inline launch_info read_launch_env(const env_lookup& env = process_env()) {
             "SLURM_PROCID/SLURM_NTASKS is set (start the program with corocollrun, torchrun, "
             "mpirun or srun, or pass rank and world_size)");
     }
-    if (const char* a = env("MASTER_ADDR")) info.master_addr = a;
-    if (auto p = detail::env_int(env, "MASTER_PORT")) {
-        if (*p < 0 || *p > 65535) {
-            throw std::invalid_argument("corocoll: MASTER_PORT=" + std::to_string(*p) +
-                                        " is not a port number");
-        }
-        info.master_port = static_cast<std::uint16_t>(*p);
-    }
-    if (const char* s = env("TORCHELASTIC_USE_AGENT_STORE")) {
-        info.agent_store = std::string_view(s) == "True" || std::string_view(s) == "true" ||
-                           std::string_view(s) == "1";
-    }
-    if (auto c = detail::env_int(env, "TORCHELASTIC_RESTART_COUNT")) {
-        info.restart_count = static_cast<int>(*c);
-    }
+    read_master_env(info, env);
     return info;
 }
 
