@@ -59,6 +59,8 @@ struct engine_options {
 /// a broken header) fails every pending operation and every later one with an error naming
 /// that peer; the engine is then unusable. Must be `close()`d before it is destroyed.
 class engine {
+    struct posted_recv;
+
 public:
     using time_point = std::chrono::steady_clock::time_point;
 
@@ -88,73 +90,50 @@ public:
 
     /// Sends `data` to `dst` with `tag`; completes when the bytes are handed to the kernel.
     task<> send(std::span<const std::byte> data, int dst, std::int64_t tag, time_point deadline) {
-        std::string what = "send to rank " + std::to_string(dst) + " (tag " + std::to_string(tag) +
-                           ", " + std::to_string(data.size()) + " bytes)";
-        check_peer(dst, what);
-        check_usable(what);
-        peer& ps = peers_[static_cast<std::size_t>(dst)];
-        if (ps.departed) {
-            corocoll::detail::throw_error(corocoll::errc::connection_closed,
-                                          "corocoll: rank " + std::to_string(rank_) + ": " + what +
-                                              ": rank " + std::to_string(dst) +
-                                              " closed its process group");
-        }
-        auto guard = co_await ps.send_lock.scoped_lock();
-        check_usable(what);
         frame_header h;
         h.kind = frame_kind::p2p;
-        h.src = static_cast<std::uint32_t>(rank_);
-        h.dst = static_cast<std::uint32_t>(dst);
         h.tag = tag;
-        h.length = data.size();
-        h.seal();
-        iovec iov[2] = {{&h, sizeof(h)}, {const_cast<std::byte*>(data.data()), data.size()}};
-        try {
-            co_await ps.sock.send_vec(std::span(iov, data.empty() ? 1 : 2),
-                                      io::op_options(deadline, stop_.get_token()));
-        } catch (const std::system_error& e) {
-            fail(dst, e.code(), "");
-        }
-        check_usable(what);
+        return send_frame(data, dst, h,
+                          "send to rank " + std::to_string(dst) + " (tag " + std::to_string(tag) +
+                              ", " + std::to_string(data.size()) + " bytes)",
+                          deadline);
     }
+
+    /// Sends one step of a collective: `meta` travels with it and the receiver checks it.
+    task<> send_coll(std::span<const std::byte> data, int dst, const collective_meta& meta,
+                     std::uint32_t step, time_point deadline) {
+        frame_header h;
+        meta.apply_to(h);
+        h.tag = step;
+        return send_frame(data, dst, h, describe_(meta) + ": send to rank " + std::to_string(dst),
+                          deadline);
+    }
+
+    /// Receives one step of a collective from `src` into `buf`. A message whose metadata
+    /// differs from `meta` (another collective, size, root, op or type on that rank) fails the
+    /// whole group with a message naming both calls, on every rank.
+    task<std::size_t> recv_coll(std::span<std::byte> buf, int src, const collective_meta& meta,
+                                std::uint32_t step, time_point deadline) {
+        auto r = co_await recv_frame(buf, src, frame_kind::collective, meta.seq, step, &meta,
+                                     describe_(meta) + ": recv from rank " + std::to_string(src),
+                                     deadline);
+        co_return r.length;
+    }
+
+    /// How collective metadata reads in error messages ("all_reduce(sum, float32 x 100)");
+    /// the collectives layer installs its own.
+    using describer = std::string (*)(const collective_meta&);
+    void set_describer(describer d) noexcept { describe_ = d; }
 
     /// Receives a message with `tag` from `src` (or `any_source`) into `buf`; yields the sender
     /// and the length. A message longer than `buf` is an error (the message is consumed).
     task<recv_result> recv(std::span<std::byte> buf, int src, std::int64_t tag,
                            time_point deadline) {
-        std::string what = (src == any_source ? std::string("recv from any rank")
-                                              : "recv from rank " + std::to_string(src)) +
-                           " (tag " + std::to_string(tag) + ")";
-        if (src != any_source) check_peer(src, what);
-        check_usable(what);
-        if (src != any_source && peers_[static_cast<std::size_t>(src)].departed &&
-            !has_unexpected_from(src, tag)) {
-            corocoll::detail::throw_error(corocoll::errc::connection_closed,
-                                          "corocoll: rank " + std::to_string(rank_) + ": " + what +
-                                              ": rank " + std::to_string(src) +
-                                              " closed its process group");
-        }
-        posted_recv pr;
-        pr.buf = buf;
-        pr.src = src;
-        pr.tag = tag;
-        pr.deadline = deadline;
-        if (!take_unexpected(pr) && !hand_to_blocked_reader(pr)) {
-            link(pr);
-            co_await wait_done(pr);
-        } else if (pr.state != posted_recv::done) {
-            co_await wait_done(pr);
-        }
-        if (pr.error) {
-            try {
-                std::rethrow_exception(pr.error);
-            } catch (const std::system_error& e) {
-                corocoll::detail::throw_error(e.code(), "corocoll: rank " + std::to_string(rank_) +
-                                                            ": " + what + ": " +
-                                                            corocoll::detail::context_of(e));
-            }
-        }
-        co_return recv_result{pr.from, pr.length};
+        return recv_frame(buf, src, frame_kind::p2p, 0, tag, nullptr,
+                          (src == any_source ? std::string("recv from any rank")
+                                             : "recv from rank " + std::to_string(src)) +
+                              " (tag " + std::to_string(tag) + ")",
+                          deadline);
     }
 
     /// Says goodbye to every peer (after whatever this rank already sent, so they get all of
@@ -187,6 +166,96 @@ public:
     }
 
 private:
+    static std::string describe_raw(const collective_meta& m) {
+        return "collective " + std::to_string(m.collective) + "(op " + std::to_string(m.redop) +
+               ", dtype " + std::to_string(m.dtype) + ", root " + std::to_string(m.root) +
+               ", count " + std::to_string(m.count) + ")";
+    }
+
+    task<> send_frame(std::span<const std::byte> data, int dst, frame_header h, std::string what,
+                      time_point deadline) {
+        check_peer(dst, what);
+        check_usable(what);
+        peer& ps = peers_[static_cast<std::size_t>(dst)];
+        if (ps.departed) {
+            corocoll::detail::throw_error(corocoll::errc::connection_closed,
+                                          "corocoll: rank " + std::to_string(rank_) + ": " + what +
+                                              ": rank " + std::to_string(dst) +
+                                              " closed its process group");
+        }
+        auto guard = co_await ps.send_lock.scoped_lock();
+        check_usable(what);
+        h.src = static_cast<std::uint32_t>(rank_);
+        h.dst = static_cast<std::uint32_t>(dst);
+        h.length = data.size();
+        h.seal();
+        iovec iov[2] = {{&h, sizeof(h)}, {const_cast<std::byte*>(data.data()), data.size()}};
+        try {
+            co_await ps.sock.send_vec(std::span(iov, data.empty() ? 1 : 2),
+                                      io::op_options(deadline, stop_.get_token()));
+        } catch (const std::system_error& e) {
+            fail(dst, e.code(), "");
+        }
+        check_usable(what);
+    }
+
+    task<recv_result> recv_frame(std::span<std::byte> buf, int src, frame_kind kind,
+                                 std::uint64_t seq, std::int64_t tag, const collective_meta* expect,
+                                 std::string what, time_point deadline) {
+        if (src != any_source) check_peer(src, what);
+        check_usable(what);
+        if (src != any_source && peers_[static_cast<std::size_t>(src)].departed &&
+            !has_unexpected_from(src, kind, seq, tag)) {
+            corocoll::detail::throw_error(corocoll::errc::connection_closed,
+                                          "corocoll: rank " + std::to_string(rank_) + ": " + what +
+                                              ": rank " + std::to_string(src) +
+                                              " closed its process group");
+        }
+        posted_recv pr;
+        pr.buf = buf;
+        pr.src = src;
+        pr.kind = kind;
+        pr.seq = seq;
+        pr.tag = tag;
+        pr.expect = expect;
+        pr.deadline = deadline;
+        if (!take_unexpected(pr) && !hand_to_blocked_reader(pr)) {
+            link(pr);
+            co_await wait_done(pr);
+        } else if (pr.state != posted_recv::done) {
+            co_await wait_done(pr);
+        }
+        if (pr.error) {
+            try {
+                std::rethrow_exception(pr.error);
+            } catch (const std::system_error& e) {
+                corocoll::detail::throw_error(e.code(), "corocoll: rank " + std::to_string(rank_) +
+                                                            ": " + what + ": " +
+                                                            corocoll::detail::context_of(e));
+            }
+        }
+        co_return recv_result{pr.from, pr.length};
+    }
+
+    bool matches(const posted_recv& pr, int p, const frame_header& h) const noexcept {
+        return (pr.src == p || pr.src == any_source) && pr.kind == h.kind && pr.tag == h.tag &&
+               (h.kind != frame_kind::collective || pr.seq == h.seq);
+    }
+
+    // A collective message matched by (sequence, step) must also agree on what the call is;
+    // if not, the ranks called different things and the group cannot go on.
+    bool verify(const posted_recv& pr, int p, const frame_header& h) {
+        if (pr.expect == nullptr || h.kind != frame_kind::collective) return true;
+        collective_meta theirs = collective_meta::of(h);
+        if (theirs == *pr.expect) return true;
+        std::string text = "collective #" + std::to_string(pr.expect->seq) +
+                           " does not match across ranks: rank " + std::to_string(rank_) +
+                           " called " + describe_(*pr.expect) + ", rank " + std::to_string(p) +
+                           " called " + describe_(theirs);
+        fail_verbatim(p, make_error_code(corocoll::errc::protocol_error), text);
+        return false;
+    }
+
     task<> say_goodbyes() {
         auto deadline = io::deadline_after(std::chrono::seconds(5));
         std::vector<task<>> goodbyes;
@@ -226,14 +295,15 @@ private:
         }
     }
 
-    // Tells peer `q` which rank made this group fail, so that it blames that rank and not us
-    // when our connection closes first. Only where no frame is half-sent (the send lock is
-    // free); a 64-byte header fits the idle socket's buffer, so the non-blocking write does
-    // not come up short.
+    // Tells peer `q` which rank made this group fail and why, so that it reports the same
+    // cause and does not blame us when our connection closes first. Only where no frame is
+    // half-sent (the send lock is free); header and text fit the idle socket's buffer, so the
+    // non-blocking write does not come up short.
     void tell_abort(int q) {
         peer& p = peers_[static_cast<std::size_t>(q)];
         if (failed_peer_ < 0 || q == failed_peer_ || !p.sock.is_open() || p.departed) return;
         if (!p.send_lock.try_lock()) return;
+        std::string text = failure_text_.substr(0, 4096);
         frame_header h;
         h.kind = frame_kind::goodbye;
         h.flags = goodbye_abort;
@@ -242,9 +312,14 @@ private:
         h.root = static_cast<std::uint32_t>(failed_peer_);
         h.count = static_cast<std::uint64_t>(failure_code_.value());
         h.op = failure_code_.category() == corocoll::error_category() ? 1 : 0;
+        h.length = text.size();
         h.seal();
+        iovec iov[2] = {{&h, sizeof(h)}, {text.data(), text.size()}};
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = 2;
         [[maybe_unused]] auto n =
-            ::send(p.sock.native_handle(), &h, sizeof(h), MSG_DONTWAIT | MSG_NOSIGNAL);
+            ::sendmsg(p.sock.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
         p.send_lock.unlock();
     }
 
@@ -273,7 +348,10 @@ private:
         enum state_t { waiting, receiving, done };
         std::span<std::byte> buf;
         int src = any_source;
+        frame_kind kind = frame_kind::p2p;
+        std::uint64_t seq = 0;
         std::int64_t tag = 0;
+        const collective_meta* expect = nullptr;
         time_point deadline;
         state_t state = waiting;
         int from = -1;
@@ -287,7 +365,7 @@ private:
     };
 
     struct unexpected_msg {
-        std::int64_t tag = 0;
+        frame_header header;
         std::uint64_t arrival = 0;
         std::vector<std::byte> data;
     };
@@ -332,18 +410,25 @@ private:
     // Records the first failure, then ends every pending operation. `detail` adds to what
     // the code says (a protocol problem); socket errors need none.
     void fail(int p, std::error_code code, const std::string& detail) {
-        if (!failure_) {
-            std::string peer_name = "rank " + std::to_string(p);
-            if (p >= 0 && p < size_ && !peers_[static_cast<std::size_t>(p)].address.empty()) {
-                peer_name += " (" + peers_[static_cast<std::size_t>(p)].address + ")";
-            }
-            COROCOLL_LOG(warn, "P2P", "peer ", peer_name, " failed: ", detail, " ", code.message());
-            failure_ = std::make_exception_ptr(std::system_error(
-                code, "peer " + peer_name + " failed" + (detail.empty() ? "" : ": " + detail)));
-            failed_peer_ = p;
-            failure_code_ = code;
-            abort_all();
+        if (failure_) return;
+        std::string peer_name = "rank " + std::to_string(p);
+        if (p >= 0 && p < size_ && !peers_[static_cast<std::size_t>(p)].address.empty()) {
+            peer_name += " (" + peers_[static_cast<std::size_t>(p)].address + ")";
         }
+        fail_verbatim(p, code,
+                      "peer " + peer_name + " failed" + (detail.empty() ? "" : ": " + detail));
+    }
+
+    // Records the first failure with exactly `text` (every rank gets the same words through
+    // the abort frames), then ends every pending operation.
+    void fail_verbatim(int p, std::error_code code, const std::string& text) {
+        if (failure_) return;
+        COROCOLL_LOG(warn, "P2P", text, ": ", code.message());
+        failure_ = std::make_exception_ptr(std::system_error(code, text));
+        failure_text_ = text;
+        failed_peer_ = p;
+        failure_code_ = code;
+        abort_all();
     }
 
     // Shuts every connection (pending socket operations end at once), completes the waiting
@@ -383,9 +468,9 @@ private:
         pr.linked = false;
     }
 
-    posted_recv* match_posted(int p, std::int64_t tag) {
+    posted_recv* match_posted(int p, const frame_header& h) {
         for (posted_recv* pr = head_; pr != nullptr; pr = pr->next) {
-            if ((pr->src == p || pr->src == any_source) && pr->tag == tag) return pr;
+            if (matches(*pr, p, h)) return pr;
         }
         return nullptr;
     }
@@ -406,7 +491,7 @@ private:
             if (pr.src != any_source && pr.src != p) continue;
             peer& ps = peers_[static_cast<std::size_t>(p)];
             for (auto it = ps.unexpected.begin(); it != ps.unexpected.end(); ++it) {
-                if (it->tag != pr.tag) continue;
+                if (!matches(pr, p, it->header)) continue;
                 if (from == nullptr || it->arrival < msg->arrival) {
                     from = &ps;
                     msg = it;
@@ -416,6 +501,11 @@ private:
             }
         }
         if (from == nullptr) return false;
+        if (!verify(pr, from_rank, msg->header)) {
+            pr.error = failure_;
+            pr.state = posted_recv::done;
+            return true;
+        }
         fill_from(pr, from_rank, msg->data);
         from->unexpected_bytes -= msg->data.size();
         from->unexpected.erase(msg);
@@ -424,9 +514,12 @@ private:
         return true;
     }
 
-    bool has_unexpected_from(int p, std::int64_t tag) const {
+    bool has_unexpected_from(int p, frame_kind kind, std::uint64_t seq, std::int64_t tag) const {
         for (const auto& m : peers_[static_cast<std::size_t>(p)].unexpected) {
-            if (m.tag == tag) return true;
+            if (m.header.kind == kind && m.header.tag == tag &&
+                (kind != frame_kind::collective || m.header.seq == seq)) {
+                return true;
+            }
         }
         return false;
     }
@@ -454,7 +547,7 @@ private:
         for (int p = 0; p < size_; ++p) {
             if (pr.src != any_source && pr.src != p) continue;
             peer& ps = peers_[static_cast<std::size_t>(p)];
-            if (ps.blocked != nullptr && ps.blocked->tag == pr.tag && ps.blocked_reader) {
+            if (ps.blocked != nullptr && matches(pr, p, *ps.blocked) && ps.blocked_reader) {
                 ps.handed = &pr;
                 pr.state = posted_recv::receiving;
                 std::exchange(ps.blocked_reader, {}).resume();
@@ -517,19 +610,37 @@ private:
                         std::error_code code =
                             h.op == 1 ? std::error_code(value, corocoll::error_category())
                                       : std::error_code(value, std::system_category());
-                        fail(static_cast<int>(h.root), code,
-                             "reported by rank " + std::to_string(p));
+                        std::string text(std::min<std::uint64_t>(h.length, 4096), '\0');
+                        if (!text.empty()) {
+                            try {
+                                co_await ps.sock.recv(
+                                    std::as_writable_bytes(std::span(text.data(), text.size())),
+                                    io::deadline_after(std::chrono::seconds(5)));
+                            } catch (const std::system_error&) {
+                                text.clear();
+                            }
+                        }
+                        std::string by = "reported by rank " + std::to_string(p);
+                        if (text.empty()) {
+                            fail(static_cast<int>(h.root), code, by);
+                        } else {
+                            if (text.find("(reported by rank") == std::string::npos) {
+                                text += " (" + by + ")";
+                            }
+                            fail_verbatim(static_cast<int>(h.root), code, text);
+                        }
                     } else {
                         depart(p);
                     }
                     co_return;
                 }
-                if (h.kind != frame_kind::p2p || h.src != static_cast<std::uint32_t>(p) ||
+                if ((h.kind != frame_kind::p2p && h.kind != frame_kind::collective) ||
+                    h.src != static_cast<std::uint32_t>(p) ||
                     h.dst != static_cast<std::uint32_t>(rank_)) {
                     corocoll::detail::throw_error(corocoll::errc::protocol_error,
                                                   "unexpected frame kind or ranks in a header");
                 }
-                posted_recv* pr = match_posted(p, h.tag);
+                posted_recv* pr = match_posted(p, h);
                 while (pr == nullptr && h.length > 0 &&
                        ps.unexpected_bytes + h.length > options_.unexpected_bytes_per_peer &&
                        !ps.unexpected.empty()) {
@@ -538,8 +649,9 @@ private:
                     ps.blocked = nullptr;
                     if (closing_ || failure_) co_return;
                     pr = std::exchange(ps.handed, nullptr);
-                    if (pr == nullptr) pr = match_posted(p, h.tag);
+                    if (pr == nullptr) pr = match_posted(p, h);
                 }
+                if (pr != nullptr && !verify(*pr, p, h)) co_return;  // the group failed
                 if (pr != nullptr) {
                     unlink(*pr);
                     pr->state = posted_recv::receiving;
@@ -549,10 +661,11 @@ private:
                     complete(*pr);
                     continue;
                 }
-                unexpected_msg m{h.tag, arrivals_++, std::vector<std::byte>(h.length)};
+                unexpected_msg m{h, arrivals_++, std::vector<std::byte>(h.length)};
                 co_await ps.sock.recv(m.data, stop_.get_token());
                 // A receive may have been posted while the payload arrived.
-                if (posted_recv* late = match_posted(p, h.tag)) {
+                if (posted_recv* late = match_posted(p, h)) {
+                    if (!verify(*late, p, h)) co_return;
                     unlink(*late);
                     fill_from(*late, p, m.data);
                     late->state = posted_recv::receiving;
@@ -611,11 +724,13 @@ private:
     posted_recv* tail_ = nullptr;
     std::uint64_t arrivals_ = 0;
     std::exception_ptr failure_;
+    std::string failure_text_;
     int failed_peer_ = -1;
     std::error_code failure_code_;
     bool closing_ = false;
     bool goodbyes_said_ = false;
     std::stop_source stop_;
+    describer describe_ = &describe_raw;
     async_scope readers_;
 };
 

@@ -77,6 +77,32 @@ struct frame_header {
 };
 static_assert(sizeof(frame_header) == 64, "the wire header is 64 bytes");
 
+/// What every rank's call of one collective must agree on; carried in each of its frames
+/// (`op` = collective, `reserved0` = reduce op, `dtype`, `root`, `count`, `seq`) and checked
+/// by the receiver against its own call. The values are the collectives layer's enums.
+struct collective_meta {
+    std::uint8_t collective = 0;
+    std::uint8_t redop = 0;
+    std::uint8_t dtype = 0;
+    std::uint32_t root = 0;
+    std::uint64_t count = 0;
+    std::uint64_t seq = 0;  ///< the group's count of collectives so far, this one's number
+
+    void apply_to(frame_header& h) const noexcept {
+        h.kind = frame_kind::collective;
+        h.op = collective;
+        h.reserved0 = redop;
+        h.dtype = dtype;
+        h.root = root;
+        h.count = count;
+        h.seq = seq;
+    }
+    static collective_meta of(const frame_header& h) noexcept {
+        return {h.op, static_cast<std::uint8_t>(h.reserved0), h.dtype, h.root, h.count, h.seq};
+    }
+    friend bool operator==(const collective_meta&, const collective_meta&) = default;
+};
+
 /// A 64-bit FNV-1a hash: a group's name as it travels in hello frames.
 inline std::uint64_t hash64(const std::string& s) noexcept {
     std::uint64_t h = 14695981039346656037ull;
