@@ -78,12 +78,14 @@ struct frame_header {
 static_assert(sizeof(frame_header) == 64, "the wire header is 64 bytes");
 
 /// What every rank's call of one collective must agree on; carried in each of its frames
-/// (`op` = collective, `reserved0` = reduce op, `dtype`, `root`, `count`, `seq`) and checked
+/// (`op` = collective, `flags` = algorithm, `reserved0` = reduce op, `dtype`, `root`, `count`,
+/// `seq`) and checked
 /// by the receiver against its own call. The values are the collectives layer's enums.
 struct collective_meta {
     std::uint8_t collective = 0;
     std::uint8_t redop = 0;
     std::uint8_t dtype = 0;
+    std::uint8_t algorithm = 0;  ///< ranks that chose different algorithms disagree too
     std::uint32_t root = 0;
     std::uint64_t count = 0;
     std::uint64_t seq = 0;  ///< the group's count of collectives so far, this one's number
@@ -91,6 +93,7 @@ struct collective_meta {
     void apply_to(frame_header& h) const noexcept {
         h.kind = frame_kind::collective;
         h.op = collective;
+        h.flags = algorithm;
         h.reserved0 = redop;
         h.dtype = dtype;
         h.root = root;
@@ -98,7 +101,8 @@ struct collective_meta {
         h.seq = seq;
     }
     static collective_meta of(const frame_header& h) noexcept {
-        return {h.op, static_cast<std::uint8_t>(h.reserved0), h.dtype, h.root, h.count, h.seq};
+        return {h.op, static_cast<std::uint8_t>(h.reserved0), h.dtype, h.flags, h.root, h.count,
+                h.seq};
     }
     friend bool operator==(const collective_meta&, const collective_meta&) = default;
 };

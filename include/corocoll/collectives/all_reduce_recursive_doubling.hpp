@@ -1,0 +1,63 @@
+#pragma once
+
+// All-reduce by recursive doubling: partners at distance 1, 2, 4, ... swap their whole
+// buffers and reduce. With n not a power of two, the first 2*rem ranks (rem = n - 2^k) pair
+// up first: even ones hand their data to the odd neighbour and sit out, and get the result
+// back at the end.
+// Cost: log2(2^k) rounds (+2 when n is not a power of two); each active rank sends and
+// reduces bytes per round: latency optimal, bandwidth log2(n) * bytes. Chosen: for small
+// buffers (below all_reduce's large threshold).
+
+#include <corocoll/collectives/context.hpp>
+#include <corocoll/collectives/reduction.hpp>
+#include <corocoll/version.hpp>
+
+#include <vector>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+inline task<> all_reduce_recursive_doubling(context& c, std::span<std::byte> data,
+                                            const reduction& red) {
+    int n = c.size(), r = c.rank();
+    std::size_t count = data.size() / red.elem();
+    int p2 = 1;
+    while (p2 * 2 <= n) p2 *= 2;
+    int rem = n - p2;
+    std::vector<std::byte> incoming(data.size());
+    int vrank;
+    if (r < 2 * rem) {
+        if (r % 2 == 0) {
+            co_await c.send(data, r + 1, 0);
+            vrank = -1;
+        } else {
+            co_await c.recv(incoming, r - 1, 0);
+            red(data.data(), incoming.data(), count);
+            vrank = r / 2;
+        }
+    } else {
+        vrank = r - rem;
+    }
+    if (vrank >= 0) {
+        std::uint32_t round = 1;
+        for (int mask = 1; mask < p2; mask <<= 1, ++round) {
+            int vpartner = vrank ^ mask;
+            int partner = vpartner < rem ? vpartner * 2 + 1 : vpartner + rem;
+            co_await c.exchange(data, partner, incoming, partner, round);
+            red(data.data(), incoming.data(), count);
+        }
+        red.finish(data.data(), count, n);
+    }
+    if (r < 2 * rem) {
+        if (r % 2 == 1) {
+            co_await c.send(data, r - 1, 31);
+        } else {
+            co_await c.recv(data, r + 1, 31);
+        }
+    }
+}
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE

@@ -1,0 +1,49 @@
+#pragma once
+
+// Gather to `root` along a binomial tree: each rank collects its subtree's blocks (in rank
+// order relative to the root) and sends them to its parent in one message.
+// Cost: ceil(log2 n) rounds; the root receives (n - 1) blocks in log2(n) messages; inner
+// ranks forward their subtrees once. Chosen: for gather of small blocks.
+
+#include <corocoll/collectives/context.hpp>
+#include <corocoll/version.hpp>
+
+#include <cstring>
+#include <vector>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+/// `out` (n blocks, used on the root only) receives every rank's `in` in rank order.
+inline task<> gather_binomial(context& c, std::span<const std::byte> in, std::span<std::byte> out,
+                              int root) {
+    int n = c.size();
+    int v = (c.rank() - root + n) % n;
+    std::size_t block = in.size();
+    // Blocks of ranks v .. v + subtree - 1 (relative), own first.
+    std::vector<std::byte> tmp(block * static_cast<std::size_t>(n));
+    if (block > 0) std::memcpy(tmp.data(), in.data(), block);
+    for (int mask = 1; mask < n; mask <<= 1) {
+        if ((v & mask) != 0) {
+            int held = std::min(mask, n - v);
+            co_await c.send(std::span(tmp).first(block * static_cast<std::size_t>(held)),
+                            ((v - mask) + root) % n, 0);
+            co_return;
+        }
+        if (v + mask < n) {
+            int child_blocks = std::min(mask, n - (v + mask));
+            co_await c.recv(std::span(tmp).subspan(block * static_cast<std::size_t>(mask),
+                                                   block * static_cast<std::size_t>(child_blocks)),
+                            ((v + mask) + root) % n, 0);
+        }
+    }
+    for (int i = 0; i < n && block > 0; ++i) {
+        std::memcpy(out.data() + block * static_cast<std::size_t>((i + root) % n),
+                    tmp.data() + block * static_cast<std::size_t>(i), block);
+    }
+}
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE

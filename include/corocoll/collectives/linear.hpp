@@ -1,0 +1,60 @@
+#pragma once
+
+// Gather and scatter in one step: the root exchanges a block with every other rank directly,
+// all at once; the blocks land in (or leave from) place, with no copies.
+// Cost: 1 round; the root sends or receives (n - 1) blocks over n - 1 connections in parallel.
+// Chosen: for gather and scatter of large blocks.
+
+#include <corocoll/collectives/context.hpp>
+#include <corocoll/version.hpp>
+
+#include <cstring>
+#include <vector>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+inline task<> gather_linear(context& c, std::span<const std::byte> in, std::span<std::byte> out,
+                            int root) {
+    int n = c.size();
+    std::size_t block = in.size();
+    if (c.rank() != root) {
+        co_await c.send(in, root, 0);
+        co_return;
+    }
+    std::vector<task<std::size_t>> recvs;
+    for (int p = 0; p < n; ++p) {
+        auto dest = out.subspan(block * static_cast<std::size_t>(p), block);
+        if (p == root) {
+            if (block > 0) std::memcpy(dest.data(), in.data(), block);
+        } else {
+            recvs.push_back(c.recv(dest, p, 0));
+        }
+    }
+    co_await when_all(std::move(recvs));
+}
+
+inline task<> scatter_linear(context& c, std::span<const std::byte> in, std::span<std::byte> out,
+                             int root) {
+    int n = c.size();
+    std::size_t block = out.size();
+    if (c.rank() != root) {
+        co_await c.recv(out, root, 0);
+        co_return;
+    }
+    std::vector<task<>> sends;
+    for (int p = 0; p < n; ++p) {
+        auto src = in.subspan(block * static_cast<std::size_t>(p), block);
+        if (p == root) {
+            if (block > 0) std::memcpy(out.data(), src.data(), block);
+        } else {
+            sends.push_back(c.send(src, p, 0));
+        }
+    }
+    co_await when_all(std::move(sends));
+}
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE

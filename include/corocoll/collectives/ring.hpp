@@ -1,0 +1,83 @@
+#pragma once
+
+// Shared steps of the ring algorithms (reduce_scatter_ring, all_gather_ring, all_reduce_ring):
+// in each round a rank sends one block to rank + 1 and receives one from rank - 1, cut into
+// chunks so that receiving chunk k+1 overlaps reducing chunk k.
+
+#include <corocoll/collectives/context.hpp>
+#include <corocoll/collectives/reduction.hpp>
+#include <corocoll/core/work.hpp>
+#include <corocoll/version.hpp>
+
+#include <vector>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives::detail {
+
+// Chunks of a block, in whole elements.
+struct chunking {
+    std::span<std::byte> block;
+    std::size_t elem;
+    std::size_t chunk_elems;
+
+    std::size_t chunks() const noexcept {
+        std::size_t count = block.size() / elem;
+        return count == 0 ? 1 : (count + chunk_elems - 1) / chunk_elems;
+    }
+    std::span<std::byte> piece(std::size_t k) const noexcept {
+        std::size_t count = block.size() / elem;
+        std::size_t first = std::min(count, k * chunk_elems);
+        std::size_t last = std::min(count, first + chunk_elems);
+        return block.subspan(first * elem, (last - first) * elem);
+    }
+};
+
+inline std::size_t chunk_elems(const context& c, std::size_t elem) {
+    return std::max<std::size_t>(1, c.chunk_bytes / elem);
+}
+
+// One round: send `out` to `dst` while receiving the same-sized block from `src`; with a
+// reduction, each received chunk is reduced into `in` (double-buffered so the next chunk's
+// receive is posted before this one is reduced); without, chunks land in `in` directly.
+inline task<> ring_round(context& c, std::span<const std::byte> out, int dst,
+                         std::span<std::byte> in, int src, std::uint32_t round,
+                         const reduction* red, std::size_t elem) {
+    std::size_t per = chunk_elems(c, elem);
+    chunking send_side{{const_cast<std::byte*>(out.data()), out.size()}, elem, per};
+    chunking recv_side{in, elem, per};
+    auto sender = [&]() -> task<> {
+        for (std::size_t k = 0; k < send_side.chunks(); ++k) {
+            co_await c.send(send_side.piece(k), dst, round, static_cast<std::uint32_t>(k));
+        }
+    };
+    auto receiver = [&]() -> task<> {
+        std::size_t n = recv_side.chunks();
+        if (red == nullptr) {
+            for (std::size_t k = 0; k < n; ++k) {
+                co_await c.recv(recv_side.piece(k), src, round, static_cast<std::uint32_t>(k));
+            }
+            co_return;
+        }
+        std::vector<std::byte> bufs[2] = {std::vector<std::byte>(per * elem),
+                                          std::vector<std::byte>(per * elem)};
+        auto target = [&](std::size_t k) {
+            return std::span(bufs[k % 2]).first(recv_side.piece(k).size());
+        };
+        work<std::size_t> pending = start(c.recv(target(0), src, round, 0));
+        for (std::size_t k = 0; k < n; ++k) {
+            co_await pending;
+            if (k + 1 < n) {
+                pending =
+                    start(c.recv(target(k + 1), src, round, static_cast<std::uint32_t>(k + 1)));
+            }
+            auto dest = recv_side.piece(k);
+            (*red)(dest.data(), bufs[k % 2].data(), dest.size() / elem);
+        }
+    };
+    co_await when_all(sender(), receiver());
+}
+
+}  // namespace collectives::detail
+
+COROCOLL_END_NAMESPACE

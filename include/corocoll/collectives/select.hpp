@@ -1,0 +1,253 @@
+#pragma once
+
+#include <corocoll/collectives/dtype.hpp>
+#include <corocoll/collectives/reduce_op.hpp>
+#include <corocoll/transport/frame.hpp>
+#include <corocoll/version.hpp>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+/// Which collective a frame belongs to (part of the metadata every rank must agree on).
+enum class collective_kind : std::uint8_t {
+    barrier = 1,
+    broadcast,
+    reduce,
+    all_reduce,
+    all_gather,
+    gather,
+    scatter,
+    reduce_scatter,
+    all_to_all,
+    monitored_barrier,
+    broadcast_object,
+    gather_object,
+    all_gather_object,
+    scatter_object,
+};
+inline constexpr std::size_t collective_kinds = 15;
+
+inline const char* kind_name(collective_kind k) noexcept {
+    switch (k) {
+        case collective_kind::barrier:
+            return "barrier";
+        case collective_kind::broadcast:
+            return "broadcast";
+        case collective_kind::reduce:
+            return "reduce";
+        case collective_kind::all_reduce:
+            return "all_reduce";
+        case collective_kind::all_gather:
+            return "all_gather";
+        case collective_kind::gather:
+            return "gather";
+        case collective_kind::scatter:
+            return "scatter";
+        case collective_kind::reduce_scatter:
+            return "reduce_scatter";
+        case collective_kind::all_to_all:
+            return "all_to_all";
+        case collective_kind::monitored_barrier:
+            return "monitored_barrier";
+        case collective_kind::broadcast_object:
+            return "broadcast_object_list";
+        case collective_kind::gather_object:
+            return "gather_object";
+        case collective_kind::all_gather_object:
+            return "all_gather_object";
+        case collective_kind::scatter_object:
+            return "scatter_object_list";
+    }
+    return "unknown collective";
+}
+
+/// The algorithms, one file each (see their header comments for costs).
+enum class algorithm : std::uint8_t {
+    automatic = 0,       ///< chosen by size and world size
+    ring = 1,            ///< all_reduce, all_gather, reduce_scatter
+    recursive_doubling,  ///< all_reduce
+    binomial,            ///< broadcast, reduce, gather, scatter
+    chain,               ///< broadcast
+    bruck,               ///< all_gather
+    linear,              ///< gather, scatter
+    pairwise,            ///< all_to_all
+    dissemination,       ///< barrier
+};
+
+inline const char* algorithm_name(algorithm a) noexcept {
+    switch (a) {
+        case algorithm::automatic:
+            return "auto";
+        case algorithm::ring:
+            return "ring";
+        case algorithm::recursive_doubling:
+            return "recursive_doubling";
+        case algorithm::binomial:
+            return "binomial";
+        case algorithm::chain:
+            return "chain";
+        case algorithm::bruck:
+            return "bruck";
+        case algorithm::linear:
+            return "linear";
+        case algorithm::pairwise:
+            return "pairwise";
+        case algorithm::dissemination:
+            return "dissemination";
+    }
+    return "unknown";
+}
+
+/// True when collective `k` can run algorithm `a`.
+inline bool supports(collective_kind k, algorithm a) noexcept {
+    switch (k) {
+        case collective_kind::all_reduce:
+            return a == algorithm::ring || a == algorithm::recursive_doubling;
+        case collective_kind::broadcast:
+            return a == algorithm::binomial || a == algorithm::chain;
+        case collective_kind::reduce:
+            return a == algorithm::binomial;
+        case collective_kind::all_gather:
+            return a == algorithm::ring || a == algorithm::bruck;
+        case collective_kind::gather:
+        case collective_kind::scatter:
+            return a == algorithm::binomial || a == algorithm::linear;
+        case collective_kind::reduce_scatter:
+            return a == algorithm::ring;
+        case collective_kind::all_to_all:
+            return a == algorithm::pairwise;
+        case collective_kind::barrier:
+            return a == algorithm::dissemination;
+        default:
+            return false;
+    }
+}
+
+/// Sizes at which the automatic choice switches to the bandwidth-bound algorithm.
+struct thresholds {
+    std::size_t all_reduce_ring_bytes = std::size_t{256} << 10;
+    std::size_t broadcast_chain_bytes = std::size_t{512} << 10;
+    std::size_t all_gather_ring_bytes = std::size_t{256} << 10;  ///< of the gathered total
+    std::size_t linear_block_bytes = std::size_t{64} << 10;      ///< gather/scatter, per block
+};
+
+/// Algorithms forced per collective; `automatic` leaves the choice to size and world size.
+class algorithm_choice {
+public:
+    void force(collective_kind k, algorithm a) {
+        if (a != algorithm::automatic && !supports(k, a)) {
+            throw std::invalid_argument(std::string("corocoll: ") + kind_name(k) +
+                                        " has no algorithm '" + algorithm_name(a) + "'");
+        }
+        forced_[static_cast<std::size_t>(k)] = a;
+    }
+    algorithm forced(collective_kind k) const noexcept {
+        return forced_[static_cast<std::size_t>(k)];
+    }
+
+    /// Reads COROCOLL_ALGORITHM: one algorithm name (forced on every collective that has it,
+    /// e.g. "ring") or a list of collective=algorithm ("all_reduce=ring,broadcast=chain").
+    static algorithm_choice from_env() {
+        algorithm_choice c;
+        const char* v = std::getenv("COROCOLL_ALGORITHM");
+        if (v == nullptr || *v == '\0') return c;
+        std::string_view spec(v);
+        while (!spec.empty()) {
+            auto comma = spec.find(',');
+            std::string_view item = spec.substr(0, comma);
+            spec = comma == std::string_view::npos ? std::string_view{} : spec.substr(comma + 1);
+            auto eq = item.find('=');
+            if (eq == std::string_view::npos) {
+                algorithm a = parse(item);
+                for (std::size_t k = 1; k < collective_kinds; ++k) {
+                    if (supports(static_cast<collective_kind>(k), a)) c.forced_[k] = a;
+                }
+            } else {
+                c.force(parse_kind(item.substr(0, eq)), parse(item.substr(eq + 1)));
+            }
+        }
+        return c;
+    }
+
+    static algorithm parse(std::string_view name) {
+        for (int i = 0; i <= static_cast<int>(algorithm::dissemination); ++i) {
+            if (name == algorithm_name(static_cast<algorithm>(i))) return static_cast<algorithm>(i);
+        }
+        throw std::invalid_argument("corocoll: COROCOLL_ALGORITHM: unknown algorithm '" +
+                                    std::string(name) + "'");
+    }
+    static collective_kind parse_kind(std::string_view name) {
+        for (std::size_t k = 1; k < collective_kinds; ++k) {
+            if (name == kind_name(static_cast<collective_kind>(k)))
+                return static_cast<collective_kind>(k);
+        }
+        throw std::invalid_argument("corocoll: COROCOLL_ALGORITHM: unknown collective '" +
+                                    std::string(name) + "'");
+    }
+
+private:
+    std::array<algorithm, collective_kinds> forced_{};
+};
+
+/// The algorithm collective `k` uses for `bytes` (of one rank's buffer, or of the gathered
+/// total for all_gather, or of one block for gather/scatter) on `n` ranks.
+inline algorithm select(collective_kind k, std::size_t bytes, int n, const algorithm_choice& choice,
+                        const thresholds& t = {}) {
+    if (algorithm forced = choice.forced(k); forced != algorithm::automatic) return forced;
+    switch (k) {
+        case collective_kind::all_reduce:
+            return bytes >= t.all_reduce_ring_bytes && n > 2 ? algorithm::ring
+                                                             : algorithm::recursive_doubling;
+        case collective_kind::broadcast:
+            return bytes >= t.broadcast_chain_bytes && n > 2 ? algorithm::chain
+                                                             : algorithm::binomial;
+        case collective_kind::reduce:
+            return algorithm::binomial;
+        case collective_kind::all_gather:
+            return bytes >= t.all_gather_ring_bytes ? algorithm::ring : algorithm::bruck;
+        case collective_kind::gather:
+        case collective_kind::scatter:
+            return bytes >= t.linear_block_bytes ? algorithm::linear : algorithm::binomial;
+        case collective_kind::reduce_scatter:
+            return algorithm::ring;
+        case collective_kind::all_to_all:
+            return algorithm::pairwise;
+        case collective_kind::barrier:
+            return algorithm::dissemination;
+        default:
+            return algorithm::automatic;
+    }
+}
+
+/// How a collective call reads in errors: "all_reduce(sum, float32 x 100, ring)".
+inline std::string describe(const transport::collective_meta& m) {
+    auto k = static_cast<collective_kind>(m.collective);
+    std::string s = kind_name(k);
+    s += "(";
+    bool reduces = k == collective_kind::all_reduce || k == collective_kind::reduce ||
+                   k == collective_kind::reduce_scatter;
+    bool rooted = k == collective_kind::broadcast || k == collective_kind::reduce ||
+                  k == collective_kind::gather || k == collective_kind::scatter ||
+                  k == collective_kind::broadcast_object || k == collective_kind::gather_object ||
+                  k == collective_kind::scatter_object;
+    if (reduces) s += std::string(op_name(static_cast<reduce_op>(m.redop))) + ", ";
+    if (rooted) s += "root " + std::to_string(m.root) + ", ";
+    s += std::string(dtype_name(static_cast<dtype>(m.dtype))) + " x " + std::to_string(m.count);
+    if (m.algorithm != 0)
+        s += std::string(", ") + algorithm_name(static_cast<algorithm>(m.algorithm));
+    s += ")";
+    return s;
+}
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
