@@ -26,7 +26,7 @@
 /// must be 0 or 1, map keys must be unique, and a count is checked against the bytes left
 /// before anything is allocated for it, so a forged length fails at once with
 /// `corocoll::errc::protocol_error` instead of allocating. What is allocated before elements
-/// are decoded never exceeds the input's size plus 1 MiB. The bytes of trivially copyable
+/// are decoded is at most about the input's size plus 1 MiB. The bytes of trivially copyable
 /// types are taken as they come: a struct whose members have invalid values for some bit
 /// patterns (a bool member, an enum) is trusted to come from a corocoll writer.
 
@@ -104,6 +104,10 @@ std::string compiler_type_name() {
     return std::string(text.substr(start + 4, end - start - 4));
 }
 
+/// What `object_reader::read_value` can return.
+template <class T>
+concept readable_value = std::is_trivially_copyable_v<T> && std::default_initializable<T>;
+
 [[noreturn]] inline void throw_protocol_error(const std::string& what) {
     throw_error(make_error_code(errc::protocol_error), "corocoll: object: " + what);
 }
@@ -162,8 +166,9 @@ public:
     explicit object_reader(std::span<const std::byte> bytes) noexcept
         : data_(reinterpret_cast<const char*>(bytes.data())), size_(bytes.size()) {}
 
-    /// A temporary string would be gone before the first read.
-    explicit object_reader(std::string&&) = delete;
+    /// Not from a temporary std::string: it would be gone before the first read.
+    template <class A>
+    explicit object_reader(std::basic_string<char, std::char_traits<char>, A>&&) = delete;
 
     /// Bytes not read yet.
     std::size_t remaining() const noexcept { return size_ - pos_; }
@@ -192,16 +197,16 @@ public:
     }
 
     /// The next `sizeof(T)` bytes as a `T` (the inverse of `object_writer::write_value`).
-    template <class T>
-        requires std::is_trivially_copyable_v<T> && std::default_initializable<T> T read_value() {
-            T value;
-            if (sizeof(T) > remaining()) {
-                throw_truncated(detail::with_article(detail::compiler_type_name<T>()) + " of " +
-                                detail::count_of(sizeof(T), "byte"));
-            }
-            read_bytes(std::addressof(value), sizeof(T));
-            return value;
+    template <detail::readable_value T>
+    T read_value() {
+        T value;
+        if (sizeof(T) > remaining()) {
+            throw_truncated(detail::with_article(detail::compiler_type_name<T>()) + " of " +
+                            detail::count_of(sizeof(T), "byte"));
         }
+        read_bytes(std::addressof(value), sizeof(T));
+        return value;
+    }
 
     /// The next 8 bytes as a length (the inverse of `object_writer::write_length`). The
     /// caller must check the length against `remaining()` before allocating for it.
@@ -594,7 +599,7 @@ struct deserialize_fn {
             } else {
                 std::size_t n = read_count<T, E>(r, min_size<E>(), "element", false);
                 value.clear();
-                value.reserve(reserve_limit<E>(r, n));
+                value.reserve(reserve_limit(r, n, sizeof(E)));
                 for (std::size_t i = 0; i < n; ++i) {
                     value.emplace_back();
                     (*this)(r, value.back());
@@ -621,7 +626,8 @@ struct deserialize_fn {
                           "corocoll: deserializing a std::optional needs a default-constructible "
                           "value type");
             if (read_flag<T>(r, "flag")) {
-                if (!value.has_value()) value.emplace();
+                // A fresh value, as for container elements: a customization need not clear.
+                value.emplace();
                 (*this)(r, *value);
             } else {
                 value.reset();
@@ -636,7 +642,10 @@ struct deserialize_fn {
             std::size_t n = read_count<T, typename T::value_type>(r, min_entry, "entry", false);
             value.clear();
             if constexpr (s == shape::unordered_map) {
-                value.reserve(reserve_limit<typename T::value_type>(r, n));
+                // The buckets: about a pointer per entry.
+                constexpr std::size_t each =
+                    std::max(sizeof(typename T::value_type), sizeof(void*));
+                value.reserve(reserve_limit(r, n, each));
             }
             for (std::size_t i = 0; i < n; ++i) {
                 K k{};
@@ -690,11 +699,12 @@ private:
         return r.read_value<std::uint64_t>();
     }
 
-    /// How many `E`s to reserve for `n` of them: all, unless that is more memory than the
-    /// bytes left plus `reserve_slack` (elements much larger than their encoding).
-    template <class E>
-    static std::size_t reserve_limit(const object_reader& r, std::size_t n) {
-        return std::min(n, (r.remaining() + reserve_slack) / sizeof(E));
+    /// How many of `n` elements of `bytes_each` bytes to reserve: all, unless that is more
+    /// memory than the bytes left plus `reserve_slack` (elements much larger than their
+    /// encoding).
+    static std::size_t reserve_limit(const object_reader& r, std::size_t n,
+                                     std::size_t bytes_each) {
+        return std::min(n, (r.remaining() + reserve_slack) / bytes_each);
     }
 
     /// A byte that must be 0 or 1: the `noun` ("value", "flag") of a `C`.
@@ -724,9 +734,12 @@ private:
 inline constexpr detail::serialize_fn serialize{};
 
 /// `deserialize(reader, value)` reads into `value` what `serialize` wrote for a value of the
-/// same type. On error (`std::system_error`, `errc::protocol_error`) `value` is valid but
-/// unspecified. Cost: O(bytes read); std::string and containers of trivially copyable elements
-/// are one allocation and one memcpy (vectors also zero their elements first); other
+/// same type. Strings, vectors and maps are replaced; the elements of vectors, maps and
+/// optionals are read into freshly default-constructed objects; anything else (`value`
+/// itself, members of pairs, tuples and arrays) is read in place, so a `corocoll_deserialize`
+/// must set every member. On error (`std::system_error`, `errc::protocol_error`) `value` is
+/// valid but unspecified. Cost: O(bytes read); std::string and containers of trivially copyable
+/// elements are one allocation and one memcpy (vectors also zero their elements first); other
 /// containers allocate per element as the elements themselves do.
 inline constexpr detail::deserialize_fn deserialize{};
 

@@ -130,12 +130,14 @@ public:
     process_group(io::reactor& r, int rank, int size, std::string name, duration timeout,
                   std::shared_ptr<rendezvous::store> store, std::vector<io::socket> peers,
                   transport::engine_options limits,
-                  std::shared_ptr<rendezvous::tcp_store_server> hosted)
+                  std::shared_ptr<rendezvous::tcp_store_server> hosted, io::endpoint listen_on = {})
         : reactor_(r),
           name_(std::move(name)),
           timeout_(timeout),
           store_(std::move(store)),
           hosted_(std::move(hosted)),
+          listen_on_(listen_on),
+          limits_(limits),
           engine_(r, rank, size, std::move(peers), limits) {
         engine_.set_describer(&collectives::describe);
     }
@@ -200,6 +202,19 @@ public:
         }
         return out;
     }
+
+    // ---- subgroups ----
+
+    /// Like torch's new_group: every rank of this group calls it, in the same order, with the
+    /// same `ranks`; the members get a new group (their ranks in it follow the sorted `ranks`),
+    /// the others get null. It has its own connections, sequence numbers and lock, so its
+    /// collectives run concurrently with this group's.
+    task<std::shared_ptr<process_group>> new_group(std::vector<int> ranks);
+
+    /// Splits the group by colour, like MPI_Comm_split: every rank calls it; the ranks that
+    /// pass the same colour form a group, ordered by (key, rank). A negative colour joins no
+    /// group and gets null.
+    task<std::shared_ptr<process_group>> split(int colour, int key = 0);
 
     // ---- collectives (see include/corocoll/collectives/ for the algorithms) ----
 
@@ -803,6 +818,9 @@ private:
     duration timeout_;
     std::shared_ptr<rendezvous::store> store_;
     std::shared_ptr<rendezvous::tcp_store_server> hosted_;  // rank 0's store server, if any
+    io::endpoint listen_on_;
+    transport::engine_options limits_;
+    int subgroups_ = 0;
     transport::engine engine_;
     bool closed_ = false;
     async_mutex collective_lock_;
@@ -848,6 +866,46 @@ inline task<init_store> tcp_rendezvous(io::reactor& r, const std::string& host, 
 
 }  // namespace detail
 
+namespace detail {
+
+// The part of set-up every group shares, the world and subgroups alike: the mesh under the
+// group's own store namespace, then a store-based barrier, as torch's init ends with: nobody
+// returns (and perhaps finishes and exits, taking a hosted store along) before every rank
+// has its connections.
+inline task<std::shared_ptr<process_group>> build_group(
+    io::reactor& r, std::shared_ptr<rendezvous::prefix_store> group_store, int rank, int size,
+    std::string name, std::chrono::milliseconds timeout, transport::engine_options limits,
+    io::endpoint listen_on, std::shared_ptr<rendezvous::tcp_store_server> hosted) {
+    auto deadline = io::deadline_after(timeout);
+    transport::mesh_options mesh;
+    mesh.deadline = deadline;
+    mesh.group_name = name;
+    if (const char* token = std::getenv("COROCOLL_JOB_TOKEN")) mesh.job_token = token;
+    mesh.listen_on = listen_on;
+    auto peers = co_await transport::connect_mesh(r, *group_store, rank, size, mesh);
+    if (co_await group_store->add("init/arrived", 1) == size) {
+        co_await group_store->set("init/complete", "1");
+    }
+    std::vector<std::string> complete{"init/complete"};
+    try {
+        co_await group_store->wait(complete,
+                                   std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       std::max(deadline - std::chrono::steady_clock::now(),
+                                                std::chrono::steady_clock::duration{})));
+    } catch (const std::system_error& e) {
+        corocoll::detail::throw_error(
+            e.code(), init_error("rank " + std::to_string(rank) + " of group '" + name +
+                                 "' connected, but not every rank finished set-up in time: " +
+                                 corocoll::detail::context_of(e)));
+    }
+    COROCOLL_LOG(info, "INIT", "group '", name, "' ready: rank ", rank, " of ", size);
+    co_return std::make_shared<process_group>(r, rank, size, std::move(name), timeout,
+                                              std::move(group_store), std::move(peers), limits,
+                                              std::move(hosted), listen_on);
+}
+
+}  // namespace detail
+
 /// Sets up a process group, like torch's `init_process_group`: works out rank and world size
 /// (explicit, else from the launcher's environment, see `rendezvous::read_launch_env`),
 /// reaches the rendezvous store (given; `env://` at MASTER_ADDR:MASTER_PORT, where rank 0
@@ -861,7 +919,6 @@ inline task<std::shared_ptr<process_group>> init_process_group(io::reactor& r,
             "backend '" + o.backend + "' is not available (CPU groups use \"tcp\"" +
             (o.backend == "nccl" ? "; the NCCL backend is a separate GPU build" : "") + ")"));
     }
-    auto deadline = io::deadline_after(o.timeout);
     std::optional<rendezvous::launch_info> env;
     if (o.rank < 0 || o.world_size < 0) {
         if (o.store) {
@@ -935,35 +992,48 @@ inline task<std::shared_ptr<process_group>> init_process_group(io::reactor& r,
     int generation = generations[o.group_name]++;
     auto group_store = std::make_shared<rendezvous::prefix_store>(
         "corocoll/" + o.group_name + "/" + std::to_string(generation), s.store);
-    transport::mesh_options mesh;
-    mesh.deadline = deadline;
-    mesh.group_name = o.group_name;
-    if (const char* token = std::getenv("COROCOLL_JOB_TOKEN")) mesh.job_token = token;
-    mesh.listen_on = transport::choose_listen_address(s.master);
-    auto peers = co_await transport::connect_mesh(r, *group_store, o.rank, o.world_size, mesh);
-    // A store-based barrier, as torch's init ends with: nobody returns (and perhaps finishes
-    // and exits, taking a hosted store along) before every rank has its connections.
-    if (co_await group_store->add("init/arrived", 1) == o.world_size) {
-        co_await group_store->set("init/complete", "1");
+    co_return co_await detail::build_group(
+        r, std::move(group_store), o.rank, o.world_size, o.group_name, o.timeout, o.limits,
+        transport::choose_listen_address(s.master), std::move(s.hosted));
+}
+
+inline task<std::shared_ptr<process_group>> process_group::new_group(std::vector<int> ranks) {
+    std::sort(ranks.begin(), ranks.end());
+    if (ranks.empty() || std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() ||
+        ranks.front() < 0 || ranks.back() >= size()) {
+        throw std::invalid_argument(prefix("new_group") + "ranks must be distinct and within [0, " +
+                                    std::to_string(size()) + ")");
     }
-    std::vector<std::string> complete{"init/complete"};
-    try {
-        co_await group_store->wait(complete,
-                                   std::chrono::duration_cast<std::chrono::milliseconds>(
-                                       std::max(deadline - std::chrono::steady_clock::now(),
-                                                std::chrono::steady_clock::duration{})));
-    } catch (const std::system_error& e) {
-        corocoll::detail::throw_error(
-            e.code(),
-            detail::init_error("rank " + std::to_string(o.rank) +
-                               " connected, but not every rank finished set-up in time: " +
-                               corocoll::detail::context_of(e)));
+    int k = ++subgroups_;
+    auto me = std::find(ranks.begin(), ranks.end(), rank());
+    if (me == ranks.end()) co_return nullptr;
+    auto store = std::make_shared<rendezvous::prefix_store>("sub/" + std::to_string(k), store_);
+    co_return co_await detail::build_group(
+        reactor_, std::move(store), static_cast<int>(me - ranks.begin()),
+        static_cast<int>(ranks.size()), name_ + "/sub" + std::to_string(k), timeout_, limits_,
+        listen_on_, nullptr);
+}
+
+inline task<std::shared_ptr<process_group>> process_group::split(int colour, int key) {
+    std::vector<std::pair<int, int>> all;
+    co_await all_gather_object(all, std::pair<int, int>{colour, key});
+    int k = ++subgroups_;
+    if (colour < 0) co_return nullptr;
+    std::vector<std::pair<int, int>> members;  // (key, rank) of my colour
+    for (int p = 0; p < size(); ++p) {
+        if (all[static_cast<std::size_t>(p)].first == colour) {
+            members.emplace_back(all[static_cast<std::size_t>(p)].second, p);
+        }
     }
-    COROCOLL_LOG(info, "INIT", "group '", o.group_name, "' ready: rank ", o.rank, " of ",
-                 o.world_size);
-    co_return std::make_shared<process_group>(r, o.rank, o.world_size, o.group_name, o.timeout,
-                                              std::move(group_store), std::move(peers), o.limits,
-                                              std::move(s.hosted));
+    std::sort(members.begin(), members.end());
+    int index = 0;
+    while (members[static_cast<std::size_t>(index)].second != rank()) ++index;
+    auto store = std::make_shared<rendezvous::prefix_store>(
+        "split/" + std::to_string(k) + "/" + std::to_string(colour), store_);
+    co_return co_await detail::build_group(
+        reactor_, std::move(store), index, static_cast<int>(members.size()),
+        name_ + "/split" + std::to_string(k) + "." + std::to_string(colour), timeout_, limits_,
+        listen_on_, nullptr);
 }
 
 COROCOLL_END_NAMESPACE
