@@ -1,0 +1,459 @@
+// Every collective x every element type x every op it supports x world sizes 1, 2, 3, 4, 5, 7,
+// 8 x counts 0, 1, n-1, chunk-1, chunk, chunk+1 (and one multi-MiB size), once per forced
+// algorithm, with exact checks: every value is a small integer, so every result is exact in
+// every type (integer-valued floats, as nccl-tests does). Ranks run as threads, one group per
+// world size. Under sanitizers the matrix is thinner (fewer types and world sizes).
+
+#include "../process_group/test_util.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <sstream>
+#include <tuple>
+
+using namespace pgtest;
+namespace coll = corocoll::collectives;
+
+namespace {
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool thin = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool thin = true;
+#else
+constexpr bool thin = false;
+#endif
+#else
+constexpr bool thin = false;
+#endif
+
+std::vector<int> world_sizes() {
+    if (thin) return {1, 2, 3, 5, 8};
+    return {1, 2, 3, 4, 5, 7, 8};
+}
+
+constexpr std::size_t small_chunk = 64;             // bytes: chunk boundaries at tiny counts
+constexpr std::size_t big_bytes = (3u << 20) + 40;  // the multi-MiB case
+
+template <class T>
+T make(double v) {
+    if constexpr (std::is_integral_v<T>) {
+        return static_cast<T>(static_cast<std::int64_t>(v));  // wraps where the kernel wraps
+    } else {
+        return T(static_cast<float>(v));
+    }
+}
+
+template <class T>
+double as_double(T v) {
+    if constexpr (std::is_integral_v<T>) {
+        return static_cast<double>(v);
+    } else {
+        return static_cast<double>(static_cast<float>(v));
+    }
+}
+
+// Element i of rank r for op `op`, chosen so that every result is exact in every type.
+double value(cc::reduce_op op, int r, std::size_t i) {
+    switch (op) {
+        case cc::reduce_op::sum:
+            return static_cast<double>((static_cast<std::size_t>(r) * 3 + i) % 7 + 1);
+        case cc::reduce_op::product:
+            return static_cast<double>(1 + (static_cast<std::size_t>(r) + i) % 2);
+        case cc::reduce_op::min:
+        case cc::reduce_op::max:
+            return static_cast<double>((static_cast<std::size_t>(r) * 5 + i * 3) % 11);
+        case cc::reduce_op::band:
+        case cc::reduce_op::bor:
+        case cc::reduce_op::bxor:
+            return static_cast<double>((static_cast<std::size_t>(r) * 37 + i * 11) & 0x7f);
+        case cc::reduce_op::avg:
+            return static_cast<double>(i % 7 + 1);
+    }
+    return 0;
+}
+
+double expected(cc::reduce_op op, int n, std::size_t i) {
+    std::int64_t acc = static_cast<std::int64_t>(value(op, 0, i));
+    for (int r = 1; r < n; ++r) {
+        auto v = static_cast<std::int64_t>(value(op, r, i));
+        switch (op) {
+            case cc::reduce_op::sum:
+                acc += v;
+                break;
+            case cc::reduce_op::product:
+                acc *= v;
+                break;
+            case cc::reduce_op::min:
+                acc = std::min(acc, v);
+                break;
+            case cc::reduce_op::max:
+                acc = std::max(acc, v);
+                break;
+            case cc::reduce_op::band:
+                acc &= v;
+                break;
+            case cc::reduce_op::bor:
+                acc |= v;
+                break;
+            case cc::reduce_op::bxor:
+                acc ^= v;
+                break;
+            case cc::reduce_op::avg:
+                break;  // same value on every rank
+        }
+    }
+    return static_cast<double>(acc);
+}
+
+template <class T>
+std::vector<T> filled(std::size_t count, auto&& f) {
+    std::vector<T> v(count);
+    for (std::size_t i = 0; i < count; ++i) v[i] = make<T>(f(i));
+    return v;
+}
+
+template <class T>
+void expect_equal(const std::vector<T>& got, const std::vector<T>& want, const std::string& what) {
+    if (got.size() != want.size())
+        throw std::runtime_error(what + ": size " + std::to_string(got.size()));
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        if (!(as_double(got[i]) == as_double(want[i]))) {
+            std::ostringstream s;
+            s << what << ": element " << i << " is " << as_double(got[i]) << ", expected "
+              << as_double(want[i]);
+            throw std::runtime_error(s.str());
+        }
+    }
+}
+
+template <class T>
+std::vector<std::size_t> counts(int n) {
+    std::size_t chunk = small_chunk / sizeof(T);
+    return {0, 1, static_cast<std::size_t>(n - 1), chunk - 1, chunk, chunk + 1};
+}
+
+const cc::reduce_op all_ops[] = {cc::reduce_op::sum,  cc::reduce_op::product, cc::reduce_op::min,
+                                 cc::reduce_op::max,  cc::reduce_op::band,    cc::reduce_op::bor,
+                                 cc::reduce_op::bxor, cc::reduce_op::avg};
+
+template <class F>
+void for_each_type(F&& f) {
+    if (thin) {
+        f(std::int32_t{});
+        f(float{});
+        f(cc::bfloat16{});
+        return;
+    }
+    f(std::int8_t{});
+    f(std::uint8_t{});
+    f(std::int32_t{});
+    f(std::int64_t{});
+    f(float{});
+    f(double{});
+    f(cc::float16{});
+    f(cc::bfloat16{});
+}
+
+std::string label(const char* coll, coll::algorithm a, cc::dtype t, const char* op,
+                  std::size_t count, int n) {
+    return std::string(coll) + "/" + coll::algorithm_name(a) + " " + cc::dtype_name(t) + " " + op +
+           " count " + std::to_string(count) + " on " + std::to_string(n) + " ranks";
+}
+
+// Runs `body(pg)` on every world size; every rank must finish without an exception.
+void on_every_world(const std::function<cc::task<>(cc::process_group&)>& body) {
+    for (int n : world_sizes()) {
+        CAPTURE(n);
+        thread_ranks_options o;
+        o.timeout = 60s;
+        auto errors = run_threads(n, body, o);
+        for (std::size_t r = 0; r < errors.size(); ++r) {
+            CAPTURE(r);
+            CHECK(what(errors[r]) == "");
+        }
+    }
+}
+
+// Sizes to try: the small counts with tiny chunks, then the multi-MiB one with normal chunks.
+template <class T, class F>
+cc::task<> over_counts(cc::process_group& pg, bool big, F f) {
+    pg.set_chunk_bytes(small_chunk);
+    for (std::size_t count : counts<T>(pg.size())) co_await f(count);
+    if (big) {
+        pg.set_chunk_bytes(std::size_t{1} << 20);
+        co_await f(big_bytes / sizeof(T));
+    }
+}
+
+}  // namespace
+
+TEST_CASE("all_reduce: every type, op, world size and count, with each algorithm") {
+    on_every_world([](cc::process_group& pg) -> cc::task<> {
+        int n = pg.size(), r = pg.rank();
+        for (auto algo : {coll::algorithm::ring, coll::algorithm::recursive_doubling}) {
+            pg.set_algorithm(coll::collective_kind::all_reduce, algo);
+            std::vector<cc::task<>> unused;
+            auto per_type = [&](auto tag) -> cc::task<> {
+                using T = decltype(tag);
+                for (auto op : all_ops) {
+                    if (!cc::op_supported(op, cc::dtype_of<T>)) continue;
+                    bool big = std::is_same_v<T, float> && op == cc::reduce_op::sum;
+                    co_await over_counts<T>(pg, big, [&](std::size_t count) -> cc::task<> {
+                        auto data =
+                            filled<T>(count, [&](std::size_t i) { return value(op, r, i); });
+                        co_await pg.all_reduce(data, op);
+                        expect_equal(
+                            data,
+                            filled<T>(count, [&](std::size_t i) { return expected(op, n, i); }),
+                            label("all_reduce", algo, cc::dtype_of<T>, cc::op_name(op), count, n));
+                    });
+                }
+            };
+            std::vector<cc::task<>> types;
+            for_each_type([&](auto tag) { types.push_back(per_type(tag)); });
+            for (auto& t : types) co_await std::move(t);  // one after another, in order
+        }
+    });
+}
+
+TEST_CASE("reduce: every type, op, world size, count and root; other buffers untouched") {
+    on_every_world([](cc::process_group& pg) -> cc::task<> {
+        int n = pg.size(), r = pg.rank();
+        auto per_type = [&](auto tag) -> cc::task<> {
+            using T = decltype(tag);
+            for (auto op : all_ops) {
+                if (!cc::op_supported(op, cc::dtype_of<T>)) continue;
+                for (int root : {0, n - 1}) {
+                    co_await over_counts<T>(
+                        pg, std::is_same_v<T, float> && op == cc::reduce_op::sum && root == 0,
+                        [&](std::size_t count) -> cc::task<> {
+                            auto mine =
+                                filled<T>(count, [&](std::size_t i) { return value(op, r, i); });
+                            auto data = mine;
+                            co_await pg.reduce(data, root, op);
+                            auto want =
+                                r == root
+                                    ? filled<T>(count,
+                                                [&](std::size_t i) { return expected(op, n, i); })
+                                    : mine;
+                            expect_equal(data, want,
+                                         label("reduce", coll::algorithm::binomial, cc::dtype_of<T>,
+                                               cc::op_name(op), count, n) +
+                                             " root " + std::to_string(root));
+                        });
+                }
+            }
+        };
+        std::vector<cc::task<>> types;
+        for_each_type([&](auto tag) { types.push_back(per_type(tag)); });
+        for (auto& t : types) co_await std::move(t);
+    });
+}
+
+TEST_CASE("reduce_scatter: every type, op, world size and count") {
+    on_every_world([](cc::process_group& pg) -> cc::task<> {
+        int n = pg.size(), r = pg.rank();
+        auto per_type = [&](auto tag) -> cc::task<> {
+            using T = decltype(tag);
+            for (auto op : all_ops) {
+                if (!cc::op_supported(op, cc::dtype_of<T>)) continue;
+                co_await over_counts<T>(
+                    pg, std::is_same_v<T, float> && op == cc::reduce_op::sum,
+                    [&](std::size_t count) -> cc::task<> {
+                        auto in =
+                            filled<T>(count * n, [&](std::size_t i) { return value(op, r, i); });
+                        auto in_copy = in;
+                        std::vector<T> out(count);
+                        co_await pg.reduce_scatter_into(out, in, op);
+                        expect_equal(out,
+                                     filled<T>(count,
+                                               [&](std::size_t i) {
+                                                   return expected(op, n, r * count + i);
+                                               }),
+                                     label("reduce_scatter", coll::algorithm::ring, cc::dtype_of<T>,
+                                           cc::op_name(op), count, n));
+                        expect_equal(in, in_copy, "reduce_scatter leaves its input");
+                    });
+            }
+        };
+        std::vector<cc::task<>> types;
+        for_each_type([&](auto tag) { types.push_back(per_type(tag)); });
+        for (auto& t : types) co_await std::move(t);
+    });
+}
+
+TEST_CASE("broadcast: every type, world size, count and root, with each algorithm") {
+    on_every_world([](cc::process_group& pg) -> cc::task<> {
+        int n = pg.size(), r = pg.rank();
+        for (auto algo : {coll::algorithm::binomial, coll::algorithm::chain}) {
+            pg.set_algorithm(coll::collective_kind::broadcast, algo);
+            auto per_type = [&](auto tag) -> cc::task<> {
+                using T = decltype(tag);
+                for (int root : {0, n / 2, n - 1}) {
+                    co_await over_counts<T>(
+                        pg, std::is_same_v<T, float> && root == n / 2,
+                        [&](std::size_t count) -> cc::task<> {
+                            auto data = filled<T>(count, [&](std::size_t i) {
+                                return value(cc::reduce_op::sum, r, i);
+                            });
+                            co_await pg.broadcast(data, root);
+                            expect_equal(data,
+                                         filled<T>(count,
+                                                   [&](std::size_t i) {
+                                                       return value(cc::reduce_op::sum, root, i);
+                                                   }),
+                                         label("broadcast", algo, cc::dtype_of<T>, "-", count, n) +
+                                             " root " + std::to_string(root));
+                        });
+                }
+            };
+            std::vector<cc::task<>> types;
+            for_each_type([&](auto tag) { types.push_back(per_type(tag)); });
+            for (auto& t : types) co_await std::move(t);
+        }
+    });
+}
+
+TEST_CASE("all_gather: every type, world size and count, with each algorithm") {
+    on_every_world([](cc::process_group& pg) -> cc::task<> {
+        int n = pg.size(), r = pg.rank();
+        for (auto algo : {coll::algorithm::ring, coll::algorithm::bruck}) {
+            pg.set_algorithm(coll::collective_kind::all_gather, algo);
+            auto per_type = [&](auto tag) -> cc::task<> {
+                using T = decltype(tag);
+                co_await over_counts<T>(
+                    pg, std::is_same_v<T, float>, [&](std::size_t count) -> cc::task<> {
+                        auto in = filled<T>(
+                            count, [&](std::size_t i) { return value(cc::reduce_op::sum, r, i); });
+                        std::vector<T> out(count * n);
+                        co_await pg.all_gather_into(out, in);
+                        expect_equal(
+                            out,
+                            filled<T>(count * n,
+                                      [&](std::size_t i) {
+                                          return value(
+                                              cc::reduce_op::sum,
+                                              static_cast<int>(i / std::max<std::size_t>(count, 1)),
+                                              i % std::max<std::size_t>(count, 1));
+                                      }),
+                            label("all_gather", algo, cc::dtype_of<T>, "-", count, n));
+                    });
+            };
+            std::vector<cc::task<>> types;
+            for_each_type([&](auto tag) { types.push_back(per_type(tag)); });
+            for (auto& t : types) co_await std::move(t);
+        }
+    });
+}
+
+TEST_CASE("gather and scatter: every type, world size, count and root, with each algorithm") {
+    on_every_world([](cc::process_group& pg) -> cc::task<> {
+        int n = pg.size(), r = pg.rank();
+        for (auto algo : {coll::algorithm::binomial, coll::algorithm::linear}) {
+            pg.set_algorithm(coll::collective_kind::gather, algo);
+            pg.set_algorithm(coll::collective_kind::scatter, algo);
+            auto per_type = [&](auto tag) -> cc::task<> {
+                using T = decltype(tag);
+                for (int root : {0, n - 1}) {
+                    co_await over_counts<T>(
+                        pg, std::is_same_v<T, float> && root == 0,
+                        [&](std::size_t count) -> cc::task<> {
+                            std::size_t c1 = std::max<std::size_t>(count, 1);
+                            auto whole = filled<T>(count * n, [&](std::size_t i) {
+                                return value(cc::reduce_op::sum, static_cast<int>(i / c1), i % c1);
+                            });
+                            auto in = filled<T>(count, [&](std::size_t i) {
+                                return value(cc::reduce_op::sum, r, i);
+                            });
+                            std::vector<T> out(r == root ? count * n : 0);
+                            co_await pg.gather_into(in, out, root);
+                            if (r == root)
+                                expect_equal(out, whole,
+                                             label("gather", algo, cc::dtype_of<T>, "-", count, n) +
+                                                 " root " + std::to_string(root));
+                            std::vector<T> mine(count), source;
+                            // Named: no temporary inside co_await (g++ 12).
+                            if (r == root) source = whole;
+                            co_await pg.scatter_from(mine, source, root);
+                            expect_equal(mine, in,
+                                         label("scatter", algo, cc::dtype_of<T>, "-", count, n) +
+                                             " root " + std::to_string(root));
+                        });
+                }
+            };
+            std::vector<cc::task<>> types;
+            for_each_type([&](auto tag) { types.push_back(per_type(tag)); });
+            for (auto& t : types) co_await std::move(t);
+        }
+    });
+}
+
+TEST_CASE("all_to_all: every type, world size and count, equal and given splits") {
+    on_every_world([](cc::process_group& pg) -> cc::task<> {
+        int n = pg.size(), r = pg.rank();
+        auto per_type = [&](auto tag) -> cc::task<> {
+            using T = decltype(tag);
+            co_await over_counts<T>(
+                pg, std::is_same_v<T, float>, [&](std::size_t count) -> cc::task<> {
+                    // Equal blocks: block p of rank r holds (r, p)-dependent values.
+                    auto in = filled<T>(count * n, [&](std::size_t i) {
+                        return static_cast<double>((r * 13 + i) % 97);
+                    });
+                    std::vector<T> out(count * n);
+                    co_await pg.all_to_all_single(out, in);
+                    std::size_t c1 = std::max<std::size_t>(count, 1);
+                    expect_equal(out,
+                                 filled<T>(count * n,
+                                           [&](std::size_t i) {
+                                               std::size_t from = i / c1;
+                                               return static_cast<double>(
+                                                   (from * 13 + r * count + i % c1) % 97);
+                                           }),
+                                 label("all_to_all", coll::algorithm::pairwise, cc::dtype_of<T>,
+                                       "-", count, n));
+                });
+            // Given splits: rank r sends (r + p) % 3 elements to rank p.
+            std::vector<std::size_t> in_splits(n), out_splits(n);
+            for (int p = 0; p < n; ++p) {
+                in_splits[p] = static_cast<std::size_t>((r + p) % 3);
+                out_splits[p] = static_cast<std::size_t>((p + r) % 3);
+            }
+            std::vector<T> in, out;
+            for (int p = 0; p < n; ++p) {
+                for (std::size_t k = 0; k < in_splits[p]; ++k)
+                    in.push_back(make<T>(r * 10 + p + k));
+            }
+            std::vector<T> want;
+            for (int p = 0; p < n; ++p) {
+                for (std::size_t k = 0; k < out_splits[p]; ++k)
+                    want.push_back(make<T>(p * 10 + r + k));
+            }
+            out.resize(want.size());
+            co_await pg.all_to_all_single(out, in, out_splits, in_splits);
+            expect_equal(out, want,
+                         label("all_to_all splits", coll::algorithm::pairwise, cc::dtype_of<T>, "-",
+                               in.size(), n));
+        };
+        std::vector<cc::task<>> types;
+        for_each_type([&](auto tag) { types.push_back(per_type(tag)); });
+        for (auto& t : types) co_await std::move(t);
+    });
+}
+
+TEST_CASE("barrier: nobody leaves before everyone arrived") {
+    on_every_world([](cc::process_group& pg) -> cc::task<> {
+        // Each rank arrives later than the one before; after the barrier, every rank must see
+        // that the last one arrived (its arrival time is broadcast afterwards).
+        co_await pg.reactor().sleep_for(std::chrono::milliseconds(5 * pg.rank()));
+        auto arrived = std::chrono::steady_clock::now().time_since_epoch().count();
+        co_await pg.barrier();
+        auto left = std::chrono::steady_clock::now().time_since_epoch().count();
+        std::vector<std::int64_t> last{arrived};
+        co_await pg.broadcast(last, pg.size() - 1);
+        if (left < last[0])
+            throw std::runtime_error("left the barrier before the last rank arrived");
+    });
+}
