@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <ios>
 #include <limits>
 #include <random>
@@ -360,8 +359,10 @@ namespace {
 template <class T>
 T reference_apply(cc::reduce_op op, T a, T b) {
     if constexpr (std::is_integral_v<T>) {
-        const auto ua = static_cast<std::uint64_t>(a);
-        const auto ub = static_cast<std::uint64_t>(b);
+        // Through int64_t: negative values sign-extend, so the low bits of the 64-bit result
+        // are the wrapped-around result of T.
+        const auto ua = static_cast<std::uint64_t>(static_cast<std::int64_t>(a));
+        const auto ub = static_cast<std::uint64_t>(static_cast<std::int64_t>(b));
         switch (op) {
             case cc::reduce_op::sum:
             case cc::reduce_op::avg:

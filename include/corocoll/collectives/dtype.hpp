@@ -100,7 +100,7 @@ struct float16 {
 
     /// The float16 nearest to `f` (round to nearest, ties to even; NaN stays NaN (quiet);
     /// overflow gives ±infinity; tiny values become subnormals or ±0). A dozen instructions,
-    /// no branch.
+    /// no branch. A double argument is first converted to float: two roundings.
     constexpr explicit float16(float f) noexcept : bits(detail::float_to_half_bits(f)) {}
 
     /// The value with representation `b`.
@@ -133,7 +133,8 @@ struct bfloat16 {
     bfloat16() noexcept = default;
 
     /// The bfloat16 nearest to `f` (round to nearest, ties to even; NaN stays NaN (quiet);
-    /// overflow gives ±infinity). Four integer instructions and a select.
+    /// overflow gives ±infinity). Four integer instructions and a select. A double argument is
+    /// first converted to float: two roundings.
     constexpr explicit bfloat16(float f) noexcept : bits(detail::float_to_bfloat16_bits(f)) {}
 
     /// The value with representation `b`.

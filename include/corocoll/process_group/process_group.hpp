@@ -140,6 +140,10 @@ public:
           limits_(limits),
           engine_(r, rank, size, std::move(peers), limits) {
         engine_.set_describer(&collectives::describe);
+        unlock_item_.lock = &collective_lock_;
+        unlock_item_.run_ = [](corocoll::detail::work_item* item) noexcept {
+            static_cast<unlock_item*>(item)->lock->unlock();
+        };
     }
     process_group(const process_group&) = delete;
     process_group& operator=(const process_group&) = delete;
@@ -670,7 +674,17 @@ private:
     task<> collective(collectives::collective_kind kind, dtype type, std::size_t count,
                       std::uint8_t redop, int root, Body body,
                       collectives::algorithm algo = collectives::algorithm::automatic) {
-        auto lock = co_await collective_lock_.scoped_lock();
+        co_await collective_lock_.lock();
+        // The next collective gets the lock through the reactor's queue, after our caller
+        // has resumed: so collectives complete in issue order even when the next one could
+        // finish at once from buffered data.
+        struct release {
+            process_group& g;
+            ~release() {
+                g.engine_.end_collective();
+                g.reactor_.post(g.unlock_item_);
+            }
+        } release_at_end{*this};
         transport::collective_meta meta;
         meta.collective = static_cast<std::uint8_t>(kind);
         meta.redop = redop;
@@ -680,6 +694,7 @@ private:
         meta.count = count;
         meta.seq = ++collective_seq_;
         collectives::context c{engine_, meta, deadline(), chunk_bytes_};
+        engine_.begin_collective(meta);
         co_await body(c);
     }
 
@@ -753,9 +768,16 @@ private:
     task<> monitored(collectives::context& c, std::chrono::milliseconds timeout) {
         int n = size();
         if (rank() != 0) {
-            co_await c.send({}, 0, 0);
+            // The verdict may already be here (a late rank's rank 0 may have left meanwhile):
+            // post its receive first, and let a failed report not hide it.
             std::int64_t len = 0;
-            co_await c.recv(std::as_writable_bytes(std::span(&len, 1)), 0, 1);
+            auto verdict = start(c.recv(std::as_writable_bytes(std::span(&len, 1)), 0, 1));
+            try {
+                co_await c.send({}, 0, 0);
+            } catch (const std::system_error&) {
+                if (!verdict.is_completed()) throw;
+            }
+            co_await verdict;
             if (len == 0) co_return;
             std::string text(static_cast<std::size_t>(len), '\0');
             co_await c.recv(std::as_writable_bytes(std::span(text.data(), text.size())), 0, 2);
@@ -824,6 +846,9 @@ private:
     transport::engine engine_;
     bool closed_ = false;
     async_mutex collective_lock_;
+    struct unlock_item : corocoll::detail::work_item {
+        async_mutex* lock = nullptr;
+    } unlock_item_;
     std::uint64_t collective_seq_ = 0;
     collectives::algorithm_choice algorithms_ = collectives::algorithm_choice::from_env();
     std::size_t chunk_bytes_ = std::size_t{1} << 20;

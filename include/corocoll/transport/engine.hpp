@@ -120,6 +120,21 @@ public:
         co_return r.length;
     }
 
+    /// Declares the collective this rank runs now (collectives of a group run one at a time):
+    /// any frame of the same sequence number that disagrees with it, already buffered or
+    /// arriving later, from whichever rank, is a mismatch at once, even if no posted receive
+    /// would ever match it. `end_collective` when done.
+    void begin_collective(const collective_meta& meta) {
+        active_ = meta;
+        has_active_ = true;
+        for (int p = 0; p < size_ && !failure_; ++p) {
+            for (const auto& m : peers_[static_cast<std::size_t>(p)].unexpected) {
+                if (!check_active(p, m.header)) return;
+            }
+        }
+    }
+    void end_collective() noexcept { has_active_ = false; }
+
     /// How collective metadata reads in error messages ("all_reduce(sum, float32 x 100)");
     /// the collectives layer installs its own.
     using describer = std::string (*)(const collective_meta&);
@@ -242,6 +257,20 @@ private:
                (h.kind != frame_kind::collective || pr.seq == h.seq);
     }
 
+    // A collective frame of the running collective's sequence number must describe the same
+    // call; false (and the group failed) when it does not.
+    bool check_active(int p, const frame_header& h) {
+        if (!has_active_ || h.kind != frame_kind::collective || h.seq != active_.seq) return true;
+        collective_meta theirs = collective_meta::of(h);
+        if (theirs == active_) return true;
+        fail_verbatim(p, make_error_code(corocoll::errc::protocol_error),
+                      "collective #" + std::to_string(active_.seq) +
+                          " does not match across ranks: rank " + std::to_string(rank_) +
+                          " called " + describe_(active_) + ", rank " + std::to_string(p) +
+                          " called " + describe_(theirs));
+        return false;
+    }
+
     // A collective message matched by (sequence, step) must also agree on what the call is;
     // if not, the ranks called different things and the group cannot go on.
     bool verify(const posted_recv& pr, int p, const frame_header& h) {
@@ -301,7 +330,9 @@ private:
     // non-blocking write does not come up short.
     void tell_abort(int q) {
         peer& p = peers_[static_cast<std::size_t>(q)];
-        if (failed_peer_ < 0 || q == failed_peer_ || !p.sock.is_open() || p.departed) return;
+        // The culprit is told too: after a mismatch it is alive and needs the reason (a dead
+        // one's socket just refuses the write).
+        if (failed_peer_ < 0 || !p.sock.is_open() || p.departed) return;
         if (!p.send_lock.try_lock()) return;
         std::string text = failure_text_.substr(0, 4096);
         frame_header h;
@@ -640,6 +671,7 @@ private:
                     corocoll::detail::throw_error(corocoll::errc::protocol_error,
                                                   "unexpected frame kind or ranks in a header");
                 }
+                if (!check_active(p, h)) co_return;  // the group failed
                 posted_recv* pr = match_posted(p, h);
                 while (pr == nullptr && h.length > 0 &&
                        ps.unexpected_bytes + h.length > options_.unexpected_bytes_per_peer &&
@@ -724,6 +756,8 @@ private:
     posted_recv* tail_ = nullptr;
     std::uint64_t arrivals_ = 0;
     std::exception_ptr failure_;
+    collective_meta active_;
+    bool has_active_ = false;
     std::string failure_text_;
     int failed_peer_ = -1;
     std::error_code failure_code_;

@@ -1,0 +1,266 @@
+// Collectives that go wrong: calls that do not match across ranks end in an error on every
+// rank, naming what differs and where; bad arguments are refused before anything is sent;
+// several collectives in flight, on one group and on several, complete correctly and in
+// issue order; object collectives; monitored_barrier names the ranks that did not come.
+
+#include "../process_group/test_util.hpp"
+
+#include <doctest/doctest.h>
+
+#include <map>
+#include <utility>
+
+using namespace pgtest;
+namespace coll = corocoll::collectives;
+
+namespace {
+
+// Runs `body` on `n` ranks and returns every rank's error text ("" for none).
+std::vector<std::string> errors_of(int n, const std::function<cc::task<>(cc::process_group&)>& body,
+                                   std::chrono::milliseconds timeout = 20s) {
+    thread_ranks_options o;
+    o.timeout = timeout;
+    std::vector<std::string> out;
+    for (auto& e : run_threads(n, body, o)) out.push_back(what(e));
+    return out;
+}
+
+// A rank whose part of a mismatched collective was only to send may finish it before a
+// receiver finds the mismatch; the group has failed by then, so its next call reports it.
+// Mismatch bodies therefore end with a barrier.
+void check_every_rank_failed_with(const std::vector<std::string>& errors,
+                                  const std::vector<std::string>& words) {
+    for (std::size_t r = 0; r < errors.size(); ++r) {
+        CAPTURE(r);
+        CAPTURE(errors[r]);
+        CHECK(errors[r] != "");
+        for (const auto& w : words) CHECK(errors[r].find(w) != std::string::npos);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("a rank calling another collective makes every rank fail, naming both calls") {
+    auto t0 = std::chrono::steady_clock::now();
+    auto errors = errors_of(4, [](cc::process_group& pg) -> cc::task<> {
+        std::vector<float> t(100, 1.0f);
+        if (pg.rank() == 2) {
+            co_await pg.broadcast(t, 1);
+        } else {
+            co_await pg.all_reduce(t);
+        }
+        co_await pg.barrier();  // see check_every_rank_failed_with
+    });
+    check_every_rank_failed_with(errors, {"does not match", "all_reduce(sum, float32 x 100",
+                                          "broadcast(root 1, float32 x 100"});
+    CHECK(std::chrono::steady_clock::now() - t0 < 10s);  // an error, not the 20 s timeout
+}
+
+TEST_CASE("a rank with another size, root, type or op makes every rank fail, saying so") {
+    SUBCASE("size") {
+        auto errors = errors_of(3, [](cc::process_group& pg) -> cc::task<> {
+            std::vector<std::int32_t> t(pg.rank() == 1 ? 5 : 4, 1);
+            co_await pg.all_reduce(t);
+            co_await pg.barrier();  // see check_every_rank_failed_with
+        });
+        check_every_rank_failed_with(errors, {"int32 x 5", "int32 x 4"});
+    }
+    SUBCASE("root") {
+        auto errors = errors_of(4, [](cc::process_group& pg) -> cc::task<> {
+            std::vector<std::int64_t> t(8, pg.rank());
+            co_await pg.broadcast(t, pg.rank() == 3 ? 2 : 0);
+            co_await pg.barrier();  // see check_every_rank_failed_with
+        });
+        check_every_rank_failed_with(errors, {"does not match"});
+    }
+    SUBCASE("type") {
+        auto errors = errors_of(2, [](cc::process_group& pg) -> cc::task<> {
+            if (pg.rank() == 0) {
+                std::vector<float> t(16, 1.0f);
+                co_await pg.all_reduce(t);
+            } else {
+                std::vector<std::int32_t> t(16, 1);
+                co_await pg.all_reduce(t);
+            }
+            co_await pg.barrier();  // see check_every_rank_failed_with
+        });
+        check_every_rank_failed_with(errors, {"float32 x 16", "int32 x 16"});
+    }
+    SUBCASE("op") {
+        auto errors = errors_of(3, [](cc::process_group& pg) -> cc::task<> {
+            std::vector<std::int32_t> t(16, 1);
+            co_await pg.all_reduce(t, pg.rank() == 0 ? cc::reduce_op::max : cc::reduce_op::sum);
+            co_await pg.barrier();  // see check_every_rank_failed_with
+        });
+        check_every_rank_failed_with(errors, {"all_reduce(max", "all_reduce(sum"});
+    }
+    SUBCASE("forced algorithm") {
+        auto errors = errors_of(3, [](cc::process_group& pg) -> cc::task<> {
+            pg.set_algorithm(
+                coll::collective_kind::all_reduce,
+                pg.rank() == 1 ? coll::algorithm::ring : coll::algorithm::recursive_doubling);
+            std::vector<std::int32_t> t(16, 1);
+            co_await pg.all_reduce(t);
+            co_await pg.barrier();  // see check_every_rank_failed_with
+        });
+        check_every_rank_failed_with(errors, {"ring", "recursive_doubling"});
+    }
+}
+
+TEST_CASE("bad arguments are refused before anything is sent, and the group goes on") {
+    auto errors = errors_of(3, [](cc::process_group& pg) -> cc::task<> {
+        std::vector<float> f(4, 1.0f);
+        std::vector<std::int32_t> i(4, 1);
+        int refused = 0;
+        try {
+            co_await pg.all_reduce(f, cc::reduce_op::bxor);
+        } catch (const std::invalid_argument& e) {
+            refused += std::string(e.what()).find("bxor") != std::string::npos;
+        }
+        try {
+            co_await pg.broadcast(i, 7);
+        } catch (const std::invalid_argument& e) {
+            refused += std::string(e.what()).find("root 7 is outside [0, 3)") != std::string::npos;
+        }
+        std::vector<std::int32_t> wrong(5);
+        try {
+            co_await pg.all_gather_into(wrong, i);
+        } catch (const std::invalid_argument& e) {
+            refused += std::string(e.what()).find("12 expected") != std::string::npos;
+        }
+        if (refused != 3)
+            throw std::runtime_error("not every bad call was refused with its reason");
+        // Nothing was sent: the group still works.
+        co_await pg.all_reduce(i);
+        if (i[0] != 3) throw std::runtime_error("the group broke");
+    });
+    for (const auto& e : errors) CHECK(e == "");
+}
+
+TEST_CASE("several collectives in flight on one group complete in issue order, correctly") {
+    auto errors = errors_of(4, [](cc::process_group& pg) -> cc::task<> {
+        std::vector<int> order;
+        std::vector<std::vector<std::int64_t>> bufs(6,
+                                                    std::vector<std::int64_t>(1000, pg.rank() + 1));
+        std::vector<cc::work<>> works;
+        for (int k = 0; k < 6; ++k) {
+            works.push_back(cc::start([](cc::process_group& g, std::vector<std::int64_t>& b, int id,
+                                         std::vector<int>& done) -> cc::task<> {
+                if (id % 2 == 0) {
+                    co_await g.all_reduce(b);
+                } else {
+                    co_await g.broadcast(b, id % g.size());
+                }
+                done.push_back(id);
+            }(pg, bufs[k], k, order)));
+        }
+        for (auto& w : works) co_await w;
+        if (order != std::vector<int>{0, 1, 2, 3, 4, 5})
+            throw std::runtime_error("completed out of issue order");
+        for (int k = 0; k < 6; ++k) {
+            std::int64_t want = k % 2 == 0 ? 10 : (k % pg.size()) + 1;
+            if (bufs[k][999] != want)
+                throw std::runtime_error("wrong result of collective " + std::to_string(k));
+        }
+    });
+    for (const auto& e : errors) CHECK(e == "");
+}
+
+TEST_CASE("collectives on a subgroup and on the world group run at the same time") {
+    auto errors = errors_of(4, [](cc::process_group& pg) -> cc::task<> {
+        std::vector<int> evens{0, 2};
+        auto sub = co_await pg.new_group(evens);
+        std::vector<std::int32_t> w(1 << 16, 1), s(1 << 16, pg.rank());
+        if (sub) {
+            co_await cc::when_all(pg.all_reduce(w), sub->all_reduce(s));
+            if (s[0] != 2) throw std::runtime_error("subgroup sum");
+            if (sub->size() != 2 || sub->rank() != pg.rank() / 2)
+                throw std::runtime_error("subgroup ranks");
+            co_await sub->close();
+        } else {
+            co_await pg.all_reduce(w);
+        }
+        if (w[0] != 4) throw std::runtime_error("world sum");
+        // split by colour: odd and even ranks, ordered by descending rank.
+        auto half = co_await pg.split(pg.rank() % 2, -pg.rank());
+        std::vector<std::int32_t> ranks{pg.rank()};
+        std::vector<std::int32_t> all(2);
+        co_await half->all_gather_into(all, ranks);
+        int lo = pg.rank() % 2;
+        if (all != std::vector<std::int32_t>{lo + 2, lo}) throw std::runtime_error("split order");
+        co_await half->close();
+    });
+    for (const auto& e : errors) CHECK(e == "");
+}
+
+namespace {
+struct point {
+    std::string name;
+    std::vector<double> xs;
+    bool operator==(const point&) const = default;
+};
+void corocoll_serialize(cc::object_writer& w, const point& p) {
+    w.write(p.name);
+    w.write(p.xs);
+}
+void corocoll_deserialize(cc::object_reader& r, point& p) {
+    r.read(p.name);
+    r.read(p.xs);
+}
+}  // namespace
+
+TEST_CASE("object collectives carry strings, vectors and user types of any size") {
+    auto errors = errors_of(5, [](cc::process_group& pg) -> cc::task<> {
+        int r = pg.rank(), n = pg.size();
+        point mine{"rank " + std::to_string(r),
+                   std::vector<double>(static_cast<std::size_t>(r) * 1000, r)};
+        std::vector<point> gathered;
+        co_await pg.gather_object(mine, gathered, 1);
+        if (r == 1) {
+            for (int p = 0; p < n; ++p) {
+                if (gathered[p].name != "rank " + std::to_string(p) ||
+                    gathered[p].xs.size() != static_cast<std::size_t>(p) * 1000) {
+                    throw std::runtime_error("gather_object");
+                }
+            }
+        }
+        std::vector<std::map<std::string, int>> all;
+        std::map<std::string, int> facts{{"rank", r}, {"square", r * r}};
+        co_await pg.all_gather_object(all, facts);
+        for (int p = 0; p < n; ++p) {
+            if (all[p].at("square") != p * p) throw std::runtime_error("all_gather_object");
+        }
+        std::vector<std::string> list{"a", "b", "c"};
+        if (r != 2) list = {"", "", ""};
+        co_await pg.broadcast_object_list(list, 2);
+        if (list != std::vector<std::string>{"a", "b", "c"})
+            throw std::runtime_error("broadcast_object_list");
+        std::vector<std::vector<int>> parts;
+        for (int p = 0; p < n; ++p)
+            parts.push_back(std::vector<int>(static_cast<std::size_t>(p) + 1, p));
+        std::vector<int> got;
+        // Named, not a conditional temporary inside co_await (g++ 12 destroys those twice).
+        std::vector<std::vector<int>> source;
+        if (r == 3) source = parts;
+        co_await pg.scatter_object_list(got, source, 3);
+        if (got != std::vector<int>(static_cast<std::size_t>(r) + 1, r))
+            throw std::runtime_error("scatter_object_list");
+    });
+    for (const auto& e : errors) CHECK(e == "");
+}
+
+TEST_CASE("monitored_barrier names every rank that did not arrive, on every rank that did") {
+    auto errors = errors_of(5, [](cc::process_group& pg) -> cc::task<> {
+        if (pg.rank() == 2 || pg.rank() == 4) {
+            co_await pg.reactor().sleep_for(1500ms);  // too late for a 300 ms barrier
+        }
+        co_await pg.monitored_barrier(300ms);
+    });
+    for (std::size_t r = 0; r < errors.size(); ++r) {
+        CAPTURE(r);
+        CHECK(errors[r].find("rank(s) 2, 4 did not arrive within 300 ms") != std::string::npos);
+    }
+    auto fine = errors_of(
+        3, [](cc::process_group& pg) -> cc::task<> { co_await pg.monitored_barrier(2s); });
+    for (const auto& e : fine) CHECK(e == "");
+}
