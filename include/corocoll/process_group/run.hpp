@@ -121,6 +121,104 @@ work<int> irecv(R& buf, int src = any_source, std::int64_t tag = 0) {
     return detail::require_default_group("irecv").irecv(buf, src, tag);
 }
 
+// ---- collectives on the default group, blocking (the coroutine forms are the group's
+// methods: `co_await cc::default_group().all_reduce(t)`) ----
+
+/// Blocks until every rank of the default group arrives.
+inline void barrier() { sync_wait(detail::require_default_group("barrier").barrier()); }
+
+/// `monitored_barrier` on the default group.
+inline void monitored_barrier(std::chrono::milliseconds timeout) {
+    sync_wait(detail::require_default_group("monitored_barrier").monitored_barrier(timeout));
+}
+
+/// All-reduce in place on the default group.
+template <buffer R>
+void all_reduce(R& data, reduce_op op = reduce_op::sum) {
+    sync_wait(detail::require_default_group("all_reduce").all_reduce(data, op));
+}
+
+/// Broadcast from `src` on the default group.
+template <buffer R>
+void broadcast(R& data, int src) {
+    sync_wait(detail::require_default_group("broadcast").broadcast(data, src));
+}
+
+/// Reduce to `dst` on the default group.
+template <buffer R>
+void reduce(R& data, int dst, reduce_op op = reduce_op::sum) {
+    sync_wait(detail::require_default_group("reduce").reduce(data, dst, op));
+}
+
+/// All-gather into a list on the default group.
+template <buffer R>
+void all_gather(std::vector<R>& outs, const R& in) {
+    sync_wait(detail::require_default_group("all_gather").all_gather(outs, in));
+}
+
+/// All-gather into one buffer on the default group.
+template <buffer O, buffer I>
+void all_gather_into(O& out, const I& in) {
+    sync_wait(detail::require_default_group("all_gather").all_gather_into(out, in));
+}
+
+/// Gather to `dst` on the default group.
+template <buffer R>
+void gather(const R& in, std::vector<R>& gather_list, int dst = 0) {
+    sync_wait(detail::require_default_group("gather").gather(in, gather_list, dst));
+}
+
+/// Scatter from `src` on the default group.
+template <buffer R>
+void scatter(R& out, const std::vector<R>& scatter_list, int src = 0) {
+    sync_wait(detail::require_default_group("scatter").scatter(out, scatter_list, src));
+}
+
+/// Reduce-scatter of a list on the default group.
+template <buffer R>
+void reduce_scatter(R& out, const std::vector<R>& in_list, reduce_op op = reduce_op::sum) {
+    sync_wait(detail::require_default_group("reduce_scatter").reduce_scatter(out, in_list, op));
+}
+
+/// All-to-all of lists on the default group.
+template <buffer R>
+void all_to_all(std::vector<R>& outs, const std::vector<R>& ins) {
+    sync_wait(detail::require_default_group("all_to_all").all_to_all(outs, ins));
+}
+
+/// All-to-all of one buffer (optionally with split sizes) on the default group.
+template <buffer O, buffer I>
+void all_to_all_single(O& out, const I& in, std::vector<std::size_t> out_splits = {},
+                       std::vector<std::size_t> in_splits = {}) {
+    sync_wait(detail::require_default_group("all_to_all")
+                  .all_to_all_single(out, in, std::move(out_splits), std::move(in_splits)));
+}
+
+/// Object collectives on the default group.
+template <class T>
+void broadcast_object_list(std::vector<T>& objects, int src = 0) {
+    sync_wait(
+        detail::require_default_group("broadcast_object_list").broadcast_object_list(objects, src));
+}
+template <class T>
+void gather_object(const T& object, std::vector<T>& out, int dst = 0) {
+    sync_wait(detail::require_default_group("gather_object").gather_object(object, out, dst));
+}
+template <class T>
+void all_gather_object(std::vector<T>& out, const T& object) {
+    sync_wait(detail::require_default_group("all_gather_object").all_gather_object(out, object));
+}
+template <class T>
+void scatter_object_list(T& out, const std::vector<T>& in, int src = 0) {
+    sync_wait(
+        detail::require_default_group("scatter_object_list").scatter_object_list(out, in, src));
+}
+
+/// A new group of the default group's `ranks` (every rank calls it); null for non-members.
+inline std::shared_ptr<process_group> new_group(std::vector<int> ranks) {
+    return sync_wait(detail::require_default_group("new_group").new_group(std::move(ranks)));
+}
+
 /// Runs one rank: makes a reactor, sets up the group from the launcher's environment (or
 /// `o`), awaits `body(group)`, closes the group. Returns the process exit code: 0, or 1 after
 /// printing "corocoll: rank N: <error>" to stderr. `body` is any callable taking

@@ -60,6 +60,7 @@ struct engine_options {
 /// that peer; the engine is then unusable. Must be `close()`d before it is destroyed.
 class engine {
     struct posted_recv;
+    struct peer;
 
 public:
     using time_point = std::chrono::steady_clock::time_point;
@@ -205,13 +206,46 @@ private:
         h.length = data.size();
         h.seal();
         iovec iov[2] = {{&h, sizeof(h)}, {const_cast<std::byte*>(data.data()), data.size()}};
+        std::error_code failed;
         try {
             co_await ps.sock.send_vec(std::span(iov, data.empty() ? 1 : 2),
                                       io::op_options(deadline, stop_.get_token()));
         } catch (const std::system_error& e) {
-            fail(dst, e.code(), "");
+            failed = e.code();
+        }
+        if (failed) {
+            // A peer that failed the group tells us why in its last frame; a send that hits
+            // its closed socket first must not hide that. Let its reader get to it.
+            if (!failure_) co_await reader_exit(ps, io::deadline_after(std::chrono::seconds(1)));
+            fail(dst, failed, "");
         }
         check_usable(what);
+    }
+
+    // Waits until `ps`'s reader has ended (read the peer's last words or its EOF), or until
+    // `deadline`.
+    task<> reader_exit(peer& ps, time_point deadline) {
+        if (ps.reader_exited) co_return;
+        struct exit_awaiter {
+            peer& ps;
+            bool await_ready() const noexcept { return ps.reader_exited; }
+            void await_suspend(std::coroutine_handle<> h) noexcept { ps.exit_waiter = h; }
+            void await_resume() const noexcept {}
+        };
+        std::stop_source timer_stop;
+        auto timer = [&]() -> task<> {
+            try {
+                co_await reactor_.sleep_until(deadline, timer_stop.get_token());
+            } catch (const std::system_error&) {
+                co_return;
+            }
+            if (ps.exit_waiter) std::exchange(ps.exit_waiter, {}).resume();
+        };
+        auto waiter = [&]() -> task<> {
+            co_await exit_awaiter{ps};
+            timer_stop.request_stop();
+        };
+        co_await when_all(waiter(), timer());
     }
 
     task<recv_result> recv_frame(std::span<std::byte> buf, int src, frame_kind kind,
@@ -413,6 +447,8 @@ private:
         posted_recv* handed = nullptr;
         // The peer closed its group (a goodbye frame): its EOF is no failure.
         bool departed = false;
+        bool reader_exited = false;
+        std::coroutine_handle<> exit_waiter;
     };
 
     void check_peer(int r, const std::string& what) const {
@@ -626,6 +662,14 @@ private:
 
     task<> read_loop(int p) {
         peer& ps = peers_[static_cast<std::size_t>(p)];
+        // However the loop ends, a sender waiting for it (see reader_exit) is released.
+        struct exit_mark {
+            peer& ps;
+            ~exit_mark() {
+                ps.reader_exited = true;
+                if (ps.exit_waiter) std::exchange(ps.exit_waiter, {}).resume();
+            }
+        } mark{ps};
         posted_recv* delivering = nullptr;
         try {
             for (;;) {
