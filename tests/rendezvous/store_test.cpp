@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+#include "../io/test_util.hpp"
+
 #include <unistd.h>
 
 #include <chrono>
@@ -21,25 +23,13 @@ using namespace std::chrono_literals;
 
 namespace {
 
+using test::expect_system_error;
+
 // Key lists for co_await expressions: g++ 12.2 rejects a braced initializer_list temporary
 // inside co_await ("array used as initializer"), so the list is built out here.
 template <class... K>
 std::vector<std::string> keys(K... k) {
     return std::vector<std::string>{std::string(k)...};
-}
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-template <class F>
-std::system_error expect_system_error(F&& body) {
-    try {
-        body();
-    } catch (const std::system_error& e) {
-        return e;
-    }
-    throw std::runtime_error("expected a std::system_error, none was thrown");
 }
 
 // The same semantics, checked on every kind of store.
@@ -94,7 +84,7 @@ void check_get_waits_and_times_out(cc::io::reactor& r, rdv::store& a, rdv::store
         auto t0 = std::chrono::steady_clock::now();
         auto [unused, value] = co_await cc::when_all(setter(), getter());
         CHECK(value == "here");
-        CHECK(ms_since(t0) >= 45.0);
+        CHECK(test::elapsed_ms(t0) >= 45.0);
     };
     r.run(body());
     // A wait for keys nobody sets ends with timed_out naming them, on time.
@@ -102,8 +92,8 @@ void check_get_waits_and_times_out(cc::io::reactor& r, rdv::store& a, rdv::store
     auto e = expect_system_error([&] { r.run(b.wait(keys("never", "late"), 100ms)); });
     CHECK(e.code() == std::errc::timed_out);
     CHECK(std::string(e.what()).find("'never'") != std::string::npos);
-    CHECK(ms_since(t0) >= 95.0);
-    CHECK(ms_since(t0) < 2000.0);
+    CHECK(test::elapsed_ms(t0) >= 95.0);
+    CHECK(test::elapsed_ms(t0) < 2000.0);
     b.set_timeout(80ms);
     auto g = expect_system_error([&] { r.run(b.get("absent")); });
     CHECK(g.code() == std::errc::timed_out);
@@ -183,7 +173,7 @@ TEST_CASE("tcp store: a client retries until the server comes up, within its tim
     auto t0 = std::chrono::steady_clock::now();
     auto s = r.run(rdv::tcp_store::connect(r, where, 10s));
     starter.join();
-    CHECK(ms_since(t0) >= 150.0);
+    CHECK(test::elapsed_ms(t0) >= 150.0);
     r.run(s->set("x", "1"));
     CHECK(r.run(s->get("x")) == "1");
 }
@@ -199,8 +189,8 @@ TEST_CASE("tcp store: connecting with no server fails with timed_out naming the 
     auto e = expect_system_error([&] { r.run(rdv::tcp_store::connect(r, where, 300ms)); });
     CHECK(e.code() == std::errc::timed_out);
     CHECK(std::string(e.what()).find(where.to_string()) != std::string::npos);
-    CHECK(ms_since(t0) >= 290.0);
-    CHECK(ms_since(t0) < 3000.0);
+    CHECK(test::elapsed_ms(t0) >= 290.0);
+    CHECK(test::elapsed_ms(t0) < 3000.0);
 }
 
 TEST_CASE("tcp store: a server on a port in use says address in use, with the port") {

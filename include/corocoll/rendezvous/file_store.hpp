@@ -61,7 +61,8 @@ public:
     task<std::int64_t> add(std::string key, std::int64_t delta) override {
         locked l(*this);
         std::int64_t value = delta;
-        if (auto it = data_.find(key); it != data_.end()) value += parse_int(key, it->second);
+        if (auto it = data_.find(key); it != data_.end())
+            value += detail::parse_store_int(key, it->second);
         append(record_set, key, std::to_string(value));
         co_return value;
     }
@@ -151,17 +152,6 @@ private:
             if (data_.count(k) == 0) return false;
         }
         return true;
-    }
-
-    static std::int64_t parse_int(const std::string& key, const std::string& text) {
-        try {
-            std::size_t used = 0;
-            long long v = std::stoll(text, &used);
-            if (used == text.size()) return v;
-        } catch (const std::exception&) {
-        }
-        throw std::invalid_argument("corocoll: store add: the value of key '" + key +
-                                    "' is not an integer");
     }
 
     void catch_up() {

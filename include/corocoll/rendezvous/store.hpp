@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -64,6 +66,19 @@ private:
 };
 
 namespace detail {
+
+/// The integer an `add` finds at `key` (decimal text, as c10d stores it); anything else is an
+/// error naming the key.
+inline std::int64_t parse_store_int(const std::string& key, const std::string& text) {
+    try {
+        std::size_t used = 0;
+        long long v = std::stoll(text, &used);
+        if (used == text.size()) return v;
+    } catch (const std::exception&) {
+    }
+    throw std::invalid_argument("corocoll: store add: the value of key '" + key +
+                                "' is not an integer");
+}
 
 inline std::string join_keys(const std::vector<std::string>& keys) {
     std::string out;

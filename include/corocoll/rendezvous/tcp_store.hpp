@@ -119,17 +119,6 @@ private:
     io::op_options o_;
 };
 
-inline std::int64_t parse_store_int(const std::string& key, const std::string& text) {
-    try {
-        std::size_t used = 0;
-        long long v = std::stoll(text, &used);
-        if (used == text.size()) return v;
-    } catch (const std::exception&) {
-    }
-    throw std::invalid_argument("corocoll: store add: the value of key '" + key +
-                                "' is not an integer");
-}
-
 }  // namespace detail
 
 /// A TCP key-value store server speaking torch 1.13's TCPStore protocol, so that torch's
@@ -301,7 +290,7 @@ private:
                 std::int64_t delta = co_await in.i64();
                 std::int64_t value = delta;
                 if (auto it = data_.find(key); it != data_.end()) {
-                    value += detail::parse_store_int(key, it->second);
+                    value += rendezvous::detail::parse_store_int(key, it->second);
                 }
                 put(std::move(key), std::to_string(value));
                 out.i64(value);
