@@ -2,8 +2,17 @@
 
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
 #include <atomic>
 #include <stop_token>
+#include <string>
+#include <system_error>
 #include <thread>
 
 using namespace test;
@@ -262,4 +271,75 @@ TEST_CASE("rings set up as older kernels would (no DEFER_TASKRUN, or no flags) w
         t.join();
         CHECK(c.code() == std::errc::operation_canceled);
     }
+}
+
+TEST_CASE("read_some reads a pipe as data arrives and returns 0 at its end") {
+    cc::io::reactor r;
+    int fds[2];
+    REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
+    std::thread writer([w = fds[1]] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        [[maybe_unused]] auto n = ::write(w, "hello", 5);
+        ::close(w);
+    });
+    std::string got;
+    std::size_t reads = 0;
+    r.run([&]() -> cc::task<> {
+        std::array<std::byte, 64> buf{};
+        for (;;) {
+            std::size_t n = co_await r.read_some(fds[0], buf);
+            ++reads;
+            if (n == 0) break;
+            got.append(reinterpret_cast<const char*>(buf.data()), n);
+        }
+    }());
+    writer.join();
+    ::close(fds[0]);
+    CHECK(got == "hello");
+    CHECK(reads >= 2);
+}
+
+TEST_CASE("read_some with a deadline on a silent pipe times out; a bad fd names itself") {
+    cc::io::reactor r;
+    int fds[2];
+    REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
+    std::error_code timed_out;
+    std::string bad;
+    r.run([&]() -> cc::task<> {
+        std::array<std::byte, 8> buf{};
+        try {
+            co_await r.read_some(fds[0], buf, cc::io::deadline_after(std::chrono::milliseconds(30)));
+        } catch (const std::system_error& e) {
+            timed_out = e.code();
+        }
+        try {
+            co_await r.read_some(-5, buf);
+        } catch (const std::system_error& e) {
+            bad = e.what();
+        }
+    }());
+    ::close(fds[0]);
+    ::close(fds[1]);
+    CHECK(timed_out == std::errc::timed_out);
+    CHECK(bad.find("read from fd -5") != std::string::npos);
+}
+
+TEST_CASE("poll on a pidfd wakes when the child exits") {
+    cc::io::reactor r;
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        ::usleep(30'000);
+        ::_exit(7);
+    }
+    int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    REQUIRE(pidfd >= 0);
+    unsigned events = 0;
+    r.run([&]() -> cc::task<> { events = co_await r.poll(pidfd, POLLIN); }());
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, WNOHANG) == pid);
+    ::close(pidfd);
+    CHECK((events & POLLIN) != 0);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 7);
 }

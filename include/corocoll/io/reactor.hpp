@@ -10,11 +10,13 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -56,6 +58,8 @@ struct reactor_features {
 /// resumes the coroutines whose operations finished. Destroy it only once no operation is in
 /// flight: coroutines still waiting on it are never resumed. Its destructor waits for posts
 /// from other threads that are still returning.
+struct op_options;
+
 class reactor final : public corocoll::detail::event_loop {
 public:
     explicit reactor(reactor_options options = {}) : options_(options) {
@@ -177,6 +181,18 @@ public:
     /// Awaitable: cancels every operation in flight on file descriptor `fd`; yields how many
     /// were cancelled. Each of them completes with `std::errc::operation_canceled`.
     auto cancel_fd(int fd);
+
+    /// Awaitable: one read(2) of up to `data.size()` bytes from any readable descriptor (a
+    /// pipe, a signalfd, a file at its current offset); yields the byte count, 0 at end of
+    /// file. Sockets have `socket::recv_some`.
+    [[nodiscard]] auto read_some(int fd, std::span<std::byte> data);
+    [[nodiscard]] auto read_some(int fd, std::span<std::byte> data, const op_options& o);
+
+    /// Awaitable: waits until `fd` is ready for `events` (POLLIN, POLLOUT, ...: one-shot
+    /// IORING_OP_POLL_ADD) and yields the events that are. A pidfd polls POLLIN when its
+    /// process exits.
+    [[nodiscard]] auto poll(int fd, unsigned events);
+    [[nodiscard]] auto poll(int fd, unsigned events, const op_options& o);
 
 private:
     void setup_ring() {

@@ -6,7 +6,10 @@
 #include <corocoll/io/detail/basic_op.hpp>
 #include <corocoll/version.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
+#include <span>
 #include <coroutine>
 #include <stop_token>
 #include <string>
@@ -94,6 +97,70 @@ private:
     int cancelled_ = 0;
 };
 
+/// `reactor::read_some`: one IORING_OP_READ at the descriptor's current offset.
+class read_some_op final : public basic_op<read_some_op> {
+public:
+    read_some_op(reactor& r, int fd, std::span<std::byte> data, const op_options& o)
+        : basic_op(r, o), fd_(fd), data_(data) {}
+
+    std::size_t await_resume() {
+        throw_if_failed("read from fd " + std::to_string(fd_));
+        return read_;
+    }
+
+private:
+    friend class basic_op<read_some_op>;
+
+    bool finished_early() const noexcept { return data_.empty(); }
+    void prep(io_uring_sqe* sqe) noexcept {
+        // Offset -1: the file's current position, which is what a pipe needs.
+        io_uring_prep_read(sqe, fd_, data_.data(),
+                           static_cast<unsigned>(std::min<std::size_t>(data_.size(), std::size_t{1} << 30)),
+                           static_cast<__u64>(-1));
+    }
+    step on_result(int res) noexcept {
+        if (res < 0) {
+            fail(-res);
+        } else {
+            read_ = static_cast<std::size_t>(res);
+        }
+        return step::done;
+    }
+
+    int fd_;
+    std::span<std::byte> data_;
+    std::size_t read_ = 0;
+};
+
+/// `reactor::poll`: a one-shot IORING_OP_POLL_ADD.
+class poll_op final : public basic_op<poll_op> {
+public:
+    poll_op(reactor& r, int fd, unsigned events, const op_options& o)
+        : basic_op(r, o), fd_(fd), events_(events) {}
+
+    unsigned await_resume() {
+        throw_if_failed("poll fd " + std::to_string(fd_));
+        return revents_;
+    }
+
+private:
+    friend class basic_op<poll_op>;
+
+    void prep(io_uring_sqe* sqe) noexcept { io_uring_prep_poll_add(sqe, fd_, events_); }
+    step on_result(int res) noexcept {
+        if (res < 0) {
+            fail(-res);
+        } else {
+            revents_ = static_cast<unsigned>(res);
+        }
+        return step::done;
+    }
+
+    int fd_;
+    unsigned events_;
+    unsigned revents_ = 0;
+};
+
 /// `reactor::schedule`: resumes the awaiting coroutine from the reactor's posted queue.
 class schedule_op : private corocoll::detail::work_item {
 public:
@@ -131,6 +198,22 @@ inline auto reactor::sleep_until(std::chrono::steady_clock::time_point t, std::s
 inline auto reactor::schedule() noexcept { return detail::schedule_op(*this); }
 
 inline auto reactor::cancel_fd(int fd) { return detail::cancel_fd_op(*this, fd); }
+
+inline auto reactor::read_some(int fd, std::span<std::byte> data) {
+    return detail::read_some_op(*this, fd, data, op_options{});
+}
+
+inline auto reactor::read_some(int fd, std::span<std::byte> data, const op_options& o) {
+    return detail::read_some_op(*this, fd, data, o);
+}
+
+inline auto reactor::poll(int fd, unsigned events) {
+    return detail::poll_op(*this, fd, events, op_options{});
+}
+
+inline auto reactor::poll(int fd, unsigned events, const op_options& o) {
+    return detail::poll_op(*this, fd, events, o);
+}
 
 }  // namespace io
 
