@@ -9,6 +9,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -225,10 +226,23 @@ inline std::shared_ptr<process_group> new_group(std::vector<int> ranks) {
 /// `process_group&` and returning an awaitable.
 namespace detail {
 
-/// Where a rank started by `spawn` reports that it failed, so the parent learns which rank
-/// failed first (before the others fail because of it). -1: not spawned.
+/// The pipe named by COROCOLL_FAILURE_FD, which corocollrun opens for its workers; -1 when
+/// unset or not a pipe (a program may have reused the number for a file of its own).
+inline int inherited_failure_pipe() noexcept {
+    const char* v = std::getenv("COROCOLL_FAILURE_FD");
+    if (v == nullptr || *v == '\0') return -1;
+    char* end = nullptr;
+    long fd = std::strtol(v, &end, 10);
+    if (*end != '\0' || fd < 3 || fd > 1'000'000) return -1;
+    struct stat st {};
+    if (::fstat(static_cast<int>(fd), &st) != 0 || !S_ISFIFO(st.st_mode)) return -1;
+    return static_cast<int>(fd);
+}
+
+/// Where a rank reports that it failed, so that whoever started it (`spawn`, corocollrun)
+/// learns which rank failed first, before the others fail because of it. -1: nobody listens.
 inline int& failure_pipe() noexcept {
-    static int fd = -1;
+    static int fd = inherited_failure_pipe();
     return fd;
 }
 

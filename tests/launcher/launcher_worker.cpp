@@ -1,0 +1,113 @@
+// A worker for the corocollrun tests. Every mode first prints "pid <rank> <pid>" so that the
+// test can check afterwards that no process is left behind.
+//
+//   plain-fail R C      rank R writes three stderr lines and exits with code C; the others
+//                       sleep (they do not use corocoll: only the launcher can stop them)
+//   plain-kill R        rank R kills itself with SIGKILL; the others sleep
+//   stubborn-fail R     as plain-fail R 1, but the others ignore SIGTERM
+//   sleep               every rank starts a grandchild that sleeps, then sleeps itself
+//   corocoll-fail R     corocoll ranks: rank R throws after a barrier, the others all_reduce
+//   collectives         all_reduce and broadcast across the world, checked
+//   fail-first-attempt R  rank R exits 1 in attempt 0; every attempt after that all_reduces
+
+#include <corocoll/corocoll.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace cc = corocoll;
+
+namespace {
+
+int env_int(const char* name) {
+    const char* v = std::getenv(name);
+    if (v == nullptr) throw std::runtime_error(std::string(name) + " is not set");
+    return std::atoi(v);
+}
+
+[[noreturn]] void sleep_forever() {
+    for (;;) ::pause();
+}
+
+cc::task<> all_reduce_check(cc::process_group& pg) {
+    std::vector<std::int64_t> v{pg.rank() + 1, 10};
+    co_await pg.all_reduce(v);
+    std::int64_t n = pg.size();
+    if (v[0] != n * (n + 1) / 2 || v[1] != 10 * n) throw std::runtime_error("all_reduce: wrong sum");
+    std::printf("all_reduce ok: %lld\n", static_cast<long long>(v[0]));
+    std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc < 2) {
+        std::fprintf(stderr, "usage: launcher_worker MODE [ARGS]\n");
+        return 2;
+    }
+    std::string mode = argv[1];
+    int target = argc > 2 ? std::atoi(argv[2]) : -1;
+    int rank = env_int("RANK");
+    std::printf("pid %d %d\n", rank, static_cast<int>(::getpid()));
+    std::fflush(stdout);
+
+    if (mode == "plain-fail" || mode == "plain-kill" || mode == "stubborn-fail") {
+        if (rank != target) {
+            if (mode == "stubborn-fail") ::signal(SIGTERM, SIG_IGN);
+            sleep_forever();
+        }
+        ::usleep(200'000);
+        if (mode == "plain-kill") ::raise(SIGKILL);
+        std::fprintf(stderr, "rank %d: first line\nrank %d: second line\nrank %d: giving up\n",
+                     rank, rank, rank);
+        return mode == "plain-fail" && argc > 3 ? std::atoi(argv[3]) : 1;
+    }
+    if (mode == "sleep") {
+        pid_t child = ::fork();
+        if (child == 0) sleep_forever();
+        std::printf("grandchild %d %d\n", rank, static_cast<int>(child));
+        std::fflush(stdout);
+        sleep_forever();
+    }
+    if (mode == "corocoll-fail") {
+        return cc::run([target](cc::process_group& pg) -> cc::task<> {
+            co_await pg.barrier();
+            if (pg.rank() == target) {
+                ::usleep(100'000);
+                throw std::runtime_error("rank " + std::to_string(target) + " gives up on purpose");
+            }
+            std::vector<float> v(4, 1.0f);
+            co_await pg.all_reduce(v);
+        });
+    }
+    if (mode == "collectives") {
+        return cc::run([](cc::process_group& pg) -> cc::task<> {
+            co_await all_reduce_check(pg);
+            std::vector<std::int32_t> b(3, pg.rank() == 1 ? 42 : -1);
+            co_await pg.broadcast(b, 1);
+            for (auto x : b)
+                if (x != 42) throw std::runtime_error("broadcast: wrong value");
+            std::printf("broadcast ok: %d (world %d, node %s)\n", b[0], pg.size(),
+                        std::getenv("GROUP_RANK"));
+        });
+    }
+    if (mode == "fail-first-attempt") {
+        int attempt = env_int("TORCHELASTIC_RESTART_COUNT");
+        std::printf("attempt %d\n", attempt);
+        std::fflush(stdout);
+        if (attempt == 0 && rank == target) {
+            ::usleep(100'000);
+            std::fprintf(stderr, "rank %d fails in attempt 0\n", rank);
+            return 1;
+        }
+        return cc::run(all_reduce_check);
+    }
+    std::fprintf(stderr, "launcher_worker: unknown mode %s\n", mode.c_str());
+    return 2;
+}
