@@ -1,0 +1,154 @@
+#!/usr/bin/python3
+"""Two hosts made of network namespaces joined by a veth pair (198.18.0.1 and 198.18.0.2, from
+the benchmarking range 198.18.0.0/15), with delay added by tc netem where the kernel has it.
+One corocollrun per host, --nnodes=2, two ranks each:
+
+  1. an all_reduce and a broadcast across the 4 ranks, checked by every rank;
+  2. a rank on host 2 fails: both launchers stop every worker and exit 1, and host 1's launcher
+     names the failed rank and its node.
+
+Exits 77 (skipped) where namespaces cannot be made (not root, no `ip`, no veth).
+Usage: multinode_test.py <corocollrun> <launcher_worker>
+"""
+import os
+import re
+import subprocess
+import sys
+import time
+
+SKIP = 77
+TAG = f"cc{os.getpid() % 100000}"
+NS = [f"{TAG}h1", f"{TAG}h2"]
+VETH = [f"{TAG}v1", f"{TAG}v2"]
+ADDR = ["198.18.0.1", "198.18.0.2"]
+
+
+def sh(*cmd, check=True):
+    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          check=check)
+
+
+def make_hosts():
+    sh("ip", "netns", "add", NS[0])
+    sh("ip", "netns", "add", NS[1])
+    sh("ip", "link", "add", VETH[0], "netns", NS[0], "type", "veth", "peer", "name", VETH[1],
+       "netns", NS[1])
+    for i in (0, 1):
+        ns = ("ip", "netns", "exec", NS[i])
+        sh(*ns, "ip", "link", "set", "lo", "up")
+        sh(*ns, "ip", "addr", "add", f"{ADDR[i]}/24", "dev", VETH[i])
+        sh(*ns, "ip", "link", "set", VETH[i], "up")
+    delays = []
+    for i in (0, 1):
+        r = sh("ip", "netns", "exec", NS[i], "tc", "qdisc", "add", "dev", VETH[i], "root",
+               "netem", "delay", "2ms", check=False)
+        delays.append(r.returncode == 0)
+        if r.returncode != 0:
+            print(f"tc netem unavailable on this kernel ({r.stdout.strip()}); host {i + 1} "
+                  "runs without added delay")
+    if all(delays):
+        print("added 2 ms each way with tc netem")
+
+
+def remove_hosts():
+    for ns in NS:
+        subprocess.run(["ip", "netns", "del", ns], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+
+
+def clean_env():
+    env = dict(os.environ)
+    for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK",
+              "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
+              "COROCOLL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+        env.pop(v, None)
+    return env
+
+
+def run_job(run, worker_args):
+    """Starts node 0 with --master_port=0, reads the port it picked, starts node 1 with it."""
+    common = ["--nnodes=2", "--nproc_per_node=2", f"--master_addr={ADDR[0]}",
+              "--grace_period=2", "--rdzv_conf", "join_timeout=30,exit_barrier_timeout=30"]
+    node0 = subprocess.Popen(["ip", "netns", "exec", NS[0], run, *common, "--node_rank=0",
+                              "--master_port=0", *worker_args],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=clean_env())
+    procs = [node0]
+    try:
+        first = node0.stderr.readline()
+        m = re.search(r"serves the store on 198\.18\.0\.1:(\d+)", first)
+        if not m:
+            raise AssertionError(f"node 0 did not say where its store is: {first!r}")
+        port = m.group(1)
+        node1 = subprocess.Popen(["ip", "netns", "exec", NS[1], run, *common, "--node_rank=1",
+                                  f"--master_port={port}", *worker_args],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env=clean_env())
+        procs.append(node1)
+        results = []
+        for p in procs:
+            out, err = p.communicate(timeout=90)
+            results.append((p.returncode, out, (first if p is node0 else "") + err))
+        return results
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def show(results):
+    for i, (code, out, err) in enumerate(results):
+        print(f"--- host {i + 1}: exit code {code}\n{out}{err}", flush=True)
+
+
+def main():
+    run = os.path.abspath(sys.argv[1])
+    worker = os.path.abspath(sys.argv[2])
+    if os.geteuid() != 0:
+        print("skip: making network namespaces needs root")
+        return SKIP
+    try:
+        make_hosts()
+    except (subprocess.CalledProcessError, FileNotFoundError) as e:
+        remove_hosts()
+        print(f"skip: cannot make network namespaces here: {getattr(e, 'stdout', e)}")
+        return SKIP
+    failures = []
+    try:
+        start = time.monotonic()
+        results = run_job(run, [worker, "collectives"])
+        print(f"collectives across 2 hosts took {time.monotonic() - start:.2f} s")
+        show(results)
+        for i, (code, out, _) in enumerate(results):
+            if code != 0:
+                failures.append(f"host {i + 1}: exit code {code}")
+            for r in (2 * i, 2 * i + 1):
+                for want in (f"[rank {r}] all_reduce ok: 10",
+                             f"[rank {r}] broadcast ok: 42 (world 4, node {i})"):
+                    if want not in out:
+                        failures.append(f"host {i + 1}: missing '{want}'")
+
+        start = time.monotonic()
+        results = run_job(run, [worker, "plain-fail", "3", "5"])
+        took = time.monotonic() - start
+        print(f"a failure on host 2 ended both hosts' jobs in {took:.2f} s")
+        show(results)
+        if [code for code, _, _ in results] != [1, 1]:
+            failures.append(f"failure case: exit codes {[c for c, _, _ in results]}, want 1, 1")
+        if not re.search(r"rank 3 \(local rank 1 on node 1, pid \d+\) exited with code 5",
+                         results[1][2]):
+            failures.append("host 2 does not report rank 3's exit code")
+        if "first failure reported by any node: rank 3 (local rank 1 on node 1" not in results[0][2]:
+            failures.append("host 1 does not name rank 3 on node 1")
+        if took > 30:
+            failures.append(f"stopping took {took:.1f} s")
+    finally:
+        remove_hosts()
+    for f in failures:
+        print("FAIL", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
