@@ -308,7 +308,8 @@ TEST_CASE("read_some with a deadline on a silent pipe times out; a bad fd names 
     r.run([&]() -> cc::task<> {
         std::array<std::byte, 8> buf{};
         try {
-            co_await r.read_some(fds[0], buf, cc::io::deadline_after(std::chrono::milliseconds(30)));
+            co_await r.read_some(fds[0], buf,
+                                 cc::io::deadline_after(std::chrono::milliseconds(30)));
         } catch (const std::system_error& e) {
             timed_out = e.code();
         }

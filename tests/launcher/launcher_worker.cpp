@@ -39,7 +39,8 @@ cc::task<> all_reduce_check(cc::process_group& pg) {
     std::vector<std::int64_t> v{pg.rank() + 1, 10};
     co_await pg.all_reduce(v);
     std::int64_t n = pg.size();
-    if (v[0] != n * (n + 1) / 2 || v[1] != 10 * n) throw std::runtime_error("all_reduce: wrong sum");
+    if (v[0] != n * (n + 1) / 2 || v[1] != 10 * n)
+        throw std::runtime_error("all_reduce: wrong sum");
     std::printf("all_reduce ok: %lld\n", static_cast<long long>(v[0]));
     std::fflush(stdout);
 }

@@ -119,9 +119,7 @@ struct worker {
     bool stopped_by_us = false;
     std::deque<std::string> stderr_tail;
 
-    bool failed() const {
-        return status && (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0);
-    }
+    bool failed() const { return status && (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0); }
 };
 
 enum class outcome { succeeded, failed, interrupted };
@@ -138,7 +136,8 @@ public:
 
     cc::task<int> main(cc::io::endpoint store_at) {
         auto store = co_await cc::rendezvous::tcp_store::connect(
-            r_, store_at, std::chrono::duration_cast<cc::rendezvous::store::duration>(o_.join_timeout));
+            r_, store_at,
+            std::chrono::duration_cast<cc::rendezvous::store::duration>(o_.join_timeout));
         store_ = store;
         std::stop_source done;
         cc::async_scope signals;
@@ -189,19 +188,21 @@ private:
 
     // Every node says how many workers it has; each learns where its ranks start.
     cc::task<rank_layout> join(int attempt) {
-        auto claims = co_await store_->add(key(attempt, "node/" + std::to_string(o_.node_rank) + "/claims"), 1);
+        auto claims = co_await store_->add(
+            key(attempt, "node/" + std::to_string(o_.node_rank) + "/claims"), 1);
         if (claims > 1) {
             throw std::runtime_error("node rank " + std::to_string(o_.node_rank) +
                                      " is claimed by two launchers (check --node_rank)");
         }
-        co_await store_->set(key(attempt, "node/" + std::to_string(o_.node_rank)),
-                             std::to_string(o_.nproc_per_node) + " " +
-                                 std::to_string(o_.max_restarts));
+        co_await store_->set(
+            key(attempt, "node/" + std::to_string(o_.node_rank)),
+            std::to_string(o_.nproc_per_node) + " " + std::to_string(o_.max_restarts));
         std::vector<std::string> keys;
-        for (int n = 0; n < o_.nnodes; ++n) keys.push_back(key(attempt, "node/" + std::to_string(n)));
+        for (int n = 0; n < o_.nnodes; ++n)
+            keys.push_back(key(attempt, "node/" + std::to_string(n)));
         try {
-            co_await store_->wait(keys, std::chrono::duration_cast<cc::rendezvous::store::duration>(
-                                            o_.join_timeout));
+            co_await store_->wait(
+                keys, std::chrono::duration_cast<cc::rendezvous::store::duration>(o_.join_timeout));
         } catch (const std::system_error& e) {
             if (e.code() != std::errc::timed_out) throw;
             joined_in_time_ = false;
@@ -217,9 +218,9 @@ private:
                                          "', which is not a corocollrun join");
             }
             if (restarts != o_.max_restarts) {
-                throw std::runtime_error("node " + std::to_string(n) + " runs with --max_restarts=" +
-                                         std::to_string(restarts) + " but this node with " +
-                                         std::to_string(o_.max_restarts) +
+                throw std::runtime_error("node " + std::to_string(n) +
+                                         " runs with --max_restarts=" + std::to_string(restarts) +
+                                         " but this node with " + std::to_string(o_.max_restarts) +
                                          "; every node needs the same");
             }
             if (n < o_.node_rank) layout.base += nproc;
@@ -232,7 +233,8 @@ private:
         std::string missing;
         for (int n = 0; n < o_.nnodes; ++n) {
             std::vector<std::string> one{keys[static_cast<std::size_t>(n)]};
-            if (!co_await store_->check(one)) missing += (missing.empty() ? "" : ", ") + std::to_string(n);
+            if (!co_await store_->check(one))
+                missing += (missing.empty() ? "" : ", ") + std::to_string(n);
         }
         throw std::runtime_error("attempt " + std::to_string(attempt) + ": node(s) " + missing +
                                  " did not join within " +
@@ -243,14 +245,33 @@ private:
     std::vector<std::string> worker_environment(int attempt, const rank_layout& layout,
                                                 int local_rank) const {
         // Another launcher's rank variables would contradict ours: drop them.
-        static constexpr const char* dropped[] = {
-            "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-            "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR",
-            "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-            "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "COROCOLL_FAILURE_FD",
-            "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-            "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
-            "MPI_LOCALNRANKS", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"};
+        static constexpr const char* dropped[] = {"RANK",
+                                                  "WORLD_SIZE",
+                                                  "LOCAL_RANK",
+                                                  "LOCAL_WORLD_SIZE",
+                                                  "GROUP_RANK",
+                                                  "GROUP_WORLD_SIZE",
+                                                  "ROLE_RANK",
+                                                  "ROLE_NAME",
+                                                  "ROLE_WORLD_SIZE",
+                                                  "MASTER_ADDR",
+                                                  "MASTER_PORT",
+                                                  "TORCHELASTIC_RESTART_COUNT",
+                                                  "TORCHELASTIC_MAX_RESTARTS",
+                                                  "TORCHELASTIC_RUN_ID",
+                                                  "TORCHELASTIC_USE_AGENT_STORE",
+                                                  "COROCOLL_FAILURE_FD",
+                                                  "OMPI_COMM_WORLD_RANK",
+                                                  "OMPI_COMM_WORLD_SIZE",
+                                                  "OMPI_COMM_WORLD_LOCAL_RANK",
+                                                  "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                                  "PMI_RANK",
+                                                  "PMI_SIZE",
+                                                  "MPI_LOCALRANKID",
+                                                  "MPI_LOCALNRANKS",
+                                                  "SLURM_PROCID",
+                                                  "SLURM_NTASKS",
+                                                  "SLURM_LOCALID"};
         std::vector<std::string> env;
         bool has_omp = false;
         for (char** e = environ; *e != nullptr; ++e) {
@@ -618,7 +639,8 @@ private:
                     " line(s) of rank " + std::to_string(first.rank) + "'s stderr:\n";
             for (const auto& line : first.stderr_tail) text += "    " + line + "\n";
         } else {
-            text += "corocollrun: rank " + std::to_string(first.rank) + " wrote nothing to stderr\n";
+            text +=
+                "corocollrun: rank " + std::to_string(first.rank) + " wrote nothing to stderr\n";
         }
         std::string others;
         std::string also_failed;
@@ -642,8 +664,8 @@ private:
         reported_ = true;
         std::string text;
         if (interrupt_signal_ != 0) {
-            text = "node " + std::to_string(o_.node_rank) + "'s launcher was interrupted by signal " +
-                   std::to_string(interrupt_signal_);
+            text = "node " + std::to_string(o_.node_rank) +
+                   "'s launcher was interrupted by signal " + std::to_string(interrupt_signal_);
         } else {
             text = failure_text(culprit());
         }
@@ -659,8 +681,8 @@ private:
 
     cc::task<> report_remote_failure(int attempt) {
         if (!store_lost_.empty()) {
-            say("lost the store at " + store_->server().to_string() + " (node 0's launcher): " +
-                store_lost_ + "; every worker on this node was stopped");
+            say("lost the store at " + store_->server().to_string() +
+                " (node 0's launcher): " + store_lost_ + "; every worker on this node was stopped");
             throw std::runtime_error("the job cannot go on without node 0");
         }
         std::string text = "another node failed";
@@ -763,15 +785,17 @@ int launch(const launch_options& o) {
     std::unique_ptr<cc::rendezvous::tcp_store_server> server;
     cc::io::endpoint store_at;
     if (o.serves_store()) {
-        bool local_only = o.standalone || (o.nnodes == 1 && !o.master_port && o.master_addr.empty());
-        cc::io::endpoint bind_to = local_only
-                                       ? cc::io::endpoint::loopback(0)
-                                       : cc::io::endpoint::from_numeric("0.0.0.0", o.master_port.value_or(0));
+        bool local_only =
+            o.standalone || (o.nnodes == 1 && !o.master_port && o.master_addr.empty());
+        cc::io::endpoint bind_to =
+            local_only ? cc::io::endpoint::loopback(0)
+                       : cc::io::endpoint::from_numeric("0.0.0.0", o.master_port.value_or(0));
         server = std::make_unique<cc::rendezvous::tcp_store_server>(bind_to);
         std::string host = local_only ? std::string("127.0.0.1") : o.store_host();
         store_at = cc::io::endpoint::resolve(host, server->port());
         if (o.nnodes > 1 && o.master_port.value_or(0) == 0) {
-            say("node 0 serves the store on " + o.store_host() + ":" + std::to_string(server->port()) +
+            say("node 0 serves the store on " + o.store_host() + ":" +
+                std::to_string(server->port()) +
                 " (give the other nodes --master_port=" + std::to_string(server->port()) + ")");
         }
     } else {

@@ -197,10 +197,12 @@ inline launch_options parse_command_line(const std::vector<std::string>& args, b
         if (name == "nproc_per_node") {
             std::string v = flag(true);
             if (v == "auto" || v == "cpu") {
-                o.nproc_per_node = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+                o.nproc_per_node =
+                    static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
             } else if (v == "gpu") {
-                throw usage_error("--nproc_per_node=gpu: corocollrun does not count GPUs; give a "
-                                  "number");
+                throw usage_error(
+                    "--nproc_per_node=gpu: corocollrun does not count GPUs; give a "
+                    "number");
             } else {
                 o.nproc_per_node = detail::parse_int(name, v, 1, 4096);
             }
@@ -236,7 +238,8 @@ inline launch_options parse_command_line(const std::vector<std::string>& args, b
         } else if (name == "rdzv_backend") {
             std::string v = flag(true);
             if (v != "static" && v != "c10d") {
-                throw usage_error("--rdzv_backend=" + v + ": only static and c10d are known "
+                throw usage_error("--rdzv_backend=" + v +
+                                  ": only static and c10d are known "
                                   "(both use node 0's store)");
             }
         } else if (name == "rdzv_id" || name == "run_id") {
@@ -282,13 +285,14 @@ inline launch_options parse_command_line(const std::vector<std::string>& args, b
                               std::to_string(o.nnodes));
         }
         if (port_given || !o.master_addr.empty()) {
-            throw usage_error("--standalone picks its own store address; drop --master_addr, "
-                              "--master_port and --rdzv_endpoint");
+            throw usage_error(
+                "--standalone picks its own store address; drop --master_addr, "
+                "--master_port and --rdzv_endpoint");
         }
     }
     if (o.node_rank >= o.nnodes) {
-        throw usage_error("--node_rank=" + std::to_string(o.node_rank) + " must be below --nnodes=" +
-                          std::to_string(o.nnodes));
+        throw usage_error("--node_rank=" + std::to_string(o.node_rank) +
+                          " must be below --nnodes=" + std::to_string(o.nnodes));
     }
     if (o.nnodes > 1) {
         if (!o.master_port) {
@@ -296,9 +300,10 @@ inline launch_options parse_command_line(const std::vector<std::string>& args, b
                               " needs --master_port (the port node 0 serves the store on)");
         }
         if (*o.master_port == 0 && o.node_rank != 0) {
-            throw usage_error("--master_port=0 only on node 0 (which then prints the port it "
-                              "picked); node " + std::to_string(o.node_rank) +
-                              " must be given that port");
+            throw usage_error(
+                "--master_port=0 only on node 0 (which then prints the port it "
+                "picked); node " +
+                std::to_string(o.node_rank) + " must be given that port");
         }
     }
     return o;

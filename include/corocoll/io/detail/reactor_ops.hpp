@@ -8,9 +8,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <coroutine>
 #include <cstddef>
 #include <span>
-#include <coroutine>
 #include <stop_token>
 #include <string>
 
@@ -114,9 +114,10 @@ private:
     bool finished_early() const noexcept { return data_.empty(); }
     void prep(io_uring_sqe* sqe) noexcept {
         // Offset -1: the file's current position, which is what a pipe needs.
-        io_uring_prep_read(sqe, fd_, data_.data(),
-                           static_cast<unsigned>(std::min<std::size_t>(data_.size(), std::size_t{1} << 30)),
-                           static_cast<__u64>(-1));
+        io_uring_prep_read(
+            sqe, fd_, data_.data(),
+            static_cast<unsigned>(std::min<std::size_t>(data_.size(), std::size_t{1} << 30)),
+            static_cast<__u64>(-1));
     }
     step on_result(int res) noexcept {
         if (res < 0) {
