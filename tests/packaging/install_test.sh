@@ -33,6 +33,16 @@ echo "install: $meson install -C $builddir --destdir $dest --no-rebuild"
 echo "installed:"
 (cd "$dest" && find . -type f | sort | sed 's/^\./  /')
 
+# The launcher goes to bindir (when tools are built) and runs from there.
+launcher=$(find "$dest" -type f -name corocollrun)
+if [[ -n $launcher ]]; then
+    [[ $launcher == *"$prefix/bin/corocollrun" ]] || fail "corocollrun installed as $launcher"
+    "$launcher" --nproc_per_node=2 --no_prefix echo launched >"$tmp/launch.out" 2>&1 ||
+        { cat "$tmp/launch.out" >&2; fail "the installed corocollrun cannot launch echo"; }
+    [[ $(grep -c '^launched$' "$tmp/launch.out") -eq 2 ]] || fail "corocollrun printed: $(cat "$tmp/launch.out")"
+    echo "installed corocollrun: ${launcher#"$dest"} launches 2 workers"
+fi
+
 pc=$(find "$dest" -name corocoll.pc)
 [[ -n $pc && $(wc -l <<<"$pc") -eq 1 ]] || fail "expected exactly one corocoll.pc under $dest"
 echo "pkg-config file: ${pc#"$dest"}"
