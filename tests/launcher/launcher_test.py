@@ -214,6 +214,25 @@ class LauncherTest(unittest.TestCase):
             self.assertIn(f"[rank {r}] attempt 1", p.stdout)
         self.assert_none_left(pids_in(p.stdout))
 
+    def test_torch_gloo_workers_use_the_launchers_store(self):
+        # torch's env:// with TORCHELASTIC_USE_AGENT_STORE connects to the store corocollrun
+        # serves (torch 1.13's TCPStore protocol) under /worker/attempt_0.
+        try:
+            subprocess.run(["/usr/bin/python3", "-c", "import torch.distributed"], check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+        except (subprocess.CalledProcessError, FileNotFoundError):
+            self.skipTest("python3-torch is not installed")
+        script = ("import torch, torch.distributed as dist\n"
+                  "dist.init_process_group('gloo')\n"
+                  "t = torch.tensor([dist.get_rank() + 1.0])\n"
+                  "dist.all_reduce(t)\n"
+                  "print(f'torch rank {dist.get_rank()} of {dist.get_world_size()}: {t.item()}')\n"
+                  "dist.destroy_process_group()\n")
+        p, _ = launch("--nproc_per_node=3", "/usr/bin/python3", "-c", script, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        for r in range(3):
+            self.assertIn(f"[rank {r}] torch rank {r} of 3: 6.0", p.stdout)
+
     def test_without_restarts_a_failure_ends_the_job(self):
         p, _ = launch("--nproc_per_node=2", WORKER, "fail-first-attempt", "0")
         self.assertEqual(p.returncode, 1)
