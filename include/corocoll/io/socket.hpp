@@ -337,8 +337,15 @@ public:
     /// Binds to `where` with SO_REUSEADDR and listens. Throws `std::system_error` naming the
     /// address ("address already in use" included) on failure.
     static acceptor listen(reactor& r, const endpoint& where, int backlog = SOMAXCONN) {
+        acceptor a = listen_unattached(where, backlog);
+        a.attach(r);
+        return a;
+    }
+
+    /// `listen` with no reactor yet, for a listener made on one thread and served on another
+    /// (it may be moved there); `attach` it to that thread's reactor before `accept`.
+    static acceptor listen_unattached(const endpoint& where, int backlog = SOMAXCONN) {
         acceptor a;
-        a.reactor_ = &r;
         a.fd_ = ::socket(where.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (a.fd_ < 0) corocoll::detail::throw_errno(errno, "corocoll: socket for listening");
         int one = 1;
@@ -356,6 +363,9 @@ public:
         a.local_.resize(len);
         return a;
     }
+
+    /// Serves this listener from `r` (the reactor of the thread that will accept).
+    void attach(reactor& r) noexcept { reactor_ = &r; }
 
     /// Awaitable: waits for the next connection and yields it as a `socket`.
     detail::accept_op accept(op_options o = {});

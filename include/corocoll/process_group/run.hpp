@@ -343,7 +343,9 @@ spawn_result spawn_processes(int n, ChildMain child_main, spawn_options options 
     if (io::reactor::current() != nullptr) {
         throw std::logic_error("corocoll: spawn: call it from a thread without an io::reactor");
     }
-    rendezvous::tcp_store_server store(io::endpoint::loopback(0));
+    // The store's thread starts after the last fork: a child forked while another thread
+    // holds a lock (the allocator's, under a sanitizer) could never take it.
+    rendezvous::tcp_store_server store(io::endpoint::loopback(0), rendezvous::deferred_start);
     int failures[2];
     if (::pipe2(failures, O_CLOEXEC | O_NONBLOCK) != 0) {
         corocoll::detail::throw_errno(errno, "corocoll: spawn: pipe");
@@ -369,6 +371,7 @@ spawn_result spawn_processes(int n, ChildMain child_main, spawn_options options 
                 ::signal(sig, SIG_DFL);
             }
             ::close(failures[0]);
+            ::close(store.native_listen_handle());
             detail::failure_pipe() = failures[1];
             for (const char* v : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK",
                                   "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS"}) {
@@ -397,6 +400,14 @@ spawn_result spawn_processes(int n, ChildMain child_main, spawn_options options 
         result.ranks.push_back({rank, pid});
     }
     ::close(failures[1]);
+    try {
+        store.start();
+    } catch (...) {
+        for (auto& r : result.ranks) ::kill(r.pid, SIGKILL);
+        for (auto& r : result.ranks) ::waitpid(r.pid, nullptr, 0);
+        ::close(failures[0]);
+        throw;
+    }
     std::vector<int> announced;
     auto read_announcements = [&] {
         std::int32_t r = 0;

@@ -121,6 +121,12 @@ private:
 
 }  // namespace detail
 
+/// Tag for `tcp_store_server`'s constructor that binds without starting the server's thread.
+struct deferred_start_t {
+    explicit deferred_start_t() = default;
+};
+inline constexpr deferred_start_t deferred_start{};
+
 /// A TCP key-value store server speaking torch 1.13's TCPStore protocol, so that torch's
 /// clients and corocoll's `tcp_store` can both use it. It runs on a thread of its own, with its
 /// own reactor, so a busy rank never stalls the others' rendezvous. Binds in the constructor
@@ -129,23 +135,41 @@ private:
 /// concurrent clients, one coroutine each.
 class tcp_store_server {
 public:
-    explicit tcp_store_server(io::endpoint where) {
-        std::promise<io::endpoint> bound;
-        auto ready = bound.get_future();
-        thread_ = std::thread([this, where, p = std::move(bound)]() mutable { main(where, p); });
+    explicit tcp_store_server(io::endpoint where) : tcp_store_server(where, deferred_start) {
+        start();
+    }
+
+    /// Binds and listens in the calling thread but starts no thread until `start()`: a process
+    /// that forks children which do more than exec (`spawn`) forks them before any thread
+    /// exists, so that no child inherits a lock another thread held (malloc's under a
+    /// sanitizer, say). Clients that connect before `start()` wait in the listen backlog.
+    tcp_store_server(io::endpoint where, deferred_start_t)
+        : listener_(io::acceptor::listen_unattached(where)), local_(listener_.local_endpoint()) {}
+
+    tcp_store_server(const tcp_store_server&) = delete;
+    tcp_store_server& operator=(const tcp_store_server&) = delete;
+    ~tcp_store_server() {
+        if (!thread_.joinable()) return;
+        reactor_->post(shutdown_);
+        thread_.join();
+    }
+
+    /// Starts serving on the server's own thread (once).
+    void start() {
+        if (thread_.joinable()) return;
+        std::promise<void> ready;
+        auto started = ready.get_future();
+        thread_ = std::thread([this, p = std::move(ready)]() mutable { main(p); });
         try {
-            local_ = ready.get();
+            started.get();
         } catch (...) {
             thread_.join();
             throw;
         }
     }
-    tcp_store_server(const tcp_store_server&) = delete;
-    tcp_store_server& operator=(const tcp_store_server&) = delete;
-    ~tcp_store_server() {
-        reactor_->post(shutdown_);
-        thread_.join();
-    }
+
+    /// The listening descriptor: a forked child that will not serve closes its copy.
+    int native_listen_handle() const noexcept { return listener_.native_handle(); }
 
     /// The address the server listens on (with the port the kernel picked, for port 0).
     const io::endpoint& local_endpoint() const noexcept { return local_; }
@@ -180,23 +204,22 @@ private:
     };
     park_awaiter park(const std::vector<std::string>& keys) { return park_awaiter{*this, keys}; }
 
-    void main(const io::endpoint& where, std::promise<io::endpoint>& bound) {
+    void main(std::promise<void>& ready) {
         std::optional<io::reactor> r;
-        io::acceptor listener;
         try {
             r.emplace();
-            listener = io::acceptor::listen(*r, where);
         } catch (...) {
-            bound.set_exception(std::current_exception());
+            ready.set_exception(std::current_exception());
             return;
         }
+        listener_.attach(*r);
         reactor_ = &*r;
         shutdown_.self = this;
         shutdown_.run_ = [](corocoll::detail::work_item* item) noexcept {
             static_cast<shutdown_item*>(item)->self->stop_all();
         };
-        bound.set_value(listener.local_endpoint());
-        r->run(serve(listener));
+        ready.set_value();
+        r->run(serve(listener_));
     }
 
     // On the server's thread: cancels the accept loop and every connection's pending read,
@@ -356,9 +379,10 @@ private:
         }
     }
 
+    io::acceptor listener_;
+    io::endpoint local_;
     std::thread thread_;
     io::reactor* reactor_ = nullptr;
-    io::endpoint local_;
     shutdown_item shutdown_;
     std::stop_source stop_;
     bool stopping_ = false;
