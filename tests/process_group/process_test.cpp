@@ -104,6 +104,9 @@ TEST_CASE("spawn reports which rank failed and how, and stops the others") {
     CHECK(result.ranks[1].exit_code == 1);
     CHECK(result.ranks[1].describe().find("rank 1 (pid ") != std::string::npos);
     CHECK(result.ranks[1].describe().find("exited with code 1") != std::string::npos);
+    // It ended on its own: not described as stopped because of another rank.
+    CHECK_FALSE(result.ranks[1].stopped_by_us);
+    CHECK(result.ranks[1].describe().find("after being stopped") == std::string::npos);
     CHECK(std::chrono::steady_clock::now() - t0 < 20s);
 }
 

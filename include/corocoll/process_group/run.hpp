@@ -418,6 +418,7 @@ spawn_result spawn_processes(int n, ChildMain child_main, spawn_options options 
     auto started = std::chrono::steady_clock::now();
     std::size_t running = result.ranks.size();
     bool stopping = false;
+    std::vector<bool> signalled(result.ranks.size(), false);
     auto stop_time = std::chrono::steady_clock::time_point::max();
     while (running > 0) {
         bool reaped = false;
@@ -430,7 +431,7 @@ spawn_result spawn_processes(int n, ChildMain child_main, spawn_options options 
             --running;
             if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
             if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
-            r.stopped_by_us = stopping && !r.ok();
+            r.stopped_by_us = signalled[static_cast<std::size_t>(r.rank)] && !r.ok();
             if (!r.ok() && !r.stopped_by_us && first_reaped < 0) first_reaped = r.rank;
             if (r.signal != 0 && !r.stopped_by_us && result.first_failure < 0) {
                 result.first_failure = r.rank;  // killed from outside: the likeliest cause
@@ -453,13 +454,19 @@ spawn_result spawn_processes(int n, ChildMain child_main, spawn_options options 
                 // report shows how it ended (SIGKILL after the grace period if it does not).
                 bool exiting =
                     std::find(announced.begin(), announced.end(), r.rank) != announced.end();
-                if (r.exit_code < 0 && r.signal == 0 && !exiting) ::kill(r.pid, SIGTERM);
+                if (r.exit_code < 0 && r.signal == 0 && !exiting) {
+                    signalled[static_cast<std::size_t>(r.rank)] = true;
+                    ::kill(r.pid, SIGTERM);
+                }
             }
             stop_time = now + options.grace;
         }
         if (stopping && now >= stop_time) {
             for (auto& r : result.ranks) {
-                if (r.exit_code < 0 && r.signal == 0) ::kill(r.pid, SIGKILL);
+                if (r.exit_code < 0 && r.signal == 0) {
+                    signalled[static_cast<std::size_t>(r.rank)] = true;
+                    ::kill(r.pid, SIGKILL);
+                }
             }
             stop_time = std::chrono::steady_clock::time_point::max();
         }
@@ -499,8 +506,12 @@ namespace detail {
 
 inline int report(const spawn_result& r) {
     if (r.ok()) return 0;
+    const auto& first = r.ranks[static_cast<std::size_t>(r.first_failure)];
+    std::fprintf(stderr, "corocoll: spawn: failed first: %s\n", first.describe().c_str());
     for (const auto& e : r.ranks) {
-        if (!e.ok()) std::fprintf(stderr, "corocoll: spawn: %s\n", e.describe().c_str());
+        if (!e.ok() && e.rank != r.first_failure) {
+            std::fprintf(stderr, "corocoll: spawn: %s\n", e.describe().c_str());
+        }
     }
     return 1;
 }
