@@ -37,6 +37,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace cc = corocoll;
@@ -235,34 +236,57 @@ public:
             a_.resize(rank_ == c_.root ? count_ * nz : 0);
             b_.resize(count_);
         }
+        const std::pair<const char*, which> names[] = {{"all_reduce", which::all_reduce},
+                                                       {"broadcast", which::broadcast},
+                                                       {"reduce", which::reduce},
+                                                       {"all_gather", which::all_gather},
+                                                       {"reduce_scatter", which::reduce_scatter},
+                                                       {"gather", which::gather},
+                                                       {"scatter", which::scatter},
+                                                       {"all_to_all", which::all_to_all},
+                                                       {"ping_pong", which::ping_pong}};
+        for (const auto& [name, w] : names) {
+            if (op_ == name) which_ = w;
+        }
+        if (reduces(op_)) red_ = redop_of(redop_);
     }
 
+    // The timed loop's body: which operation is decided once, in the constructor.
     cc::task<> run_once() {
-        cc::reduce_op red = reduces(op_) ? redop_of(redop_) : cc::reduce_op::sum;
-        if (op_ == "all_reduce") {
-            co_await pg_.all_reduce(a_, red);
-        } else if (op_ == "broadcast") {
-            co_await pg_.broadcast(a_, c_.root);
-        } else if (op_ == "reduce") {
-            co_await pg_.reduce(a_, c_.root, red);
-        } else if (op_ == "all_gather") {
-            co_await pg_.all_gather_into(b_, a_);
-        } else if (op_ == "reduce_scatter") {
-            co_await pg_.reduce_scatter_into(b_, a_, red);
-        } else if (op_ == "gather") {
-            co_await pg_.gather_into(a_, b_, c_.root);
-        } else if (op_ == "scatter") {
-            co_await pg_.scatter_from(b_, a_, c_.root);
-        } else if (op_ == "all_to_all") {
-            co_await pg_.all_to_all_single(b_, a_);
-        } else if (op_ == "ping_pong") {
-            if (rank_ == 0) {
-                co_await pg_.send(a_, 1);
-                co_await pg_.recv(a_, 1);
-            } else if (rank_ == 1) {
-                co_await pg_.recv(a_, 0);
-                co_await pg_.send(a_, 0);
-            }
+        switch (which_) {
+            case which::all_reduce:
+                co_await pg_.all_reduce(a_, red_);
+                break;
+            case which::broadcast:
+                co_await pg_.broadcast(a_, c_.root);
+                break;
+            case which::reduce:
+                co_await pg_.reduce(a_, c_.root, red_);
+                break;
+            case which::all_gather:
+                co_await pg_.all_gather_into(b_, a_);
+                break;
+            case which::reduce_scatter:
+                co_await pg_.reduce_scatter_into(b_, a_, red_);
+                break;
+            case which::gather:
+                co_await pg_.gather_into(a_, b_, c_.root);
+                break;
+            case which::scatter:
+                co_await pg_.scatter_from(b_, a_, c_.root);
+                break;
+            case which::all_to_all:
+                co_await pg_.all_to_all_single(b_, a_);
+                break;
+            case which::ping_pong:
+                if (rank_ == 0) {
+                    co_await pg_.send(a_, 1);
+                    co_await pg_.recv(a_, 1);
+                } else if (rank_ == 1) {
+                    co_await pg_.recv(a_, 0);
+                    co_await pg_.send(a_, 0);
+                }
+                break;
         }
     }
 
@@ -345,6 +369,19 @@ private:
     const config& c_;
     std::string op_;
     std::string redop_;
+    enum class which {
+        all_reduce,
+        broadcast,
+        reduce,
+        all_gather,
+        reduce_scatter,
+        gather,
+        scatter,
+        all_to_all,
+        ping_pong
+    };
+    which which_ = which::all_reduce;
+    cc::reduce_op red_ = cc::reduce_op::sum;
     std::size_t count_;
     int n_;
     int rank_;

@@ -200,14 +200,15 @@ private:
         std::vector<std::string> keys;
         for (int n = 0; n < o_.nnodes; ++n)
             keys.push_back(key(attempt, "node/" + std::to_string(n)));
+        bool joined_in_time = true;
         try {
             co_await store_->wait(
                 keys, std::chrono::duration_cast<cc::rendezvous::store::duration>(o_.join_timeout));
         } catch (const std::system_error& e) {
             if (e.code() != std::errc::timed_out) throw;
-            joined_in_time_ = false;
+            joined_in_time = false;
         }
-        if (!joined_in_time_) co_return co_await missing_nodes(attempt, keys);
+        if (!joined_in_time) co_return co_await missing_nodes(attempt, keys);
         rank_layout layout;
         for (int n = 0; n < o_.nnodes; ++n) {
             std::string v = co_await store_->get(keys[static_cast<std::size_t>(n)]);
@@ -701,7 +702,6 @@ private:
     cc::task<outcome> exit_barrier(int attempt) {
         if (o_.nnodes == 1) co_return outcome::succeeded;
         auto until = clock_type::now() + o_.exit_barrier_timeout;
-        std::stop_source never;
         std::vector<std::string> failures(1, key(attempt, "failures"));
         for (;;) {
             auto ended = co_await store_->add(key(attempt, "ended"), 0);
@@ -713,7 +713,7 @@ private:
                                          std::to_string(o_.exit_barrier_timeout.count() / 1000) +
                                          " s (--rdzv_conf exit_barrier_timeout)");
             }
-            co_await nap(r_, clock_type::now() + o_.monitor_interval, never.get_token());
+            co_await nap(r_, clock_type::now() + o_.monitor_interval, {});
             if (co_await store_->check(failures)) break;
         }
         if (co_await store_->check(failures)) {
@@ -730,10 +730,9 @@ private:
             co_await store_->add("corocollrun/left", 1);
             if (!o_.serves_store()) co_return;
             auto until = clock_type::now() + 30s;
-            std::stop_source never;
             while (clock_type::now() < until &&
                    co_await store_->add("corocollrun/left", 0) < o_.nnodes) {
-                co_await nap(r_, clock_type::now() + 20ms, never.get_token());
+                co_await nap(r_, clock_type::now() + 20ms, {});
             }
         } catch (const std::exception&) {
             // Leaving is best effort: the job's result is decided already.
@@ -764,7 +763,6 @@ private:
     bool reported_ = false;
     bool first_reporter_ = false;
     bool workers_running_ = false;
-    bool joined_in_time_ = true;
     std::string store_lost_;
     int interrupt_signal_ = 0;
 };
