@@ -481,7 +481,11 @@ private:
                 co_return;
             }
             if (n != sizeof(rank)) continue;
-            if (!announced_first_ && rank >= 0) {
+            // Only a rank of this node's workers counts (a stray write, or a group of the
+            // program's own with other numbers, must not name a worker that is not here).
+            bool ours = std::any_of(workers_.begin(), workers_.end(),
+                                    [&](const worker& w) { return w.rank == rank; });
+            if (!announced_first_ && ours) {
                 announced_first_ = rank;
                 wake_.request_stop();
             }
