@@ -10,7 +10,6 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -50,16 +49,16 @@ struct reactor_features {
     bool submit_all = false;     ///< IORING_SETUP_SUBMIT_ALL (Linux 5.18)
 };
 
+struct op_options;
+
 /// One io_uring ring bound to the thread that creates it; the event loop that every awaitable
 /// I/O operation of that thread completes through. At most one reactor per thread; it must be
 /// created, run and destroyed on that thread. Other threads reach it only through `post` and
-/// `post` (a queue and an eventfd), never through the ring. `run_until` (and so `sync_wait` on this
-/// thread) submits queued operations, sleeps in the kernel until something completes, and
-/// resumes the coroutines whose operations finished. Destroy it only once no operation is in
-/// flight: coroutines still waiting on it are never resumed. Its destructor waits for posts
-/// from other threads that are still returning.
-struct op_options;
-
+/// `schedule` (a queue and an eventfd), never through the ring. `run_until` (and so
+/// `sync_wait` on this thread) submits queued operations, sleeps in the kernel until something
+/// completes, and resumes the coroutines whose operations finished. Destroy it only once no
+/// operation is in flight: coroutines still waiting on it are never resumed. Its destructor
+/// waits for posts from other threads that are still returning.
 class reactor final : public corocoll::detail::event_loop {
 public:
     explicit reactor(reactor_options options = {}) : options_(options) {
