@@ -10,10 +10,13 @@
 
 #include <array>
 #include <atomic>
+#include <coroutine>
 #include <stop_token>
 #include <string>
 #include <system_error>
 #include <thread>
+#include <utility>
+#include <vector>
 
 using namespace test;
 
@@ -347,4 +350,87 @@ TEST_CASE("poll on a pidfd wakes when the child exits") {
     CHECK((events & POLLIN) != 0);
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 7);
+}
+
+namespace {
+
+// Suspends until `fire` resumes it: what a timer entry's owner does with a waiting coroutine.
+struct timer_probe : cc::io::timer_entry {
+    std::vector<int>* order = nullptr;
+    int id = 0;
+    std::coroutine_handle<> waiter;
+};
+
+void record(cc::io::timer_entry& t) noexcept {
+    auto& p = static_cast<timer_probe&>(t);
+    p.order->push_back(p.id);
+    if (p.waiter) std::exchange(p.waiter, {}).resume();
+}
+
+struct until_fired {
+    timer_probe& p;
+    bool await_ready() const noexcept { return false; }
+    void await_suspend(std::coroutine_handle<> h) noexcept { p.waiter = h; }
+    void await_resume() const noexcept {}
+};
+
+}  // namespace
+
+TEST_CASE("timer entries fire in deadline order; a disarmed one never fires; re-arming moves one") {
+    cc::io::reactor r;
+    std::vector<int> order;
+    auto now = std::chrono::steady_clock::now();
+    std::array<timer_probe, 6> t;
+    const int ms[] = {30, 10, 50, 20, 40, 5};
+    for (int i = 0; i < 6; ++i) {
+        t[i].order = &order;
+        t[i].id = i;
+        t[i].fire = &record;
+        t[i].when = now + std::chrono::milliseconds(ms[i]);
+        r.arm(t[i]);
+        CHECK(t[i].armed());
+    }
+    r.disarm(t[4]);  // 40 ms: never fires
+    CHECK_FALSE(t[4].armed());
+    r.disarm(t[4]);  // twice is harmless
+    t[2].when = now + std::chrono::milliseconds(1);
+    r.arm(t[2]);  // moved from 50 ms to 1 ms
+    auto t0 = std::chrono::steady_clock::now();
+    r.run([&]() -> cc::task<> { co_await until_fired{t[0]}; }());  // the 30 ms one
+    CHECK(elapsed_ms(t0) >= 29.0);
+    r.run(r.sleep_for(30ms));
+    CHECK(order == std::vector<int>{2, 5, 1, 3, 0});
+    for (auto& e : t) CHECK_FALSE(e.armed());
+}
+
+TEST_CASE("a timer entry wakes a reactor that has nothing in flight, without spinning") {
+    cc::io::reactor r;
+    std::vector<int> order;
+    timer_probe p;
+    p.order = &order;
+    p.fire = &record;
+    p.when = std::chrono::steady_clock::now() + 150ms;
+    r.arm(p);
+    double cpu0 = thread_cpu_ms();
+    auto t0 = std::chrono::steady_clock::now();
+    r.run([&]() -> cc::task<> { co_await until_fired{p}; }());
+    double took = elapsed_ms(t0), used = thread_cpu_ms() - cpu0;
+    CAPTURE(took);
+    CAPTURE(used);
+    CHECK(took >= 149.0);
+    CHECK(took < 1000.0);
+    CHECK(used < 20.0);
+    CHECK(order == std::vector<int>{0});
+}
+
+TEST_CASE("busy polling is bounded: the reactor polls for busy_poll, then sleeps in the kernel") {
+    // 60 ms of polling, then sleep until the 400 ms timer: at least part of the 60 ms shows
+    // as CPU time even with both cores loaded by other tests, and never the whole 400 ms.
+    cc::io::reactor r({.busy_poll = 60ms});
+    double cpu0 = thread_cpu_ms();
+    r.run(r.sleep_for(400ms));
+    double used = thread_cpu_ms() - cpu0;
+    CAPTURE(used);
+    CHECK(used > 10.0);
+    CHECK(used < 200.0);
 }
