@@ -35,6 +35,19 @@ inline std::string progress(std::size_t done, std::size_t total) {
     return " after " + std::to_string(done) + " of " + std::to_string(total) + " bytes";
 }
 
+/// Accounts for an operation's non-blocking first attempt (`op_options::try_now`) as if the
+/// ring had returned it; true when that ended the operation, false when the ring must do the
+/// rest (nothing was ready, or not all of it).
+template <class Op>
+bool took_now(Op& op, ssize_t got) noexcept {
+    if (got < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return false;
+        op.fail(errno);
+        return true;
+    }
+    return op.on_result(static_cast<int>(got)) == step::done;
+}
+
 /// `socket::send` / `socket::recv`: moves the whole buffer, resubmitting after short
 /// transfers. A receive that meets end-of-stream first fails with errc::connection_closed.
 template <bool Send>
@@ -57,8 +70,21 @@ public:
 
 private:
     friend base;
+    template <class Op>
+    friend bool took_now(Op&, ssize_t) noexcept;
 
-    bool finished_early() const noexcept { return data_.empty(); }
+    bool finished_early() noexcept {
+        if (data_.empty()) return true;
+        if (!this->try_now()) return false;
+        std::size_t n = std::min(data_.size(), max_transfer_per_sqe);
+        ssize_t got = 0;
+        if constexpr (Send) {
+            got = ::send(fd_, data_.data(), n, MSG_DONTWAIT | MSG_NOSIGNAL);
+        } else {
+            got = ::recv(fd_, data_.data(), n, MSG_DONTWAIT);
+        }
+        return took_now(*this, got);
+    }
 
     void prep(io_uring_sqe* sqe) noexcept {
         std::size_t n = std::min(data_.size() - done_, max_transfer_per_sqe);
@@ -114,8 +140,23 @@ public:
 
 private:
     friend base;
+    template <class Op>
+    friend bool took_now(Op&, ssize_t) noexcept;
 
-    bool finished_early() const noexcept { return index_ == iov_.size(); }
+    bool finished_early() noexcept {
+        if (index_ == iov_.size()) return true;
+        if (!this->try_now()) return false;
+        msghdr msg{};
+        msg.msg_iov = &iov_[index_];
+        msg.msg_iovlen = std::min<std::size_t>(iov_.size() - index_, IOV_MAX);
+        ssize_t got = 0;
+        if constexpr (Send) {
+            got = ::sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        } else {
+            got = ::recvmsg(fd_, &msg, MSG_DONTWAIT);
+        }
+        return took_now(*this, got);
+    }
 
     void prep(io_uring_sqe* sqe) noexcept {
         msg_ = {};

@@ -45,6 +45,11 @@ struct op_options {
     /// Requesting a stop cancels the operation; it then fails with
     /// `std::errc::operation_canceled`, and its buffer is not touched afterwards.
     std::stop_token stop{};
+    /// Socket transfers: try at once with a non-blocking system call, and use the ring only
+    /// for what is left. Saves the ring's round trip when the socket is ready (room in the
+    /// send buffer, bytes already received); costs a wasted system call when it is not. Only
+    /// for a socket with no other transfer in the same direction in flight.
+    bool try_now = false;
 };
 
 /// A deadline `timeout` from now, for `op_options::deadline`.
@@ -87,12 +92,17 @@ template <class Derived>
 class basic_op : protected io_op, private corocoll::detail::work_item {
 public:
     basic_op(reactor& r, const op_options& options) noexcept
-        : reactor_(r), deadline_(options.deadline), stop_(options.stop) {
+        : reactor_(r), deadline_(options.deadline), stop_(options.stop), try_now_(options.try_now) {
         init();
     }
     /// Operations may be moved (into `when_all`, say) only before they are first awaited.
     basic_op(basic_op&& o) noexcept
-        : io_op(), work_item(), reactor_(o.reactor_), deadline_(o.deadline_), stop_(o.stop_) {
+        : io_op(),
+          work_item(),
+          reactor_(o.reactor_),
+          deadline_(o.deadline_),
+          stop_(o.stop_),
+          try_now_(o.try_now_) {
         init();
     }
     basic_op(const basic_op&) = delete;
@@ -129,6 +139,8 @@ protected:
     /// Records a corocoll error as the operation's failure.
     void fail(corocoll::errc e) noexcept { library_error_ = e; }
     bool failed() const noexcept { return error_ != 0 || library_error_ != corocoll::errc{}; }
+    /// Whether the caller asked for `op_options::try_now`.
+    bool try_now() const noexcept { return try_now_; }
 
     /// Ends the operation for `await_resume`: drops the stop callback (waiting for it if it
     /// runs on another thread right now) and gives the failure, if any, as an error code.
@@ -264,6 +276,7 @@ private:
 
     std::chrono::steady_clock::time_point deadline_;
     std::stop_token stop_;
+    bool try_now_ = false;
     std::coroutine_handle<> continuation_;
     __kernel_timespec timeout_{};
     int error_ = 0;
