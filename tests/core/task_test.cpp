@@ -3,6 +3,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <coroutine>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -10,6 +12,7 @@
 #include <thread>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "test_support.hpp"
 
@@ -417,4 +420,42 @@ TEST_CASE("a task completes when a manual event is set after it suspended") {
     CHECK(after);
     REQUIRE(out.done);
     CHECK(out.value == 3);
+}
+
+namespace {
+
+// The address of the calling coroutine's frame.
+struct own_frame {
+    void* address = nullptr;
+    bool await_ready() const noexcept { return false; }
+    bool await_suspend(std::coroutine_handle<> h) noexcept {
+        address = h.address();
+        return false;  // carry on at once
+    }
+    void* await_resume() const noexcept { return address; }
+};
+
+cc::task<void*> where_am_i() { co_return co_await own_frame{}; }
+
+}  // namespace
+
+TEST_CASE("a finished task's frame is reused by the next one of its size, on any thread") {
+    void* first = cc::sync_wait(where_am_i());
+    void* second = cc::sync_wait(where_am_i());
+#if COROCOLL_FRAME_POOL
+    CHECK(second == first);  // the pool handed the same block back
+#else
+    MESSAGE("frame pool off (AddressSanitizer): frames come from operator new");
+#endif
+    // A frame made here and freed on another thread stays usable there.
+    auto t = where_am_i();
+    std::thread other([&] { CHECK(cc::sync_wait(std::move(t)) != nullptr); });
+    other.join();
+    // Many frames alive at once, freed in any order, are all distinct and all come back.
+    std::vector<cc::task<void*>> many;
+    for (int i = 0; i < 200; ++i) many.push_back(where_am_i());
+    std::vector<void*> seen;
+    for (auto& m : many) seen.push_back(cc::sync_wait(std::move(m)));
+    std::sort(seen.begin(), seen.end());
+    CHECK(std::adjacent_find(seen.begin(), seen.end()) == seen.end());
 }

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <corocoll/core/awaitable_traits.hpp>
+#include <corocoll/core/frame_pool.hpp>
 #include <corocoll/version.hpp>
 
 #include <atomic>
@@ -69,7 +70,7 @@ public:
 
 private:
     struct detached {
-        struct promise_type {
+        struct promise_type : detail::pooled_frame {
             async_scope* scope_;
 
             template <class A>

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <corocoll/core/awaitable_traits.hpp>
+#include <corocoll/core/frame_pool.hpp>
 #include <corocoll/version.hpp>
 
 #include <atomic>
@@ -24,7 +25,7 @@ namespace detail {
 // stack. This does not rely on symmetric transfer being a tail call: g++ 12 makes it a plain
 // call at -O0/-O1 and under ASan, so a loop of a million synchronous awaits would overflow the
 // stack there. Cost: one atomic exchange on each side per await.
-class task_promise_base {
+class task_promise_base : public pooled_frame {
 public:
     struct final_awaiter {
         bool await_ready() const noexcept { return false; }

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <corocoll/core/awaitable_traits.hpp>
+#include <corocoll/core/frame_pool.hpp>
 #include <corocoll/core/task.hpp>
 #include <corocoll/version.hpp>
 
@@ -66,7 +67,7 @@ struct when_all_child_result<void> {
 template <class T>
 class when_all_child {
 public:
-    struct promise_type : when_all_child_result<T> {
+    struct promise_type : when_all_child_result<T>, pooled_frame {
         when_all_latch* latch_ = nullptr;
 
         when_all_child get_return_object() noexcept {

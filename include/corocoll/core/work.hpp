@@ -1,6 +1,7 @@
 #pragma once
 
 #include <corocoll/core/awaitable_traits.hpp>
+#include <corocoll/core/frame_pool.hpp>
 #include <corocoll/core/sync_wait.hpp>
 #include <corocoll/core/task.hpp>
 #include <corocoll/version.hpp>
@@ -29,7 +30,7 @@ struct work_state {
 };
 
 struct work_runner {
-    struct promise_type {
+    struct promise_type : detail::pooled_frame {
         work_runner get_return_object() noexcept { return {}; }
         std::suspend_never initial_suspend() const noexcept { return {}; }
         std::suspend_never final_suspend() const noexcept { return {}; }
