@@ -94,10 +94,12 @@ public:
         frame_header h;
         h.kind = frame_kind::p2p;
         h.tag = tag;
-        return send_frame(data, dst, h,
-                          "send to rank " + std::to_string(dst) + " (tag " + std::to_string(tag) +
-                              ", " + std::to_string(data.size()) + " bytes)",
-                          deadline);
+        op_label what;
+        what.sending = true;
+        what.peer = dst;
+        what.tag = tag;
+        what.bytes = data.size();
+        return send_frame(data, dst, h, what, deadline);
     }
 
     /// Sends one step of a collective: `meta` travels with it and the receiver checks it.
@@ -106,8 +108,12 @@ public:
         frame_header h;
         meta.apply_to(h);
         h.tag = step;
-        return send_frame(data, dst, h, describe_(meta) + ": send to rank " + std::to_string(dst),
-                          deadline);
+        op_label what;
+        what.sending = true;
+        what.peer = dst;
+        what.collective = true;
+        what.meta = meta;
+        return send_frame(data, dst, h, what, deadline);
     }
 
     /// Receives one step of a collective from `src` into `buf`. A message whose metadata
@@ -115,8 +121,11 @@ public:
     /// whole group with a message naming both calls, on every rank.
     task<std::size_t> recv_coll(std::span<std::byte> buf, int src, const collective_meta& meta,
                                 std::uint32_t step, time_point deadline) {
-        auto r = co_await recv_frame(buf, src, frame_kind::collective, meta.seq, step, &meta,
-                                     describe_(meta) + ": recv from rank " + std::to_string(src),
+        op_label what;
+        what.peer = src;
+        what.collective = true;
+        what.meta = meta;
+        auto r = co_await recv_frame(buf, src, frame_kind::collective, meta.seq, step, &meta, what,
                                      deadline);
         co_return r.length;
     }
@@ -145,11 +154,10 @@ public:
     /// and the length. A message longer than `buf` is an error (the message is consumed).
     task<recv_result> recv(std::span<std::byte> buf, int src, std::int64_t tag,
                            time_point deadline) {
-        return recv_frame(buf, src, frame_kind::p2p, 0, tag, nullptr,
-                          (src == any_source ? std::string("recv from any rank")
-                                             : "recv from rank " + std::to_string(src)) +
-                              " (tag " + std::to_string(tag) + ")",
-                          deadline);
+        op_label what;
+        what.peer = src;
+        what.tag = tag;
+        return recv_frame(buf, src, frame_kind::p2p, 0, tag, nullptr, what, deadline);
     }
 
     /// Says goodbye to every peer (after whatever this rank already sent, so they get all of
@@ -188,15 +196,38 @@ private:
                ", count " + std::to_string(m.count) + ")";
     }
 
-    task<> send_frame(std::span<const std::byte> data, int dst, frame_header h, std::string what,
+    // Names an operation in error messages; spelled out only when one is thrown, so that the
+    // operations themselves build no strings.
+    struct op_label {
+        bool sending = false;
+        int peer = any_source;
+        std::int64_t tag = 0;
+        std::size_t bytes = 0;
+        bool collective = false;
+        collective_meta meta{};
+    };
+
+    std::string spell(const op_label& l) const {
+        std::string who =
+            l.peer == any_source ? std::string("any rank") : "rank " + std::to_string(l.peer);
+        if (l.collective)
+            return describe_(l.meta) + (l.sending ? ": send to " : ": recv from ") + who;
+        if (l.sending) {
+            return "send to " + who + " (tag " + std::to_string(l.tag) + ", " +
+                   std::to_string(l.bytes) + " bytes)";
+        }
+        return "recv from " + who + " (tag " + std::to_string(l.tag) + ")";
+    }
+
+    task<> send_frame(std::span<const std::byte> data, int dst, frame_header h, op_label what,
                       time_point deadline) {
         check_peer(dst, what);
         check_usable(what);
         peer& ps = peers_[static_cast<std::size_t>(dst)];
         if (ps.departed) {
             corocoll::detail::throw_error(corocoll::errc::connection_closed,
-                                          "corocoll: rank " + std::to_string(rank_) + ": " + what +
-                                              ": rank " + std::to_string(dst) +
+                                          "corocoll: rank " + std::to_string(rank_) + ": " +
+                                              spell(what) + ": rank " + std::to_string(dst) +
                                               " closed its process group");
         }
         auto guard = co_await ps.send_lock.scoped_lock();
@@ -207,9 +238,10 @@ private:
         h.seal();
         iovec iov[2] = {{&h, sizeof(h)}, {const_cast<std::byte*>(data.data()), data.size()}};
         std::error_code failed;
+        io::op_options o(deadline, stop_.get_token());
+        o.try_now = true;  // the send lock makes this the socket's only send
         try {
-            co_await ps.sock.send_vec(std::span(iov, data.empty() ? 1 : 2),
-                                      io::op_options(deadline, stop_.get_token()));
+            co_await ps.sock.send_vec(std::span(iov, data.empty() ? 1 : 2), o);
         } catch (const std::system_error& e) {
             failed = e.code();
         }
@@ -250,14 +282,14 @@ private:
 
     task<recv_result> recv_frame(std::span<std::byte> buf, int src, frame_kind kind,
                                  std::uint64_t seq, std::int64_t tag, const collective_meta* expect,
-                                 std::string what, time_point deadline) {
+                                 op_label what, time_point deadline) {
         if (src != any_source) check_peer(src, what);
         check_usable(what);
         if (src != any_source && peers_[static_cast<std::size_t>(src)].departed &&
             !has_unexpected_from(src, kind, seq, tag)) {
             corocoll::detail::throw_error(corocoll::errc::connection_closed,
-                                          "corocoll: rank " + std::to_string(rank_) + ": " + what +
-                                              ": rank " + std::to_string(src) +
+                                          "corocoll: rank " + std::to_string(rank_) + ": " +
+                                              spell(what) + ": rank " + std::to_string(src) +
                                               " closed its process group");
         }
         posted_recv pr;
@@ -279,7 +311,7 @@ private:
                 std::rethrow_exception(pr.error);
             } catch (const std::system_error& e) {
                 corocoll::detail::throw_error(e.code(), "corocoll: rank " + std::to_string(rank_) +
-                                                            ": " + what + ": " +
+                                                            ": " + spell(what) + ": " +
                                                             corocoll::detail::context_of(e));
             }
         }
@@ -426,7 +458,11 @@ private:
         posted_recv* next = nullptr;
         bool linked = false;
         std::coroutine_handle<> waiter;
-        std::stop_source* timer_stop = nullptr;
+        // Watches `deadline` while the receive waits for a frame.
+        struct deadline_timer : io::timer_entry {
+            engine* self = nullptr;
+            posted_recv* pr = nullptr;
+        } timer;
     };
 
     struct unexpected_msg {
@@ -451,25 +487,25 @@ private:
         std::coroutine_handle<> exit_waiter;
     };
 
-    void check_peer(int r, const std::string& what) const {
+    void check_peer(int r, const op_label& what) const {
         if (r < 0 || r >= size_) {
-            throw std::invalid_argument("corocoll: rank " + std::to_string(rank_) + ": " + what +
-                                        ": rank " + std::to_string(r) + " is outside [0, " +
-                                        std::to_string(size_) + ")");
+            throw std::invalid_argument("corocoll: rank " + std::to_string(rank_) + ": " +
+                                        spell(what) + ": rank " + std::to_string(r) +
+                                        " is outside [0, " + std::to_string(size_) + ")");
         }
         if (r == rank_) {
-            throw std::invalid_argument("corocoll: rank " + std::to_string(rank_) + ": " + what +
-                                        ": the peer is this rank itself");
+            throw std::invalid_argument("corocoll: rank " + std::to_string(rank_) + ": " +
+                                        spell(what) + ": the peer is this rank itself");
         }
     }
 
-    void check_usable(const std::string& what) const {
+    void check_usable(const op_label& what) const {
         if (!failure_) return;
         try {
             std::rethrow_exception(failure_);
         } catch (const std::system_error& e) {
             corocoll::detail::throw_error(e.code(), "corocoll: rank " + std::to_string(rank_) +
-                                                        ": " + what + ": " +
+                                                        ": " + spell(what) + ": " +
                                                         corocoll::detail::context_of(e));
         }
     }
@@ -545,7 +581,7 @@ private:
     void complete(posted_recv& pr) {
         if (pr.state == posted_recv::done) return;
         pr.state = posted_recv::done;
-        if (pr.timer_stop != nullptr) pr.timer_stop->request_stop();
+        reactor_.disarm(pr.timer);
         if (pr.waiter) std::exchange(pr.waiter, {}).resume();
     }
 
@@ -626,38 +662,34 @@ private:
 
     // Suspends the receiving coroutine until `pr` is done or its deadline passes.
     task<> wait_done(posted_recv& pr) {
-        if (pr.state == posted_recv::done) co_return;
         struct done_awaiter {
             posted_recv& pr;
             bool await_ready() const noexcept { return pr.state == posted_recv::done; }
             void await_suspend(std::coroutine_handle<> h) noexcept { pr.waiter = h; }
             void await_resume() const noexcept {}
         };
-        if (pr.deadline == time_point::max()) {
-            co_await done_awaiter{pr};
-            co_return;
+        if (pr.state == posted_recv::done) co_return;
+        if (pr.deadline != time_point::max()) {
+            pr.timer.when = pr.deadline;
+            pr.timer.fire = &on_recv_deadline;
+            pr.timer.self = this;
+            pr.timer.pr = &pr;
+            reactor_.arm(pr.timer);
         }
-        std::stop_source timer_stop;
-        pr.timer_stop = &timer_stop;
-        auto timer = [&]() -> task<> {
-            try {
-                co_await reactor_.sleep_until(pr.deadline, timer_stop.get_token());
-            } catch (const std::system_error&) {
-                co_return;  // the receive completed first
-            }
-            // Only a receive still waiting can be withdrawn; one whose payload is arriving
-            // ends with its socket operation, which has the same deadline.
-            if (pr.state == posted_recv::waiting) {
-                unlink(pr);
-                pr.error = std::make_exception_ptr(
-                    std::system_error(std::make_error_code(std::errc::timed_out),
-                                      "no matching message arrived in time"));
-                complete(pr);
-            }
-        };
-        auto waiter = [&]() -> task<> { co_await done_awaiter{pr}; };
-        co_await when_all(waiter(), timer());
-        pr.timer_stop = nullptr;
+        co_await done_awaiter{pr};
+        reactor_.disarm(pr.timer);
+    }
+
+    // Only a receive still waiting can be withdrawn; one whose payload is arriving ends with
+    // its socket operation, which has the same deadline.
+    static void on_recv_deadline(io::timer_entry& t) noexcept {
+        auto& timer = static_cast<posted_recv::deadline_timer&>(t);
+        posted_recv& pr = *timer.pr;
+        if (pr.state != posted_recv::waiting) return;
+        timer.self->unlink(pr);
+        pr.error = std::make_exception_ptr(std::system_error(
+            std::make_error_code(std::errc::timed_out), "no matching message arrived in time"));
+        timer.self->complete(pr);
     }
 
     task<> read_loop(int p) {
@@ -776,6 +808,7 @@ private:
     // Reads a payload straight into a posted receive's buffer (or drains it when too long).
     task<> deliver(peer& ps, int p, const frame_header& h, posted_recv& pr) {
         io::op_options o(pr.deadline, stop_.get_token());
+        o.try_now = true;  // a payload mostly arrives with its header
         pr.from = p;
         pr.length = h.length;
         if (h.length <= pr.buf.size()) {
