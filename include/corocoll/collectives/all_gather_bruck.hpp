@@ -10,7 +10,6 @@
 #include <corocoll/version.hpp>
 
 #include <cstring>
-#include <vector>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -21,7 +20,8 @@ inline task<> all_gather_bruck(context& c, std::span<std::byte> out,
                                std::span<const std::byte> in) {
     int n = c.size(), r = c.rank();
     std::size_t block = in.size();
-    std::vector<std::byte> tmp(block * static_cast<std::size_t>(n));
+    std::span<std::byte> tmp =
+        c.scratch(context::algorithm_slot, block * static_cast<std::size_t>(n));
     if (block > 0) std::memcpy(tmp.data(), in.data(), block);
     std::uint32_t round = 0;
     for (int dist = 1; dist < n; dist *= 2, ++round) {

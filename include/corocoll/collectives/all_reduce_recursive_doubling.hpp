@@ -12,8 +12,6 @@
 #include <corocoll/collectives/reduction.hpp>
 #include <corocoll/version.hpp>
 
-#include <vector>
-
 COROCOLL_BEGIN_NAMESPACE
 
 namespace collectives {
@@ -25,7 +23,7 @@ inline task<> all_reduce_recursive_doubling(context& c, std::span<std::byte> dat
     int p2 = 1;
     while (p2 * 2 <= n) p2 *= 2;
     int rem = n - p2;
-    std::vector<std::byte> incoming(data.size());
+    std::span<std::byte> incoming = c.scratch(context::algorithm_slot, data.size());
     int vrank;
     if (r < 2 * rem) {
         if (r % 2 == 0) {

@@ -10,12 +10,59 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
 COROCOLL_BEGIN_NAMESPACE
 
 namespace collectives {
+
+/// Buffers that the collectives of one group reuse from call to call (they run one at a
+/// time), so that a loop of collectives neither allocates nor faults in fresh pages for its
+/// temporaries. Contents are left as the last user left them.
+class scratch_buffers {
+public:
+    /// Buffers up to this size stay between calls; larger ones go at `trim`.
+    static constexpr std::size_t kept_bytes = std::size_t{8} << 20;
+
+    scratch_buffers() = default;
+    scratch_buffers(scratch_buffers&&) noexcept = default;
+    scratch_buffers& operator=(scratch_buffers&&) noexcept = default;
+    scratch_buffers(const scratch_buffers&) = delete;
+    scratch_buffers& operator=(const scratch_buffers&) = delete;
+    ~scratch_buffers() = default;
+
+    /// Slot `slot`'s buffer with room for `bytes`. Algorithms that run inside one another use
+    /// different slots (see `context::scratch`).
+    std::span<std::byte> get(std::size_t slot, std::size_t bytes) {
+        if (slots_.size() <= slot) slots_.resize(slot + 1);
+        buffer& b = slots_[slot];
+        if (b.size < bytes) {
+            b.data.reset();
+            b.data.reset(new std::byte[bytes]);
+            b.size = bytes;
+        }
+        return {b.data.get(), bytes};
+    }
+
+    /// Frees the buffers larger than `kept_bytes`; the group calls it after each collective.
+    void trim() noexcept {
+        for (buffer& b : slots_) {
+            if (b.size > kept_bytes) {
+                b.data.reset();
+                b.size = 0;
+            }
+        }
+    }
+
+private:
+    struct buffer {
+        std::unique_ptr<std::byte[]> data;
+        std::size_t size = 0;
+    };
+    std::vector<buffer> slots_;
+};
 
 /// What one call of a collective algorithm works with: the group's transport, this call's
 /// metadata (checked by every receiver), its deadline and the chunk size that large transfers
@@ -26,6 +73,23 @@ struct context {
     transport::collective_meta meta;
     std::chrono::steady_clock::time_point deadline;
     std::size_t chunk_bytes = std::size_t{1} << 20;
+    /// The group's reusable buffers; null gives the call (and its copies) buffers of its own.
+    scratch_buffers* reuse = nullptr;
+    std::shared_ptr<scratch_buffers> own_scratch{};
+
+    /// Slots of `scratch`: the ring steps use `ring_slot` and `ring_slot + 1`; an algorithm
+    /// that calls no other uses `algorithm_slot` and `algorithm_slot + 1`; the group's own
+    /// wrappers around an algorithm use `group_slot`.
+    static constexpr std::size_t ring_slot = 0, algorithm_slot = 2, group_slot = 4;
+
+    /// A temporary of `bytes` (contents unspecified) that later calls reuse.
+    std::span<std::byte> scratch(std::size_t slot, std::size_t bytes) {
+        if (reuse == nullptr) {
+            own_scratch = std::make_shared<scratch_buffers>();
+            reuse = own_scratch.get();
+        }
+        return reuse->get(slot, bytes);
+    }
 
     int rank() const noexcept { return net.rank(); }
     int size() const noexcept { return net.size(); }

@@ -9,7 +9,6 @@
 #include <corocoll/version.hpp>
 
 #include <cstring>
-#include <vector>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -22,19 +21,20 @@ inline task<> gather_binomial(context& c, std::span<const std::byte> in, std::sp
     int v = (c.rank() - root + n) % n;
     std::size_t block = in.size();
     // Blocks of ranks v .. v + subtree - 1 (relative), own first.
-    std::vector<std::byte> tmp(block * static_cast<std::size_t>(n));
+    std::span<std::byte> tmp =
+        c.scratch(context::algorithm_slot, block * static_cast<std::size_t>(n));
     if (block > 0) std::memcpy(tmp.data(), in.data(), block);
     for (int mask = 1; mask < n; mask <<= 1) {
         if ((v & mask) != 0) {
             int held = std::min(mask, n - v);
-            co_await c.send(std::span(tmp).first(block * static_cast<std::size_t>(held)),
+            co_await c.send(tmp.first(block * static_cast<std::size_t>(held)),
                             ((v - mask) + root) % n, 0);
             co_return;
         }
         if (v + mask < n) {
             int child_blocks = std::min(mask, n - (v + mask));
-            co_await c.recv(std::span(tmp).subspan(block * static_cast<std::size_t>(mask),
-                                                   block * static_cast<std::size_t>(child_blocks)),
+            co_await c.recv(tmp.subspan(block * static_cast<std::size_t>(mask),
+                                        block * static_cast<std::size_t>(child_blocks)),
                             ((v + mask) + root) % n, 0);
         }
     }

@@ -11,7 +11,7 @@
 #include <corocoll/collectives/reduction.hpp>
 #include <corocoll/version.hpp>
 
-#include <vector>
+#include <cstring>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -22,13 +22,12 @@ inline task<> reduce_binomial(context& c, std::span<std::byte> data, const reduc
     int n = c.size();
     int v = (c.rank() - root + n) % n;
     std::size_t count = data.size() / red.elem();
-    std::vector<std::byte> partial;  // non-root ranks: their own copy
     std::span<std::byte> acc = data;
-    if (v != 0) {
-        partial.assign(data.begin(), data.end());
-        acc = partial;
+    if (v != 0) {  // non-root ranks reduce into a copy: their input stays as it was
+        acc = c.scratch(context::algorithm_slot, data.size());
+        if (!data.empty()) std::memcpy(acc.data(), data.data(), data.size());
     }
-    std::vector<std::byte> incoming(data.size());
+    std::span<std::byte> incoming = c.scratch(context::algorithm_slot + 1, data.size());
     for (int mask = 1; mask < n; mask <<= 1) {
         if ((v & mask) != 0) {
             co_await c.send(acc, ((v - mask) + root) % n, 0);

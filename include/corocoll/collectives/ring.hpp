@@ -9,7 +9,7 @@
 #include <corocoll/core/work.hpp>
 #include <corocoll/version.hpp>
 
-#include <vector>
+#include <algorithm>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -59,11 +59,10 @@ inline task<> ring_round(context& c, std::span<const std::byte> out, int dst,
             }
             co_return;
         }
-        std::vector<std::byte> bufs[2] = {std::vector<std::byte>(per * elem),
-                                          std::vector<std::byte>(per * elem)};
-        auto target = [&](std::size_t k) {
-            return std::span(bufs[k % 2]).first(recv_side.piece(k).size());
-        };
+        std::size_t room = std::min(per * elem, in.size());
+        std::span<std::byte> bufs[2] = {c.scratch(context::ring_slot, room),
+                                        c.scratch(context::ring_slot + 1, room)};
+        auto target = [&](std::size_t k) { return bufs[k % 2].first(recv_side.piece(k).size()); };
         work<std::size_t> pending = start(c.recv(target(0), src, round, 0));
         for (std::size_t k = 0; k < n; ++k) {
             co_await pending;

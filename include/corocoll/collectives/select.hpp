@@ -205,8 +205,8 @@ inline algorithm select(collective_kind k, std::size_t bytes, int n, const algor
     if (algorithm forced = choice.forced(k); forced != algorithm::automatic) return forced;
     switch (k) {
         case collective_kind::all_reduce:
-            return bytes >= t.all_reduce_ring_bytes && n > 2 ? algorithm::ring
-                                                             : algorithm::recursive_doubling;
+            return bytes >= t.all_reduce_ring_bytes ? algorithm::ring
+                                                    : algorithm::recursive_doubling;
         case collective_kind::broadcast:
             return bytes >= t.broadcast_chain_bytes && n > 2 ? algorithm::chain
                                                              : algorithm::binomial;

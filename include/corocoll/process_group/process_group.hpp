@@ -419,7 +419,9 @@ public:
             static_cast<std::uint8_t>(op), 0,
             [out_bytes, in_bytes, red, n, r](collectives::context& c) -> task<> {
                 // Equal blocks; work on a copy so the input stays as it was.
-                std::vector<std::byte> work(in_bytes.begin(), in_bytes.end());
+                std::span<std::byte> work =
+                    c.scratch(collectives::context::group_slot, in_bytes.size());
+                if (!in_bytes.empty()) std::memcpy(work.data(), in_bytes.data(), in_bytes.size());
                 co_await collectives::reduce_scatter_ring(c, work, red);
                 std::size_t count = work.size() / red.elem();
                 auto [first, last] = collectives::block_range(count, static_cast<std::size_t>(n),
@@ -693,9 +695,10 @@ private:
         meta.root = static_cast<std::uint32_t>(root);
         meta.count = count;
         meta.seq = ++collective_seq_;
-        collectives::context c{engine_, meta, deadline(), chunk_bytes_};
+        collectives::context c{engine_, meta, deadline(), chunk_bytes_, &scratch_};
         engine_.begin_collective(meta);
         co_await body(c);
+        scratch_.trim();
     }
 
     template <class Body>
@@ -852,6 +855,7 @@ private:
     std::uint64_t collective_seq_ = 0;
     collectives::algorithm_choice algorithms_ = collectives::algorithm_choice::from_env();
     std::size_t chunk_bytes_ = std::size_t{1} << 20;
+    collectives::scratch_buffers scratch_;
 };
 
 namespace detail {
