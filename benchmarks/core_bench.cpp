@@ -2,18 +2,23 @@
 //   - ns per awaited task that completes synchronously (frame allocation included);
 //   - ns per hop through the reactor's posted queue (`co_await reactor.schedule()`);
 //   - µs per 1-byte TCP round trip between two sockets on one reactor (send + recv each way);
-//   - heap allocations per message in steady state during that ping-pong (target: 0).
+//   - heap allocations per message in steady state during that ping-pong (target: 0);
+//   - the same through a process group of two spawned ranks: per send or recv, and per
+//     all_reduce of 4 bytes (target: 0).
 // Usage: core_bench [-n iterations] (default 200000).
 
 #include <corocoll/corocoll.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <new>
+#include <vector>
 
 // g++ 12 flags free() in our replacement operator delete as mismatched with the replacement
 // operator new (which calls malloc) once both are inlined; the pair is consistent.
@@ -100,6 +105,42 @@ cc::task<pingpong_result> pingpong(cc::io::reactor& r, long n) {
     co_return pingpong_result{us, static_cast<double>(allocated) / static_cast<double>(4 * n)};
 }
 
+// The same question through the process-group API, between two spawned ranks: allocations
+// on rank 0 per send/recv of a 4-byte message and per 4-byte all_reduce, once warm. Rank 0
+// prints.
+cc::task<> group_allocations(cc::process_group& pg, long n) {
+    std::vector<float> v(1, 1.0f);
+    auto ping = [&](long rounds) -> cc::task<> {
+        for (long i = 0; i < rounds; ++i) {
+            if (pg.rank() == 0) {
+                co_await pg.send(v, 1);
+                co_await pg.recv(v, 1);
+            } else {
+                co_await pg.recv(v, 0);
+                co_await pg.send(v, 0);
+            }
+        }
+    };
+    auto reduce = [&](long rounds) -> cc::task<> {
+        for (long i = 0; i < rounds; ++i) co_await pg.all_reduce(v);
+    };
+    co_await ping(n / 10 + 100);
+    long before = allocations.load();
+    co_await ping(n);
+    double per_message =
+        static_cast<double>(allocations.load() - before) / static_cast<double>(2 * n);
+    co_await reduce(n / 10 + 100);
+    before = allocations.load();
+    co_await reduce(n);
+    double per_all_reduce =
+        static_cast<double>(allocations.load() - before) / static_cast<double>(n);
+    if (pg.rank() == 0) {
+        std::printf("%-44s %12.4f\n", "heap allocations per send or recv, group", per_message);
+        std::printf("%-44s %12.4f\n", "heap allocations per all_reduce, 2 ranks", per_all_reduce);
+        std::fflush(stdout);
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -107,10 +148,12 @@ int main(int argc, char** argv) try {
     for (int i = 1; i + 1 < argc; ++i) {
         if (std::strcmp(argv[i], "-n") == 0) n = std::atol(argv[i + 1]);
     }
-    cc::io::reactor r;
+    // The reactor goes before spawn, which needs a thread without one.
+    auto r = std::make_unique<cc::io::reactor>();
     double task_ns = cc::sync_wait(awaited_tasks(n * 10));
-    double hop_ns = r.run(reactor_hops(r, n));
-    pingpong_result pp = r.run(pingpong(r, n));
+    double hop_ns = r->run(reactor_hops(*r, n));
+    pingpong_result pp = r->run(pingpong(*r, n));
+    r.reset();
     std::printf("# corocoll core_bench, %ld iterations\n", n);
     std::printf("%-44s %12s\n", "measure", "value");
     std::printf("%-44s %12.1f\n", "ns per awaited task (synchronous)", task_ns);
@@ -119,7 +162,10 @@ int main(int argc, char** argv) try {
                 pp.us_per_round_trip);
     std::printf("%-44s %12.4f\n", "heap allocations per message (steady state)",
                 pp.allocations_per_message);
-    return 0;
+    std::fflush(stdout);
+    long group_n = std::min(n, 20000L);
+    return cc::spawn(2,
+                     [group_n](cc::process_group& pg) { return group_allocations(pg, group_n); });
 } catch (const std::exception& e) {
     std::fprintf(stderr, "core_bench: %s\n", e.what());
     return 1;
