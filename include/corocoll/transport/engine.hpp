@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <chrono>
 #include <coroutine>
 #include <cstddef>
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <memory>
 #include <span>
 #include <stdexcept>
 #include <stop_token>
@@ -485,7 +487,52 @@ private:
         bool departed = false;
         bool reader_exited = false;
         std::coroutine_handle<> exit_waiter;
+        // What the reader has received and not yet consumed: one receive can bring a header,
+        // its payload and further frames, so that a small message costs one system call.
+        std::unique_ptr<std::byte[]> staged;
+        std::size_t staged_begin = 0;
+        std::size_t staged_end = 0;
     };
+    static constexpr std::size_t staging_bytes = std::size_t{16} << 10;
+
+    // Reads one frame header into `h`: from what is staged, receiving more when that is short.
+    task<> read_header(peer& ps, frame_header& h) {
+        while (ps.staged_end - ps.staged_begin < sizeof(h)) {
+            std::byte* base = ps.staged.get();
+            if (ps.staged_begin > 0) {
+                std::memmove(base, base + ps.staged_begin, ps.staged_end - ps.staged_begin);
+                ps.staged_end -= ps.staged_begin;
+                ps.staged_begin = 0;
+            }
+            std::size_t n = co_await ps.sock.recv_some(
+                std::span(base + ps.staged_end, staging_bytes - ps.staged_end), stop_.get_token());
+            if (n == 0) {
+                corocoll::detail::throw_error(
+                    corocoll::errc::connection_closed,
+                    "corocoll: recv from " + ps.address + ": the connection closed");
+            }
+            ps.staged_end += n;
+        }
+        std::memcpy(&h, ps.staged.get() + ps.staged_begin, sizeof(h));
+        ps.staged_begin += sizeof(h);
+    }
+
+    // Moves what is staged into the front of `out`; returns the rest of `out`, which the
+    // caller receives from the socket.
+    static std::span<std::byte> take_staged(peer& ps, std::span<std::byte> out) noexcept {
+        std::size_t n = std::min(ps.staged_end - ps.staged_begin, out.size());
+        if (n > 0) std::memcpy(out.data(), ps.staged.get() + ps.staged_begin, n);
+        ps.staged_begin += n;
+        if (ps.staged_begin == ps.staged_end) ps.staged_begin = ps.staged_end = 0;
+        return out.subspan(n);
+    }
+
+    // Fills `out` from the peer's stream: what is staged, then the socket.
+    static task<> read_payload(peer& ps, std::span<std::byte> out, io::op_options o) {
+        std::span<std::byte> rest = take_staged(ps, out);
+        o.try_now = true;  // usually the rest of a large payload already waits in the socket
+        if (!rest.empty()) co_await ps.sock.recv(rest, o);
+    }
 
     void check_peer(int r, const op_label& what) const {
         if (r < 0 || r >= size_) {
@@ -694,6 +741,7 @@ private:
 
     task<> read_loop(int p) {
         peer& ps = peers_[static_cast<std::size_t>(p)];
+        ps.staged = std::make_unique_for_overwrite<std::byte[]>(staging_bytes);
         // However the loop ends, a sender waiting for it (see reader_exit) is released.
         struct exit_mark {
             peer& ps;
@@ -706,7 +754,7 @@ private:
         try {
             for (;;) {
                 frame_header h;
-                co_await ps.sock.recv(std::as_writable_bytes(std::span(&h, 1)), stop_.get_token());
+                co_await read_header(ps, h);
                 if (std::string problem = h.problem(options_.max_message_bytes); !problem.empty()) {
                     corocoll::detail::throw_error(corocoll::errc::protocol_error, problem);
                 }
@@ -720,8 +768,8 @@ private:
                         std::string text(std::min<std::uint64_t>(h.length, 4096), '\0');
                         if (!text.empty()) {
                             try {
-                                co_await ps.sock.recv(
-                                    std::as_writable_bytes(std::span(text.data(), text.size())),
+                                co_await read_payload(
+                                    ps, std::as_writable_bytes(std::span(text.data(), text.size())),
                                     io::deadline_after(std::chrono::seconds(5)));
                             } catch (const std::system_error&) {
                                 text.clear();
@@ -770,7 +818,7 @@ private:
                     continue;
                 }
                 unexpected_msg m{h, arrivals_++, std::vector<std::byte>(h.length)};
-                co_await ps.sock.recv(m.data, stop_.get_token());
+                co_await read_payload(ps, m.data, stop_.get_token());
                 // A receive may have been posted while the payload arrived.
                 if (posted_recv* late = match_posted(p, h)) {
                     if (!verify(*late, p, h)) co_return;
@@ -808,17 +856,16 @@ private:
     // Reads a payload straight into a posted receive's buffer (or drains it when too long).
     task<> deliver(peer& ps, int p, const frame_header& h, posted_recv& pr) {
         io::op_options o(pr.deadline, stop_.get_token());
-        o.try_now = true;  // a payload mostly arrives with its header
         pr.from = p;
         pr.length = h.length;
         if (h.length <= pr.buf.size()) {
-            co_await ps.sock.recv(pr.buf.first(h.length), o);
+            co_await read_payload(ps, pr.buf.first(h.length), o);
             co_return;
         }
         std::vector<std::byte> scratch(std::min<std::uint64_t>(h.length, 1 << 20));
         for (std::uint64_t left = h.length; left > 0;) {
             auto n = static_cast<std::size_t>(std::min<std::uint64_t>(left, scratch.size()));
-            co_await ps.sock.recv(std::span(scratch).first(n), o);
+            co_await read_payload(ps, std::span(scratch).first(n), o);
             left -= n;
         }
         pr.error = too_long(p, h.length, pr.buf.size());

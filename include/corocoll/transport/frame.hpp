@@ -15,7 +15,7 @@ namespace transport {
 inline constexpr std::uint32_t frame_magic = 0x4c4f4343;
 /// Bumped whenever the frame layout or the meaning of a field changes; peers with different
 /// versions refuse each other at connection time.
-inline constexpr std::uint16_t protocol_version = 1;
+inline constexpr std::uint16_t protocol_version = 2;
 
 enum class frame_kind : std::uint8_t {
     hello = 1,       ///< first frame on a connection: who is calling, for which group
@@ -50,12 +50,14 @@ struct frame_header {
     std::uint32_t reserved1 = 0;
     std::uint32_t checksum = 0;
 
-    /// FNV-1a over the bytes before `checksum`.
+    /// FNV-1a over the 15 32-bit words before `checksum` (a word at a time: a quarter of the
+    /// byte-wise chain of multiplications on every message, and no weaker at catching a
+    /// stream that lost its framing).
     std::uint32_t compute_checksum() const noexcept {
-        unsigned char bytes[offsetof(frame_header, checksum)];
-        std::memcpy(bytes, this, sizeof(bytes));
+        std::uint32_t words[offsetof(frame_header, checksum) / 4];
+        std::memcpy(words, this, sizeof(words));
         std::uint32_t h = 2166136261u;
-        for (unsigned char b : bytes) h = (h ^ b) * 16777619u;
+        for (std::uint32_t w : words) h = (h ^ w) * 16777619u;
         return h;
     }
     void seal() noexcept { checksum = compute_checksum(); }
