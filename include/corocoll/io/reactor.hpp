@@ -454,17 +454,22 @@ private:
 
     // Polls for up to `busy_poll`; true if a completion or posted work turned up.
     bool poll_briefly() noexcept {
-        flush();
+        // Deferred or cooperative task work (the completions) runs only when we enter the
+        // kernel; a plain ring's completions just appear. The first entry also submits.
+        bool enter = features_.defer_taskrun || features_.coop_taskrun;
+        if (enter) {
+            io_uring_submit_and_get_events(&ring_);
+        } else {
+            flush();
+        }
         auto until = std::chrono::steady_clock::now() + options_.busy_poll;
         for (;;) {
-            // Deferred or cooperative task work (the completions) runs only when we enter the
-            // kernel; a plain ring's completions just appear.
-            if (features_.defer_taskrun || features_.coop_taskrun) io_uring_get_events(&ring_);
             if (io_uring_cq_ready(&ring_) > 0) return true;
             if (posted_.load(std::memory_order_acquire) != nullptr) return true;
             auto now = std::chrono::steady_clock::now();
             if (!timers_.empty() && timers_.front()->when <= now) return true;
             if (now >= until) return false;
+            if (enter) io_uring_get_events(&ring_);
         }
     }
 

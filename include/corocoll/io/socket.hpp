@@ -232,7 +232,9 @@ public:
         : basic_op(r, o), fd_(fd), peer_(peer), data_(data) {}
 
     std::size_t await_resume() {
-        throw_if_failed("recv from " + peer_.to_string());
+        // The message is spelled only on failure: this is a reader's per-message path.
+        if (failed()) throw_if_failed("recv from " + peer_.to_string());
+        finish();
         return received_;
     }
 
