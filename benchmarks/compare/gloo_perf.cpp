@@ -1,0 +1,377 @@
+// gloo_perf: coll_perf's measurements (benchmarks/coll_perf.cpp) made through Gloo's C++ API,
+// so that run_compare.py can set Gloo beside corocoll without torch in between.
+//
+//   RANK=r WORLD_SIZE=n GLOO_PERF_STORE=DIR gloo_perf [-o OP] [-b MIN] [-e MAX] [-f FACTOR]
+//                                                   [-n ITERS] [-w WARMUP] [-c 0|1]
+//
+//   -o  ping_pong (one-way time = round trip / 2, between ranks 0 and 1, through unbound
+//       buffers), all_reduce (sum, in place), broadcast (root 0, in place) or all_gather
+//       (out of place)
+//   -b, -e, -f, -n, -w, -c  as coll_perf's; the type is float
+//
+// Ranks meet through a gloo::rendezvous::FileStore in DIR (empty, one per run) and talk over
+// Gloo's TCP transport on 127.0.0.1. Sizes, element counts, timing (warm-up, barrier, timed
+// loop, mean per iteration, largest over the ranks), checked values and the JSON rows on rank
+// 0's stdout are coll_perf's with -t float -R sum -F json.
+//
+// Built with: g++ -std=c++17 -O2 gloo_perf.cpp -lgloo -pthread (Debian's libgloo-dev has no
+// pkg-config file; its CMake config names only /usr/lib/libgloo.so).
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+using reduce_fn = void (*)(void*, const void*, const void*, std::size_t);
+
+enum class op { ping_pong, all_reduce, broadcast, all_gather };
+
+struct config {
+    op what = op::all_reduce;
+    std::string name = "all_reduce";
+    std::size_t min_bytes = 32;
+    std::size_t max_bytes = std::size_t{32} << 20;
+    double factor = 2;
+    int iters = 20;
+    int warmup = 5;
+    bool check = false;
+};
+
+// Tags keep the bookkeeping collectives apart from the measured ones.
+constexpr std::uint32_t measured_tag = 0;
+constexpr std::uint32_t bookkeeping_tag = 1;
+// A slot prefix that none of Gloo's algorithms uses (theirs are 0x01..0x08, gloo/types.h).
+constexpr std::uint8_t ping_pong_slot_prefix = 0x10;
+
+std::size_t parse_size(const std::string& flag, const std::string& s) {
+    std::size_t used = 0;
+    double v = -1;
+    try {
+        v = std::stod(s, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    double mult = 1;
+    if (used > 0 && used + 1 == s.size()) {
+        char u = s.back();
+        mult = u == 'K' || u == 'k'   ? 1024.0
+               : u == 'M' || u == 'm' ? 1048576.0
+               : u == 'G' || u == 'g' ? 1073741824.0
+                                      : 0;
+        if (mult != 0) ++used;
+    }
+    if (used != s.size() || s.empty() || !(v >= 0)) {
+        throw std::invalid_argument(flag + " " + s +
+                                    ": expected a size in bytes (K, M, G allowed)");
+    }
+    return static_cast<std::size_t>(v * mult);
+}
+
+int parse_int(const std::string& flag, const std::string& s, int lo) {
+    std::size_t used = 0;
+    int v = lo - 1;
+    try {
+        v = std::stoi(s, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    if (used != s.size() || v < lo) {
+        throw std::invalid_argument(flag + " " + s +
+                                    ": expected a whole number >= " + std::to_string(lo));
+    }
+    return v;
+}
+
+config parse(int argc, char** argv) {
+    config c;
+    for (int i = 1; i < argc; i += 2) {
+        std::string flag = argv[i];
+        if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
+        std::string v = argv[i + 1];
+        if (flag == "-o") {
+            const std::pair<const char*, op> names[] = {{"ping_pong", op::ping_pong},
+                                                        {"all_reduce", op::all_reduce},
+                                                        {"broadcast", op::broadcast},
+                                                        {"all_gather", op::all_gather}};
+            bool found = false;
+            for (const auto& [name, o] : names) {
+                if (v == name) {
+                    c.what = o;
+                    c.name = name;
+                    found = true;
+                }
+            }
+            if (!found) {
+                throw std::invalid_argument(
+                    "-o " + v + ": expected ping_pong, all_reduce, broadcast or all_gather");
+            }
+        } else if (flag == "-b") {
+            c.min_bytes = parse_size(flag, v);
+        } else if (flag == "-e") {
+            c.max_bytes = parse_size(flag, v);
+        } else if (flag == "-f") {
+            c.factor = std::atof(v.c_str());
+            if (!(c.factor > 1)) throw std::invalid_argument("-f " + v + ": must be above 1");
+        } else if (flag == "-n") {
+            c.iters = parse_int(flag, v, 1);
+        } else if (flag == "-w") {
+            c.warmup = parse_int(flag, v, 0);
+        } else if (flag == "-c") {
+            c.check = parse_int(flag, v, 0) != 0;
+        } else {
+            throw std::invalid_argument("unknown option " + flag);
+        }
+    }
+    if (c.min_bytes == 0) c.min_bytes = 1;
+    if (c.max_bytes < c.min_bytes) throw std::invalid_argument("-e is below -b");
+    return c;
+}
+
+int env_int(const char* name) {
+    const char* v = std::getenv(name);
+    if (v == nullptr)
+        throw std::invalid_argument(std::string("environment variable ") + name + " is not set");
+    return parse_int(name, v, 0);
+}
+
+// What rank r holds at element i: small integers, so sums are exact (coll_perf's value()).
+float value(int r, std::size_t i) {
+    return static_cast<float>((i + static_cast<std::size_t>(r)) % 4 + 1);
+}
+
+// The largest (or the sum) of one number over every rank, through Gloo's own all_reduce.
+template <class T>
+T all_reduce_one(const std::shared_ptr<gloo::Context>& context, T mine, reduce_fn fn) {
+    gloo::AllreduceOptions opts(context);
+    opts.setOutput(&mine, 1);
+    opts.setReduceFunction(fn);
+    opts.setTag(bookkeeping_tag);
+    gloo::allreduce(opts);
+    return mine;
+}
+
+// One op at one size: its buffers and its Gloo options, made once and run many times (as the
+// buffers of coll_perf's bench are).
+class bench {
+public:
+    bench(std::shared_ptr<gloo::Context> context, op what, std::size_t count)
+        : context_(std::move(context)),
+          what_(what),
+          count_(count),
+          a_(count),
+          b_(what == op::all_gather ? count * static_cast<std::size_t>(context_->size) : 0),
+          all_reduce_(context_),
+          broadcast_(context_),
+          all_gather_(context_) {
+        switch (what_) {
+            case op::ping_pong:
+                ping_pong_ = context_->createUnboundBuffer(a_.data(), count_ * sizeof(float));
+                break;
+            case op::all_reduce:
+                all_reduce_.setOutput(a_.data(), count_);  // no input: in place
+                all_reduce_.setReduceFunction(static_cast<reduce_fn>(&gloo::sum<float>));
+                all_reduce_.setTag(measured_tag);
+                break;
+            case op::broadcast:
+                broadcast_.setOutput(a_.data(), count_);  // no input on the root: in place
+                broadcast_.setRoot(0);
+                broadcast_.setTag(measured_tag);
+                break;
+            case op::all_gather:
+                all_gather_.setInput(a_.data(), count_);
+                all_gather_.setOutput(b_.data(), b_.size());
+                all_gather_.setTag(measured_tag);
+                break;
+        }
+    }
+
+    void run_once() {
+        switch (what_) {
+            case op::ping_pong:
+                ping_pong();
+                break;
+            case op::all_reduce:
+                gloo::allreduce(all_reduce_);
+                break;
+            case op::broadcast:
+                gloo::broadcast(broadcast_);
+                break;
+            case op::all_gather:
+                gloo::allgather(all_gather_);
+                break;
+        }
+    }
+
+    // Mean time per operation on this rank, in microseconds.
+    double time(const config& c) {
+        for (int i = 0; i < c.warmup; ++i) run_once();
+        gloo::BarrierOptions barrier(context_);
+        barrier.setTag(bookkeeping_tag);
+        gloo::barrier(barrier);
+        auto t0 = clock_type::now();
+        for (int i = 0; i < c.iters; ++i) run_once();
+        std::chrono::duration<double, std::micro> took = clock_type::now() - t0;
+        double per = took.count() / c.iters;
+        return what_ == op::ping_pong ? per / 2 : per;
+    }
+
+    // Fills the inputs, runs once, and counts this rank's elements that are not what they
+    // must be.
+    long long check() {
+        const int rank = context_->rank;
+        for (std::size_t i = 0; i < count_; ++i) {
+            bool gives = what_ == op::all_reduce || what_ == op::all_gather || rank == 0;
+            a_[i] = gives ? value(rank, i) : 0;
+        }
+        std::fill(b_.begin(), b_.end(), 0.0f);
+        run_once();
+        if (what_ == op::ping_pong && rank > 1) return 0;  // not part of it
+        const std::vector<float>& result = what_ == op::all_gather ? b_ : a_;
+        long long wrong = 0;
+        for (std::size_t j = 0; j < result.size(); ++j) {
+            if (result[j] != expected(j)) ++wrong;
+        }
+        return wrong;
+    }
+
+private:
+    void ping_pong() {
+        const auto slot = gloo::Slot::build(ping_pong_slot_prefix, measured_tag);
+        if (context_->rank == 0) {
+            ping_pong_->send(1, slot);
+            ping_pong_->waitSend();
+            ping_pong_->recv(1, slot);
+            ping_pong_->waitRecv();
+        } else if (context_->rank == 1) {
+            ping_pong_->recv(0, slot);
+            ping_pong_->waitRecv();
+            ping_pong_->send(0, slot);
+            ping_pong_->waitSend();
+        }
+    }
+
+    // What element j of the result must hold (rank 0's values for broadcast and ping_pong).
+    float expected(std::size_t j) const {
+        if (what_ == op::all_reduce) {
+            float sum = 0;
+            for (int r = 0; r < context_->size; ++r) sum += value(r, j);
+            return sum;
+        }
+        if (what_ == op::all_gather) return value(static_cast<int>(j / count_), j % count_);
+        return value(0, j);
+    }
+
+    std::shared_ptr<gloo::Context> context_;
+    op what_;
+    std::size_t count_;  // elements per rank: the part each rank gives, for all_gather
+    std::vector<float> a_;
+    std::vector<float> b_;
+    gloo::AllreduceOptions all_reduce_;
+    gloo::BroadcastOptions broadcast_;
+    gloo::AllgatherOptions all_gather_;
+    std::unique_ptr<gloo::transport::UnboundBuffer> ping_pong_;
+};
+
+double bus_factor(op what, int n) {
+    double d = n;
+    if (what == op::all_reduce) return 2 * (d - 1) / d;
+    if (what == op::all_gather) return (d - 1) / d;
+    return 1;
+}
+
+int benchmark(const config& c) {
+    const int rank = env_int("RANK");
+    const int n = env_int("WORLD_SIZE");
+    const char* store_dir = std::getenv("GLOO_PERF_STORE");
+    if (store_dir == nullptr) throw std::invalid_argument("GLOO_PERF_STORE is not set");
+    if (c.what == op::ping_pong && n < 2) throw std::invalid_argument("ping_pong needs 2 ranks");
+
+    gloo::transport::tcp::attr loopback("127.0.0.1");
+    auto device = gloo::transport::tcp::CreateDevice(loopback);
+    gloo::rendezvous::FileStore store(store_dir);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, n);
+    context->connectFullMesh(store, device);
+
+    long long wrong_total = 0;
+    int rows = 0;
+    if (rank == 0) std::printf("[\n");
+    for (std::size_t bytes = c.min_bytes; bytes <= c.max_bytes;) {
+        auto next = static_cast<std::size_t>(static_cast<double>(bytes) * c.factor);
+        std::size_t parts = c.what == op::all_gather ? static_cast<std::size_t>(n) : 1;
+        std::size_t count = bytes / sizeof(float) / parts;
+        if (count > 0) {
+            bench b(context, c.what, count);
+            // The bytes actually moved, as coll_perf reports them.
+            std::size_t moved = count * sizeof(float) * parts;
+            double time_us =
+                all_reduce_one(context, b.time(c), static_cast<reduce_fn>(&gloo::max<double>));
+            long long wrong = -1;
+            if (c.check) {
+                wrong = all_reduce_one(context, b.check(),
+                                       static_cast<reduce_fn>(&gloo::sum<long long>));
+                wrong_total += wrong;
+            }
+            double algbw = time_us > 0 ? static_cast<double>(moved) / time_us / 1e3 : 0;
+            if (rank == 0) {
+                bool in_place = c.what == op::all_reduce || c.what == op::broadcast;
+                std::printf(
+                    "%s  {\"op\": \"%s\", \"ranks\": %d, \"size\": %zu, \"count\": %zu, "
+                    "\"type\": \"float\", \"redop\": \"%s\", \"root\": %d, "
+                    "\"placement\": \"%s\", \"time_us\": %.3f, \"algbw_gbs\": %.4f, "
+                    "\"busbw_gbs\": %.4f, \"wrong\": %lld}",
+                    rows > 0 ? ",\n" : "", c.name.c_str(), n, moved, count,
+                    c.what == op::all_reduce ? "sum" : "none", c.what == op::broadcast ? 0 : -1,
+                    in_place ? "in-place" : "out-of-place", time_us, algbw,
+                    algbw * bus_factor(c.what, n), wrong);
+                std::fflush(stdout);
+            }
+            ++rows;
+        }
+        if (next <= bytes) break;
+        bytes = next;
+    }
+    if (rank == 0) {
+        std::printf("%s]\n", rows > 0 ? "\n" : "");
+        std::fflush(stdout);
+    }
+    return wrong_total > 0 ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    config c;
+    try {
+        c = parse(argc, argv);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "gloo_perf: %s\n", e.what());
+        return 2;
+    }
+    try {
+        return benchmark(c);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "gloo_perf: %s\n", e.what());
+        return 1;
+    }
+}

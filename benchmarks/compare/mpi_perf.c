@@ -1,0 +1,261 @@
+/* mpi_perf: coll_perf's measurements (benchmarks/coll_perf.cpp) made through MPI, so that
+ * run_compare.py can set Open MPI and MPICH beside corocoll.
+ *
+ *   mpi_perf [-o OP] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1]
+ *
+ *   -o  ping_pong (one-way time = round trip / 2, between ranks 0 and 1), all_reduce (sum,
+ *       in place), broadcast (root 0, in place) or all_gather (out of place)
+ *   -b, -e, -f, -n, -w, -c  as coll_perf's; the type is float
+ *
+ * Sizes, element counts, timing (warm-up, barrier, timed loop, mean per iteration, largest
+ * over the ranks), checked values and the JSON rows on rank 0's stdout are coll_perf's with
+ * -t float -R sum -F json, so that the runner can put the rows side by side.
+ *
+ * Built once with mpicc.openmpi and once with mpicc.mpich.
+ */
+
+#include <mpi.h>
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum op { ping_pong, all_reduce, broadcast, all_gather };
+static const char* const op_names[] = {"ping_pong", "all_reduce", "broadcast", "all_gather"};
+
+struct config {
+    enum op op;
+    size_t min_bytes;
+    size_t max_bytes;
+    double factor;
+    int iters;
+    int warmup;
+    int check;
+};
+
+static void usage_error(const char* flag, const char* value, const char* why) {
+    fprintf(stderr, "mpi_perf: %s %s: %s\n", flag, value, why);
+    exit(2);
+}
+
+/* A size in bytes with an optional K, M or G suffix (powers of 1024, as coll_perf reads). */
+static size_t parse_size(const char* flag, const char* s) {
+    char* end = NULL;
+    double v = strtod(s, &end);
+    if (end != s && end[0] != '\0' && end[1] == '\0') {
+        char u = (char)toupper((unsigned char)end[0]);
+        double mult = u == 'K' ? 1024.0 : u == 'M' ? 1048576.0 : u == 'G' ? 1073741824.0 : 0;
+        if (mult != 0) {
+            v *= mult;
+            ++end;
+        }
+    }
+    if (end == s || *end != '\0' || !(v >= 0)) {
+        usage_error(flag, s, "expected a size in bytes (K, M, G allowed)");
+    }
+    return (size_t)v;
+}
+
+static int parse_int(const char* flag, const char* s, int lo) {
+    char* end = NULL;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end != '\0' || v < lo || v > 1000000000L) {
+        usage_error(flag, s, "expected a whole number in range");
+    }
+    return (int)v;
+}
+
+static struct config parse(int argc, char** argv) {
+    struct config c = {all_reduce, 32, (size_t)32 << 20, 2, 20, 5, 0};
+    for (int i = 1; i < argc; i += 2) {
+        const char* flag = argv[i];
+        if (i + 1 >= argc) usage_error(flag, "", "needs a value");
+        const char* v = argv[i + 1];
+        if (strcmp(flag, "-o") == 0) {
+            int found = 0;
+            for (int k = 0; k < 4; ++k) {
+                if (strcmp(v, op_names[k]) == 0) {
+                    c.op = (enum op)k;
+                    found = 1;
+                }
+            }
+            if (!found)
+                usage_error(flag, v, "expected ping_pong, all_reduce, broadcast or all_gather");
+        } else if (strcmp(flag, "-b") == 0) {
+            c.min_bytes = parse_size(flag, v);
+        } else if (strcmp(flag, "-e") == 0) {
+            c.max_bytes = parse_size(flag, v);
+        } else if (strcmp(flag, "-f") == 0) {
+            c.factor = atof(v);
+            if (!(c.factor > 1)) usage_error(flag, v, "must be above 1");
+        } else if (strcmp(flag, "-n") == 0) {
+            c.iters = parse_int(flag, v, 1);
+        } else if (strcmp(flag, "-w") == 0) {
+            c.warmup = parse_int(flag, v, 0);
+        } else if (strcmp(flag, "-c") == 0) {
+            c.check = parse_int(flag, v, 0) != 0;
+        } else {
+            usage_error(flag, v, "unknown option");
+        }
+    }
+    if (c.min_bytes == 0) c.min_bytes = 1;
+    if (c.max_bytes < c.min_bytes) usage_error("-e", "", "is below -b");
+    return c;
+}
+
+/* What rank r holds at element i: small integers, so sums are exact (coll_perf's value()). */
+static float value(int r, size_t i) { return (float)((i + (size_t)r) % 4 + 1); }
+
+/* One op at one size: the buffers and the rank's place. */
+struct bench {
+    enum op op;
+    int rank;
+    int n;
+    size_t count; /* elements per rank: the part each rank gives, for all_gather */
+    float* a;     /* the buffer of every op; the contribution of all_gather */
+    float* b;     /* all_gather's output, count * n elements */
+};
+
+static void run_once(const struct bench* x) {
+    int count = (int)x->count;
+    switch (x->op) {
+        case ping_pong:
+            if (x->rank == 0) {
+                MPI_Send(x->a, count, MPI_FLOAT, 1, 0, MPI_COMM_WORLD);
+                MPI_Recv(x->a, count, MPI_FLOAT, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            } else if (x->rank == 1) {
+                MPI_Recv(x->a, count, MPI_FLOAT, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                MPI_Send(x->a, count, MPI_FLOAT, 0, 0, MPI_COMM_WORLD);
+            }
+            break;
+        case all_reduce:
+            MPI_Allreduce(MPI_IN_PLACE, x->a, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            break;
+        case broadcast:
+            MPI_Bcast(x->a, count, MPI_FLOAT, 0, MPI_COMM_WORLD);
+            break;
+        case all_gather:
+            MPI_Allgather(x->a, count, MPI_FLOAT, x->b, count, MPI_FLOAT, MPI_COMM_WORLD);
+            break;
+    }
+}
+
+static double now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
+/* Mean time per operation on this rank, in microseconds. */
+static double time_op(const struct bench* x, const struct config* c) {
+    for (int i = 0; i < c->warmup; ++i) run_once(x);
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = now_us();
+    for (int i = 0; i < c->iters; ++i) run_once(x);
+    double per = (now_us() - t0) / c->iters;
+    return x->op == ping_pong ? per / 2 : per;
+}
+
+/* What element j of the result must hold (rank 0's values for broadcast and ping_pong). */
+static float expected(const struct bench* x, size_t j) {
+    if (x->op == all_reduce) {
+        float sum = 0;
+        for (int r = 0; r < x->n; ++r) sum += value(r, j);
+        return sum;
+    }
+    if (x->op == all_gather) return value((int)(j / x->count), j % x->count);
+    return value(0, j);
+}
+
+/* Fills the inputs, runs once, and counts this rank's elements that are not what they must be. */
+static long long check_op(const struct bench* x) {
+    for (size_t i = 0; i < x->count; ++i) {
+        int gives = x->op == all_reduce || x->op == all_gather || x->rank == 0;
+        x->a[i] = gives ? value(x->rank, i) : 0;
+    }
+    size_t total = x->count;
+    float* result = x->a;
+    if (x->op == all_gather) {
+        total *= (size_t)x->n;
+        result = x->b;
+        memset(x->b, 0, total * sizeof(float));
+    }
+    run_once(x);
+    if (x->op == ping_pong && x->rank > 1) return 0; /* not part of it */
+    long long wrong = 0;
+    for (size_t j = 0; j < total; ++j) {
+        if (result[j] != expected(x, j)) ++wrong;
+    }
+    return wrong;
+}
+
+static double bus_factor(enum op op, int n) {
+    if (op == all_reduce) return 2.0 * (n - 1) / n;
+    if (op == all_gather) return (double)(n - 1) / n;
+    return 1;
+}
+
+int main(int argc, char** argv) {
+    MPI_Init(&argc, &argv);
+    struct config c = parse(argc, argv);
+    int rank = 0;
+    int n = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    if (c.op == ping_pong && n < 2) {
+        if (rank == 0) fprintf(stderr, "mpi_perf: ping_pong needs 2 ranks or more\n");
+        MPI_Finalize();
+        return 2;
+    }
+    long long wrong_total = 0;
+    int rows = 0;
+    if (rank == 0) printf("[\n");
+    for (size_t bytes = c.min_bytes; bytes <= c.max_bytes;) {
+        size_t next = (size_t)((double)bytes * c.factor);
+        size_t count = bytes / sizeof(float) / (c.op == all_gather ? (size_t)n : 1);
+        if (count > 0) {
+            struct bench x = {c.op, rank, n, count, calloc(count, sizeof(float)), NULL};
+            if (c.op == all_gather) x.b = calloc(count * (size_t)n, sizeof(float));
+            /* The bytes actually moved, as coll_perf reports them. */
+            size_t moved = count * sizeof(float) * (c.op == all_gather ? (size_t)n : 1);
+            double mine = time_op(&x, &c);
+            double time_us = 0;
+            MPI_Allreduce(&mine, &time_us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+            long long wrong = -1;
+            if (c.check) {
+                long long mine_wrong = check_op(&x);
+                MPI_Allreduce(&mine_wrong, &wrong, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+                wrong_total += wrong;
+            }
+            double algbw = time_us > 0 ? (double)moved / time_us / 1e3 : 0;
+            if (rank == 0) {
+                int rooted = c.op == broadcast;
+                int reduces = c.op == all_reduce;
+                int in_place = c.op == all_reduce || c.op == broadcast;
+                printf(
+                    "%s  {\"op\": \"%s\", \"ranks\": %d, \"size\": %zu, \"count\": %zu, "
+                    "\"type\": \"float\", \"redop\": \"%s\", \"root\": %d, "
+                    "\"placement\": \"%s\", \"time_us\": %.3f, \"algbw_gbs\": %.4f, "
+                    "\"busbw_gbs\": %.4f, \"wrong\": %lld}",
+                    rows > 0 ? ",\n" : "", op_names[c.op], n, moved, count,
+                    reduces ? "sum" : "none", rooted ? 0 : -1,
+                    in_place ? "in-place" : "out-of-place", time_us, algbw,
+                    algbw * bus_factor(c.op, n), wrong);
+                fflush(stdout);
+            }
+            ++rows;
+            free(x.a);
+            free(x.b);
+        }
+        if (next <= bytes) break;
+        bytes = next;
+    }
+    if (rank == 0) {
+        printf("%s]\n", rows > 0 ? "\n" : "");
+        fflush(stdout);
+    }
+    MPI_Finalize();
+    return wrong_total > 0 ? 1 : 0;
+}

@@ -1,0 +1,620 @@
+#!/usr/bin/python3
+"""run_compare: corocoll beside torch.distributed (Gloo), Gloo C++, Open MPI and MPICH.
+
+    python3 benchmarks/compare/run_compare.py [--ranks 2,4] [--ops OP,...] [--systems SYS,...]
+        [-b 4] [-e 64M] [-f 4] [--time-per-size SECONDS | --iters N] [--out-dir docs]
+        [--build-dir DIR] [--coll-perf PATH] [--corocollrun PATH] [--python PATH]
+        [--timeout SECONDS] [--quick]
+
+Every system runs the same ops at the same sizes with the same iterations, timed the way
+corocoll's coll_perf times them (warm-up, barrier, timed loop, mean per iteration, largest over
+the ranks) and checked once per size (-c 1): coll_perf for corocoll, and for the others the
+programs beside this file (torch_perf.py, gloo_perf.cpp, mpi_perf.c), which print coll_perf's
+JSON rows. Systems run one at a time, each invocation under a time limit; one that fails is
+reported in the tables, and the others go on.
+
+Writes, under --out-dir: performance.md (only between <!-- compare:begin --> and
+<!-- compare:end -->; the rest of the file is kept), perf/<op>_<N>ranks.png (latency and busbw
+against size) and perf/results.json (every row, with its system and iterations). Plots need
+matplotlib (Debian's python3-matplotlib, for /usr/bin/python3).
+"""
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+
+OPS = ("ping_pong", "all_reduce", "broadcast", "all_gather")
+
+# What each system is, as the markdown names it.
+SYSTEMS = {
+    "corocoll": "corocoll's coll_perf: TCP on loopback, io_uring",
+    "torch_gloo": "torch.distributed, Gloo backend (torch_perf.py): TCP on loopback",
+    "gloo": "Gloo C++ (gloo_perf.cpp): TCP on loopback",
+    "ompi_tcp": "Open MPI, pml ob1, btl tcp,self (mpi_perf.c): TCP on loopback",
+    "ompi_vader": "Open MPI, pml ob1, btl vader,self (mpi_perf.c): shared memory",
+    "mpich": "MPICH, ch4:ucx (mpi_perf.c): UCX's shared memory; network devices limited to lo",
+}
+
+BEGIN_MARK = "<!-- compare:begin -->"
+END_MARK = "<!-- compare:end -->"
+
+# Iterations per size come from this model of one operation's time, so that a size costs about
+# --time-per-size on a system that keeps to it: a fixed cost per peer and 1 GB/s. It is kept
+# simple and the same for every system, so that every system runs the same iterations.
+LATENCY_PER_PEER_US = 20.0
+BYTES_PER_US = 1e3
+MIN_ITERS = 5
+MAX_ITERS = 10000
+# Iterations are rounded down to 1, 2, 5 times a power of ten, so that neighbouring sizes share
+# a count and one invocation covers them (torch and mpirun take a second or more to start).
+NICE_ITERS = sorted({m * 10**e for e in range(5) for m in (1, 2, 5)} | {MAX_ITERS})
+
+
+def parse_size(text):
+    """A size in bytes with an optional K, M or G suffix (powers of 1024, as coll_perf reads)."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    mult = units.get(text[-1:].lower(), 1)
+    try:
+        value = float(text[:-1] if mult != 1 else text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text}: expected a size in bytes (K, M, G allowed)")
+    return max(1, int(value * mult))
+
+
+def parse_list(known):
+    def parse(text):
+        items = [x for x in text.split(",") if x]
+        unknown = [x for x in items if x not in known]
+        if unknown or not items:
+            raise argparse.ArgumentTypeError(
+                f"{text}: expected a comma-separated list of {', '.join(known)}")
+        return items
+    return parse
+
+
+def parse_ranks(text):
+    try:
+        ranks = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        ranks = []
+    if not ranks or min(ranks) < 2:
+        raise argparse.ArgumentTypeError(f"{text}: expected rank counts of 2 or more, e.g. 2,4")
+    return ranks
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ranks", type=parse_ranks, default=[2, 4])
+    p.add_argument("--ops", type=parse_list(OPS), default=list(OPS))
+    p.add_argument("--systems", type=parse_list(list(SYSTEMS)), default=list(SYSTEMS))
+    p.add_argument("-b", dest="min_bytes", type=parse_size, default=4)
+    p.add_argument("-e", dest="max_bytes", type=parse_size, default=64 << 20)
+    p.add_argument("-f", dest="factor", type=float, default=4)
+    p.add_argument("--time-per-size", type=float, default=0.1,
+                   help="seconds one size should take on a system that keeps to the model")
+    p.add_argument("--iters", type=int,
+                   help="the same timed iterations at every size, instead of --time-per-size")
+    p.add_argument("--out-dir", type=Path, default=REPO / "docs")
+    p.add_argument("--build-dir", type=Path, default=Path("/tmp/corocoll-compare"))
+    p.add_argument("--coll-perf", type=Path, default=REPO / "build-release/benchmarks/coll_perf")
+    p.add_argument("--corocollrun", type=Path,
+                   default=REPO / "build-release/tools/corocollrun")
+    p.add_argument("--python", default="/usr/bin/python3",
+                   help="the Python that has torch, for torch_perf.py")
+    p.add_argument("--timeout", type=float, default=600,
+                   help="seconds one invocation (one system, op, rank count) may take")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke test: 2 ranks, 4 B to 64 KiB, 20 iterations")
+    a = p.parse_args()
+    if a.quick:
+        a.ranks, a.min_bytes, a.max_bytes, a.factor, a.iters = [2], 4, 64 << 10, 4, 20
+        a.timeout = min(a.timeout, 60)
+    if a.factor <= 1 or a.max_bytes < a.min_bytes:
+        p.error("-f must be above 1 and -e not below -b")
+    if a.iters is not None and a.iters < 1:
+        p.error("--iters must be 1 or more")
+    return a
+
+
+def sizes(a):
+    """The sizes every program's loop visits, computed as they compute them."""
+    out, b = [], a.min_bytes
+    while b <= a.max_bytes:
+        out.append(b)
+        nxt = int(b * a.factor)
+        if nxt <= b:
+            break
+        b = nxt
+    return out
+
+
+def iterations(a, size, ranks):
+    """(timed, warm-up) iterations at one size: the same for every system."""
+    if a.iters is not None:
+        n = a.iters
+    else:
+        estimate_us = LATENCY_PER_PEER_US * (ranks - 1) + size / BYTES_PER_US
+        raw = min(max(a.time_per_size * 1e6 / estimate_us, MIN_ITERS), MAX_ITERS)
+        n = max(x for x in NICE_ITERS if x <= raw)
+    return n, max(2, n // 10)
+
+
+def segments(a, ranks):
+    """Runs of neighbouring sizes that share their iterations: (first, last, iters, warmup)."""
+    out = []
+    for s in sizes(a):
+        n, w = iterations(a, s, ranks)
+        if out and out[-1][2:] == (n, w):
+            out[-1] = (out[-1][0], s, n, w)
+        else:
+            out.append((s, s, n, w))
+    return out
+
+
+# ---- building the comparison programs ----
+
+def build(a, systems):
+    """Compiles the programs the systems need, one at a time. Returns {system: error}."""
+    a.build_dir.mkdir(parents=True, exist_ok=True)
+    c_flags = ["-O2", "-std=c11", "-D_POSIX_C_SOURCE=200809L", "-Wall", "-Wextra"]
+    targets = {
+        "mpi_perf_openmpi": (["mpicc.openmpi", *c_flags], "mpi_perf.c", [],
+                             {"ompi_tcp", "ompi_vader"}),
+        "mpi_perf_mpich": (["mpicc.mpich", *c_flags], "mpi_perf.c", [], {"mpich"}),
+        "gloo_perf": (["g++", "-O2", "-std=c++17", "-Wall", "-Wextra"], "gloo_perf.cpp",
+                      ["-lgloo", "-pthread"], {"gloo"}),
+    }
+    errors = {}
+    for name, (compiler, source, libs, users) in targets.items():
+        if not users & set(systems):
+            continue
+        out, src = a.build_dir / name, HERE / source
+        if out.exists() and out.stat().st_mtime >= src.stat().st_mtime:
+            continue
+        argv = [*compiler, "-o", str(out), str(src), *libs]
+        print(f"build: {shlex.join(argv)}", file=sys.stderr)
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+            if r.returncode != 0:
+                errors.update((s, f"build failed: {reason(r.stderr)}") for s in users)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            errors.update((s, f"build failed: {e}") for s in users)
+    return errors
+
+
+def reason(text):
+    """The line of a failure's stderr most likely to say why: the first that names an error,
+    else the last; corocollrun's own report only when the program said nothing (it names the
+    rank, not the cause)."""
+    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    lines = [x for x in lines if not x.startswith("corocollrun:")] or lines[:1]
+    named = [x for x in lines if "error" in x.lower()]
+    line = named[0] if named else lines[-1] if lines else "(no output)"
+    return line[:160]
+
+
+# ---- launching ----
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launches(a, system, ranks, perf_args, scratch):
+    """The processes that run `system` on `ranks` ranks: a list of (argv, extra environment)."""
+    n = str(ranks)
+    if system == "corocoll":
+        return [([str(a.coll_perf), "--nproc", n, "-t", "float", "-R", "sum", "-F", "json",
+                  *perf_args], {})]
+    if system == "torch_gloo":
+        torch_perf = [a.python, str(HERE / "torch_perf.py"), *perf_args]
+        if a.corocollrun.exists():
+            # corocollrun gives torchrun's environment and serves a torch-compatible TCPStore.
+            return [([str(a.corocollrun), f"--nproc_per_node={n}", "--no_prefix", *torch_perf],
+                     {})]
+        port = str(free_port())
+        return [(torch_perf, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(r),
+                              "LOCAL_RANK": str(r), "WORLD_SIZE": n}) for r in range(ranks)]
+    if system == "gloo":
+        gloo_perf = [str(a.build_dir / "gloo_perf"), *perf_args]
+        return [(gloo_perf, {"RANK": str(r), "WORLD_SIZE": n, "GLOO_PERF_STORE": scratch})
+                for r in range(ranks)]
+    if system in ("ompi_tcp", "ompi_vader"):
+        btl = "tcp,self" if system == "ompi_tcp" else "vader,self"
+        # pml ob1: Debian's Open MPI would otherwise pick pml ucx, which ignores the btl list.
+        return [(["mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+                  "-np", n, "--mca", "pml", "ob1", "--mca", "btl", btl,
+                  "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo",
+                  str(a.build_dir / "mpi_perf_openmpi"), *perf_args], {})]
+    if system == "mpich":
+        return [(["mpirun.mpich", "-np", n, "-iface", "lo", "-genv", "UCX_NET_DEVICES", "lo",
+                  str(a.build_dir / "mpi_perf_mpich"), *perf_args], {})]
+    raise ValueError(system)
+
+
+def describe(commands):
+    """One line a reader can paste (the per-rank environment shown for rank 0 only)."""
+    argv, env = commands[0]
+    prefix = " ".join(f"{k}={v}" for k, v in env.items())
+    line = (prefix + " " if prefix else "") + shlex.join(argv)
+    return line if len(commands) == 1 else f"{len(commands)} processes like: {line}"
+
+
+def stop(procs):
+    """SIGTERM to each still-running process's group (launchers stop their workers on it),
+    SIGKILL after a grace period; every process is reaped."""
+    for p in procs:
+        if p.poll() is None:
+            with_group(p, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with_group(p, signal.SIGKILL)
+            p.wait()
+
+
+def with_group(p, sig):
+    try:
+        os.killpg(p.pid, sig)  # each process leads its own session, hence its own group
+    except ProcessLookupError:
+        pass
+
+
+def wait_all(procs, timeout):
+    """Waits until every process has ended well, one has failed (the others would wait for it
+    until their own timeouts) or the time is up. Returns None or (index, what happened)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        codes = [p.poll() for p in procs]
+        for i, c in enumerate(codes):
+            if c not in (None, 0):
+                return i, f"exit {c}" if c > 0 else f"signal {-c}"
+        if all(c == 0 for c in codes):
+            return None
+        if time.monotonic() > deadline:
+            return 0, f"timed out after {timeout:.0f} s"
+        time.sleep(0.02)
+
+
+def run_processes(commands, timeout):
+    """Runs the processes together. Returns rank 0's stdout, and None or the error with the
+    end of the failed process's stderr (rank 0's on a timeout)."""
+    with tempfile.TemporaryDirectory(prefix="run_compare.") as logs, ExitStack() as files:
+        # Files, not pipes: a chatty rank can never block on a full pipe.
+        outs, errs = ([files.enter_context(open(Path(logs) / f"{i}.{kind}", "w+"))
+                       for i in range(len(commands))] for kind in ("out", "err"))
+        procs = []
+        try:
+            for (argv, env), out, err in zip(commands, outs, errs):
+                procs.append(subprocess.Popen(argv, env={**os.environ, **env},
+                                              stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                              start_new_session=True))
+            failure = wait_all(procs, timeout)
+        except OSError as e:
+            return "", (f"could not start {e.filename}: {e.strerror}", "")
+        finally:
+            stop(procs)  # also on Ctrl-C: no rank outlives the runner
+        outs[0].seek(0)
+        if failure is None:
+            return outs[0].read(), None
+        i, what = failure
+        errs[i].seek(0)
+        stderr = errs[i].read()
+        tail = "\n".join(stderr.splitlines()[-20:])
+        return outs[0].read(), (f"{what}: {reason(stderr)}", tail)
+
+
+def json_rows(stdout):
+    """The rows of a JSON array printed one row per line, also from a run cut short."""
+    rows = []
+    for line in stdout.splitlines():
+        line = line.strip().rstrip(",")
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return rows
+
+
+@dataclass
+class Outcome:
+    """What one system gave for one op on one rank count."""
+    rows: list = field(default_factory=list)
+    commands: list = field(default_factory=list)
+    error: str = ""
+    stderr: str = ""  # the end of the failed process's stderr
+
+
+def measure(a, system, op, ranks, build_error):
+    out = Outcome(error=build_error or "")
+    if out.error:
+        return out
+    for first, last, n, w in segments(a, ranks):
+        perf_args = ["-o", op, "-b", str(first), "-e", str(last), "-f", repr(a.factor),
+                     "-n", str(n), "-w", str(w), "-c", "1"]
+        with tempfile.TemporaryDirectory(prefix=f"run_compare.{system}.") as scratch:
+            commands = launches(a, system, ranks, perf_args, scratch)
+            out.commands.append(describe(commands))
+            started = time.monotonic()
+            stdout, failure = run_processes(commands, a.timeout)
+        rows = json_rows(stdout)
+        for r in rows:
+            r.update(system=system, iters=n, warmup=w)
+        out.rows += rows
+        wrong = [r for r in rows if r["wrong"] > 0]
+        if wrong:
+            out.error = f"{wrong[0]['wrong']} wrong element(s) at {wrong[0]['size']} B"
+        elif failure:
+            out.error, out.stderr = failure
+        print(f"  {system:>10} {op} {ranks} ranks, {first}..{last} B, n={n} w={w}: "
+              f"{len(rows)} rows in {time.monotonic() - started:.1f} s"
+              + (f", {out.error}" if out.error else ""), file=sys.stderr)
+        if out.error:
+            break  # the larger sizes would likely fail the same way
+    return out
+
+
+# ---- the report ----
+
+def fmt_size(b):
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= scale and b % scale == 0:
+            return f"{b // scale} {unit}"
+    return f"{b} B"
+
+
+def fmt_time(us):
+    return f"{us:.2f}" if us < 10 else f"{us:.1f}" if us < 1000 else f"{us:,.0f}"
+
+
+def fmt_bw(gbs):
+    return f"{gbs:.4f}" if gbs < 0.01 else f"{gbs:.3f}" if gbs < 1 else f"{gbs:.2f}"
+
+
+def fmt_ratio(r):
+    return f"{r:.2g}" if r < 1 else f"{r:.2f}" if r < 10 else f"{r:.0f}"
+
+
+def table(op, ranks, systems, outcomes):
+    """The markdown table for one op and rank count."""
+    by_size = {}
+    for s in systems:
+        for r in outcomes[s].rows:
+            by_size.setdefault(r["size"], {})[s] = r
+    ratios = [s for s in systems if s != "corocoll"] if "corocoll" in systems else []
+    head = (["size"] + [f"time µs {s}" for s in systems] + [f"busbw GB/s {s}" for s in systems]
+            + [f"corocoll ÷ {s} time" for s in ratios])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+
+    def status(s):
+        o = outcomes[s]
+        if o.error:
+            return "failed: " + o.error.replace("|", "/")
+        if not o.rows:
+            return "no rows"
+        if any(r["wrong"] < 0 for r in o.rows):
+            return "not checked"
+        return f"wrong = {sum(r['wrong'] for r in o.rows)}"
+    check = ["check"] + [status(s) for s in systems] + [""] * (len(systems) + len(ratios))
+    lines.append("| " + " | ".join(check) + " |")
+    for size in sorted(by_size):
+        got = by_size[size]
+        cells = [fmt_size(size)]
+        cells += [fmt_time(got[s]["time_us"]) if s in got else "–" for s in systems]
+        cells += [fmt_bw(got[s]["busbw_gbs"]) if s in got else "–" for s in systems]
+        for s in ratios:
+            ok = s in got and "corocoll" in got and got[s]["time_us"] > 0
+            cells.append(fmt_ratio(got["corocoll"]["time_us"] / got[s]["time_us"]) if ok else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(path, op, ranks, systems, outcomes):
+    """Latency (log-log) and busbw (semilog-x) against size, one line per system."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (lat, bw) = plt.subplots(1, 2, figsize=(12, 5))
+    for s in systems:
+        rows = sorted(outcomes[s].rows, key=lambda r: r["size"])
+        if not rows:
+            continue
+        x = [r["size"] for r in rows]
+        # A system keeps its colour in every figure, whichever systems ran.
+        style = dict(marker="o", markersize=3, color=f"C{list(SYSTEMS).index(s)}",
+                     linewidth=2.2 if s == "corocoll" else 1.2)
+        lat.loglog(x, [r["time_us"] for r in rows], label=s, **style)
+        bw.semilogx(x, [r["busbw_gbs"] for r in rows], label=s, **style)
+    lat.set(title=f"{op}, {ranks} ranks: time per operation", xlabel="size (bytes)",
+            ylabel="time (µs)")
+    bw.set(title=f"{op}, {ranks} ranks: bus bandwidth", xlabel="size (bytes)",
+           ylabel="busbw (GB/s)")
+    ticks = sorted({r["size"] for s in systems for r in outcomes[s].rows})
+    ticks = ticks[::2] if len(ticks) > 13 else ticks  # room for each label
+    for ax in (lat, bw):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [fmt_size(t) for t in ticks], rotation=45, fontsize=8)
+        ax.minorticks_off()
+        ax.grid(True, which="major", alpha=0.4)
+    # One legend below both plots, where it hides no line.
+    handles, labels = lat.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def command_output(argv):
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        return r.stdout.strip() if r.returncode == 0 else ""
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def machine():
+    cpu = next((line.split(":", 1)[1].strip()
+                for line in command_output(["lscpu"]).splitlines()
+                if line.startswith("Model name:")), "unknown")
+    packages = {}
+    for pkg in ("libgloo0", "openmpi-bin", "mpich", "python3-torch", "liburing2"):
+        packages[pkg] = command_output(["dpkg-query", "-W", "-f=${Version}", pkg]) or "not found"
+    commit = command_output(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])
+    if commit and command_output(["git", "-C", str(REPO), "status", "--porcelain",
+                                  "--untracked-files=no"]):
+        commit += " with local changes"
+    return {"cpu": cpu, "cpus": os.cpu_count(), "kernel": platform.release(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "packages": packages, "corocoll_commit": commit or "unknown",
+            "compiler": command_output(["g++", "--version"]).split("\n")[0]}
+
+
+def reproduce(a):
+    """The command that runs this comparison again, every setting spelled out."""
+    argv = [sys.executable, str(Path(__file__).resolve().relative_to(REPO)),
+            "--ranks", ",".join(map(str, a.ranks)), "--ops", ",".join(a.ops),
+            "--systems", ",".join(a.systems), "-b", str(a.min_bytes), "-e", str(a.max_bytes),
+            "-f", repr(a.factor)]
+    argv += ["--iters", str(a.iters)] if a.iters else ["--time-per-size", repr(a.time_per_size)]
+    if a.out_dir.resolve() != (REPO / "docs").resolve():
+        argv += ["--out-dir", str(a.out_dir)]
+    return shlex.join(argv)
+
+
+def section(a, m, results, plots):
+    if a.iters:
+        policy = f"{a.iters} timed iterations at every size, {max(2, a.iters // 10)} warm-up"
+    else:
+        policy = (f"at each size, n timed iterations: {a.time_per_size} s / estimate, clamped "
+                  f"to [{MIN_ITERS}, {MAX_ITERS}] and rounded down to 1, 2 or 5 × 10^k, where "
+                  f"the estimate is {LATENCY_PER_PEER_US:g} µs × (ranks − 1) + size at 1 GB/s; "
+                  "max(2, n / 10) warm-up iterations")
+    out = [
+        BEGIN_MARK,
+        "<!-- Written by benchmarks/compare/run_compare.py; edits here are overwritten. -->",
+        "",
+        "## corocoll beside Gloo, torch.distributed, Open MPI and MPICH",
+        "",
+        f"Machine: {m['cpu']}, {m['cpus']} CPUs, Linux {m['kernel']}; measured {m['date']}; "
+        f"corocoll {m['corocoll_commit']}, {m['compiler']}.",
+        "Packages: " + ", ".join(f"{k} {v}" for k, v in m["packages"].items()) + ".",
+        "",
+        "Reproduce from the repository root:",
+        "",
+        "```sh",
+        reproduce(a),
+        "```",
+        "",
+        "Every system runs the same sizes with the same iterations, timed as coll_perf times "
+        "them: warm-up iterations, a barrier, the timed iterations; the mean per iteration on "
+        "each rank, then the largest over the ranks. float32; all_reduce sums in place, "
+        "broadcast is from rank 0 in place, all_gather's size is the whole gathered buffer, "
+        "ping_pong's time is half a round trip between ranks 0 and 1. busbw is nccl-tests' "
+        "(all_reduce 2(n−1)/n × algbw, all_gather (n−1)/n, the others 1). Every size is "
+        "checked once after timing (the check row gives the total of wrong elements). "
+        f"Iterations: {policy}. The machine has {m['cpus']} CPUs, so runs with more ranks "
+        "than that share cores, which costs most the systems that poll (the MPIs).",
+        "",
+        "Columns \"corocoll ÷ X time\": below 1, corocoll takes less time than X at that size "
+        "(it is also X's busbw ÷ corocoll's busbw).",
+        "",
+        "| system | what | launched as (first invocation) |",
+        "|---|---|---|",
+    ]
+    first = {}
+    for (system, _, _), o in results.items():
+        if o.commands:
+            first.setdefault(system, o.commands[0])
+    for s in a.systems:
+        out.append(f"| {s} | {SYSTEMS[s]} | `{first.get(s, '(not run)')}` |")
+    for ranks in a.ranks:
+        for op in a.ops:
+            out += ["", f"### {op}, {ranks} ranks", ""]
+            outcomes = {s: results[(s, op, ranks)] for s in a.systems}
+            out.append(table(op, ranks, a.systems, outcomes))
+            png = plots.get((op, ranks))
+            if png:
+                out += ["", f"![{op}, {ranks} ranks: time and busbw against size]({png})"]
+    out += ["", END_MARK]
+    return "\n".join(out)
+
+
+def write_markdown(path, text):
+    """Puts `text` between the markers, keeping the rest of the file."""
+    old = path.read_text() if path.exists() else "# Performance\n\n"
+    if BEGIN_MARK in old and END_MARK in old:
+        head, rest = old.split(BEGIN_MARK, 1)
+        tail = rest.split(END_MARK, 1)[1]
+        new = head + text + tail
+    else:
+        new = old.rstrip("\n") + "\n\n" + text + "\n"
+    path.write_text(new)
+
+
+def main():
+    a = parse_args()
+    # A plain SIGTERM would end Python without unwinding, leaving the ranks running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    # Asked before the runs, so that a missing matplotlib is told before minutes of measuring.
+    can_plot = importlib.util.find_spec("matplotlib") is not None
+    if not can_plot:
+        print(f"run_compare: {sys.executable} has no matplotlib, so there will be no plots "
+              "(Debian's python3-matplotlib is for /usr/bin/python3)", file=sys.stderr)
+    build_errors = build(a, a.systems)
+    if "corocoll" in a.systems and not a.coll_perf.exists():
+        build_errors["corocoll"] = (f"{a.coll_perf} not found (meson compile -C build-release, "
+                                    "or name it with --coll-perf)")
+    results = {}
+    for ranks in a.ranks:
+        for op in a.ops:
+            for system in a.systems:
+                results[(system, op, ranks)] = measure(a, system, op, ranks,
+                                                       build_errors.get(system))
+    perf_dir = a.out_dir / "perf"
+    perf_dir.mkdir(parents=True, exist_ok=True)
+    plots = {}
+    for ranks in a.ranks:
+        for op in a.ops:
+            outcomes = {s: results[(s, op, ranks)] for s in a.systems}
+            if can_plot and any(o.rows for o in outcomes.values()):
+                name = f"{op}_{ranks}ranks.png"
+                plot(perf_dir / name, op, ranks, a.systems, outcomes)
+                plots[(op, ranks)] = f"perf/{name}"
+    m = machine()
+    raw = {"machine": m, "command": reproduce(a),
+           "rows": [r for o in results.values() for r in o.rows],
+           "failures": [{"system": s, "op": op, "ranks": n, "error": o.error, "stderr": o.stderr}
+                        for (s, op, n), o in results.items() if o.error]}
+    (perf_dir / "results.json").write_text(json.dumps(raw, indent=1) + "\n")
+    text = section(a, m, results, plots)
+    write_markdown(a.out_dir / "performance.md", text)
+    print(text)
+    failed = raw["failures"]
+    print(f"run_compare: wrote {a.out_dir / 'performance.md'}, {perf_dir}/; "
+          f"{len(failed)} failure(s)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

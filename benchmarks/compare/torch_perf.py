@@ -1,0 +1,198 @@
+"""torch_perf: coll_perf's measurements (benchmarks/coll_perf.cpp) made through torch.distributed
+with the Gloo backend, so that run_compare.py can set torch beside corocoll.
+
+    corocollrun --nproc_per_node=N python3 torch_perf.py [-o OP] [-b MIN] [-e MAX] [-f FACTOR]
+                                                         [-n ITERS] [-w WARMUP] [-c 0|1]
+
+  -o  ping_pong (one-way time = round trip / 2, between ranks 0 and 1, dist.send/recv),
+      all_reduce (sum, in place), broadcast (root 0, in place) or all_gather (into views of one
+      flat tensor: torch 1.13's Gloo backend has no all_gather_into_tensor)
+  -b, -e, -f, -n, -w, -c  as coll_perf's; the type is float32
+
+Joins with init_method env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE from the launcher:
+corocollrun, torchrun, or run_compare.py itself). Gloo's sockets stay on loopback
+(GLOO_SOCKET_IFNAME=lo unless set). Sizes, element counts, timing (warm-up, barrier, timed loop,
+mean per iteration, largest over the ranks), checked values and the JSON rows on rank 0's stdout
+are coll_perf's with -t float -R sum -F json.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+OPS = ("ping_pong", "all_reduce", "broadcast", "all_gather")
+
+
+def parse_size(text):
+    """A size in bytes with an optional K, M or G suffix (powers of 1024, as coll_perf reads)."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    mult = units.get(text[-1:].lower(), 1)
+    number = text[:-1] if mult != 1 else text
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text}: expected a size in bytes (K, M, G allowed)")
+    return int(value * mult)
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-o", dest="op", choices=OPS, default="all_reduce")
+    p.add_argument("-b", dest="min_bytes", type=parse_size, default=32)
+    p.add_argument("-e", dest="max_bytes", type=parse_size, default=32 << 20)
+    p.add_argument("-f", dest="factor", type=float, default=2)
+    p.add_argument("-n", dest="iters", type=int, default=20)
+    p.add_argument("-w", dest="warmup", type=int, default=5)
+    p.add_argument("-c", dest="check", type=int, default=0)
+    a = p.parse_args()
+    if a.factor <= 1:
+        p.error("-f must be above 1")
+    if a.iters < 1 or a.warmup < 0:
+        p.error("-n must be 1 or more and -w 0 or more")
+    a.min_bytes = max(a.min_bytes, 1)
+    if a.max_bytes < a.min_bytes:
+        p.error("-e is below -b")
+    return a
+
+
+def values(rank, count):
+    """What rank `rank` holds at elements 0..count-1: small integers, so sums are exact."""
+    return ((torch.arange(count) + rank) % 4 + 1).to(torch.float32)
+
+
+class Bench:
+    """One op at one size, with its tensors (made once, as coll_perf's bench makes them)."""
+
+    def __init__(self, op, count):
+        self.op = op
+        self.count = count
+        self.rank = dist.get_rank()
+        self.n = dist.get_world_size()
+        self.a = torch.zeros(count, dtype=torch.float32)
+        if op == "all_gather":
+            self.b = torch.zeros(count * self.n, dtype=torch.float32)
+            self.parts = list(self.b.chunk(self.n))
+        self.run_once = getattr(self, op)
+
+    def ping_pong(self):
+        if self.rank == 0:
+            dist.send(self.a, 1)
+            dist.recv(self.a, 1)
+        elif self.rank == 1:
+            dist.recv(self.a, 0)
+            dist.send(self.a, 0)
+
+    def all_reduce(self):
+        dist.all_reduce(self.a)
+
+    def broadcast(self):
+        dist.broadcast(self.a, 0)
+
+    def all_gather(self):
+        dist.all_gather(self.parts, self.a)
+
+    def time(self, iters, warmup):
+        """Mean time per operation on this rank, in microseconds."""
+        for _ in range(warmup):
+            self.run_once()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            self.run_once()
+        per = (time.perf_counter() - t0) / iters * 1e6
+        return per / 2 if self.op == "ping_pong" else per
+
+    def check(self):
+        """Fills the inputs, runs once, and counts this rank's elements that are wrong."""
+        gives = self.op in ("all_reduce", "all_gather") or self.rank == 0
+        self.a.copy_(values(self.rank, self.count) if gives else torch.zeros(self.count))
+        if self.op == "all_gather":
+            self.b.zero_()
+        self.run_once()
+        if self.op == "ping_pong" and self.rank > 1:
+            return 0  # not part of it
+        if self.op == "all_reduce":
+            want = sum(values(r, self.count) for r in range(self.n))
+            got = self.a
+        elif self.op == "all_gather":
+            want = torch.cat([values(r, self.count) for r in range(self.n)])
+            got = self.b
+        else:
+            want = values(0, self.count)
+            got = self.a
+        return int((got != want).sum())
+
+
+def bus_factor(op, n):
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op == "all_gather":
+        return (n - 1) / n
+    return 1
+
+
+def json_row(op, n, size, count, time_us, wrong):
+    """One row as coll_perf -F json prints it."""
+    algbw = size / time_us / 1e3 if time_us > 0 else 0
+    return ('{"op": "%s", "ranks": %d, "size": %d, "count": %d, "type": "float", "redop": "%s", '
+            '"root": %d, "placement": "%s", "time_us": %.3f, "algbw_gbs": %.4f, '
+            '"busbw_gbs": %.4f, "wrong": %d}'
+            % (op, n, size, count, "sum" if op == "all_reduce" else "none",
+               0 if op == "broadcast" else -1,
+               "in-place" if op in ("all_reduce", "broadcast") else "out-of-place",
+               time_us, algbw, algbw * bus_factor(op, n), wrong))
+
+
+def all_reduce_one(number, dtype, op):
+    """One number reduced over every rank, through torch's own all_reduce."""
+    t = torch.tensor([number], dtype=dtype)
+    dist.all_reduce(t, op=op)
+    return t.item()
+
+
+def main():
+    a = parse_args()
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method="env://")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if a.op == "ping_pong" and n < 2:
+        sys.exit("torch_perf: ping_pong needs 2 ranks or more")
+    rows = 0
+    wrong_total = 0
+    if rank == 0:
+        print("[", end="", flush=True)
+    bytes_ = a.min_bytes
+    while bytes_ <= a.max_bytes:
+        nxt = int(bytes_ * a.factor)
+        parts = n if a.op == "all_gather" else 1
+        count = bytes_ // 4 // parts
+        if count > 0:
+            bench = Bench(a.op, count)
+            time_us = all_reduce_one(bench.time(a.iters, a.warmup), torch.float64,
+                                     dist.ReduceOp.MAX)
+            wrong = -1
+            if a.check:
+                wrong = int(all_reduce_one(bench.check(), torch.int64, dist.ReduceOp.SUM))
+                wrong_total += wrong
+            moved = count * 4 * parts  # the bytes actually moved, as coll_perf reports them
+            if rank == 0:
+                row = json_row(a.op, n, moved, count, time_us, wrong)
+                print(("," if rows else "") + "\n  " + row, end="", flush=True)
+            rows += 1
+        if nxt <= bytes_:
+            break
+        bytes_ = nxt
+    if rank == 0:
+        print("\n]" if rows else "]", flush=True)
+    dist.destroy_process_group()
+    sys.exit(1 if wrong_total > 0 else 0)
+
+
+if __name__ == "__main__":
+    main()
