@@ -560,12 +560,13 @@ def section(a, m, results, plots):
     return "\n".join(out)
 
 
-def write_markdown(path, text):
-    """Puts `text` between the markers, keeping the rest of the file."""
+def write_markdown(path, text, begin=BEGIN_MARK, end=END_MARK):
+    """Puts `text` (which starts with `begin` and ends with `end`) between the markers, keeping
+    the rest of the file; appends it when the markers are not there yet."""
     old = path.read_text() if path.exists() else "# Performance\n\n"
-    if BEGIN_MARK in old and END_MARK in old:
-        head, rest = old.split(BEGIN_MARK, 1)
-        tail = rest.split(END_MARK, 1)[1]
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        tail = rest.split(end, 1)[1]
         new = head + text + tail
     else:
         new = old.rstrip("\n") + "\n\n" + text + "\n"
