@@ -2,8 +2,11 @@
 
 #include <doctest/doctest.h>
 
+#include <sys/socket.h>
+
 #include <atomic>
 #include <stdexcept>
+#include <tuple>
 
 using namespace pgtest;
 
@@ -352,4 +355,48 @@ TEST_CASE("set-up with a rank missing fails within the timeout, saying who is aw
     auto waited = std::chrono::steady_clock::now() - t0;
     CHECK(error.find("waited for 1 higher rank(s)") != std::string::npos);
     CHECK(waited < 5s);
+}
+
+namespace {
+
+int send_buffer_of(int fd) {
+    int bytes = 0;
+    socklen_t len = sizeof(bytes);
+    ::getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, &len);
+    return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("connections between ranks on one host get the small send buffer; 0 keeps autotuning") {
+    cc::io::reactor r;
+    for (std::size_t want : {std::size_t{256} << 10, std::size_t{0}}) {
+        CAPTURE(want);
+        auto listener = cc::io::acceptor::listen(r, cc::io::endpoint::loopback(0));
+        auto pair = r.run(
+            cc::when_all(listener.accept(), cc::io::socket::connect(r, listener.local_endpoint())));
+        std::vector<cc::io::socket> to_1(2), to_0(2);
+        to_1[1] = std::move(std::get<0>(pair));
+        to_0[0] = std::move(std::get<1>(pair));
+        int fd = to_1[1].native_handle();
+        int before = send_buffer_of(fd);
+        cc::transport::engine_options o;
+        o.same_host_send_buffer = want;
+        cc::transport::engine e0(r, 0, 2, std::move(to_1), o);
+        cc::transport::engine e1(r, 1, 2, std::move(to_0), o);
+        if (want != 0) {
+            CHECK(send_buffer_of(fd) == static_cast<int>(2 * want));  // the kernel doubles it
+        } else {
+            CHECK(send_buffer_of(fd) == before);
+        }
+        // 8 MiB through the half-megabyte buffer, both ways at once.
+        auto out = pattern(8u << 20, 7);
+        std::vector<std::byte> in0(out.size()), in1(out.size());
+        auto deadline = cc::io::deadline_after(std::chrono::seconds(30));
+        r.run(cc::when_all(e0.send(out, 1, 5, deadline), e1.recv(in1, 0, 5, deadline),
+                           e1.send(out, 0, 6, deadline), e0.recv(in0, 1, 6, deadline)));
+        CHECK(in0 == out);
+        CHECK(in1 == out);
+        r.run(cc::when_all(e0.close(), e1.close()));
+    }
 }

@@ -51,6 +51,13 @@ struct engine_options {
     /// Past this bound the peer's connection is not read until a matching receive is posted:
     /// TCP flow control then holds the sender back. A message is never dropped.
     std::size_t unexpected_bytes_per_peer = std::size_t{64} << 20;
+    /// SO_SNDBUF for connections whose two ends have the same address (peers on this host;
+    /// the kernel doubles it). A small send buffer keeps what a sender writes in the caches
+    /// until the receiver copies it out: with 256 KiB, all_gather and broadcast of 64 MiB
+    /// between two ranks ran 15-20% faster than with the kernel's autotuned buffer on a
+    /// two-core machine. Connections to other hosts keep autotuning, which a long network
+    /// path needs. 0: autotuning everywhere.
+    std::size_t same_host_send_buffer = std::size_t{256} << 10;
 };
 
 /// Point-to-point messaging over a mesh of connections, on one reactor: the transport under
@@ -73,6 +80,7 @@ public:
         for (std::size_t p = 0; p < peers_.size(); ++p) {
             peers_[p].sock = std::move(sockets[p]);
             if (peers_[p].sock.is_open()) {
+                size_send_buffer(peers_[p].sock);
                 peers_[p].address = peers_[p].sock.peer().to_string();
                 readers_.spawn(read_loop(static_cast<int>(p)));
             }
@@ -196,6 +204,15 @@ private:
         return "collective " + std::to_string(m.collective) + "(op " + std::to_string(m.redop) +
                ", dtype " + std::to_string(m.dtype) + ", root " + std::to_string(m.root) +
                ", count " + std::to_string(m.count) + ")";
+    }
+
+    void size_send_buffer(const io::socket& s) const {
+        if (options_.same_host_send_buffer == 0) return;
+        if (s.local_endpoint().host() != s.peer().host()) return;
+        int bytes = static_cast<int>(
+            std::min<std::size_t>(options_.same_host_send_buffer, std::size_t{1} << 30));
+        // Best effort: a refusal leaves the kernel's autotuning, which works too.
+        ::setsockopt(s.native_handle(), SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
     }
 
     // Names an operation in error messages; spelled out only when one is thrown, so that the
