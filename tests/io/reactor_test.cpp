@@ -434,3 +434,28 @@ TEST_CASE("busy polling is bounded: the reactor polls for busy_poll, then sleeps
     CHECK(used > 10.0);
     CHECK(used < 200.0);
 }
+
+TEST_CASE("busy polling stands aside where this host's reactors outnumber its processors") {
+    cc::io::reactor r({.busy_poll = 60ms});
+    CHECK_FALSE(cc::io::reactor::crowded());
+    cc::io::reactor::set_local_processes(100000);  // as if that many ranks shared this host
+    CHECK(cc::io::reactor::crowded());
+    double cpu0 = thread_cpu_ms();
+    r.run(r.sleep_for(200ms));
+    double used = thread_cpu_ms() - cpu0;
+    cc::io::reactor::set_local_processes(1);
+    CAPTURE(used);
+    CHECK(used < 20.0);
+    CHECK_FALSE(cc::io::reactor::crowded());
+}
+
+TEST_CASE("busy_poll_when_crowded polls even where reactors outnumber processors") {
+    cc::io::reactor r({.busy_poll = 60ms, .busy_poll_when_crowded = true});
+    cc::io::reactor::set_local_processes(100000);
+    double cpu0 = thread_cpu_ms();
+    r.run(r.sleep_for(400ms));
+    double used = thread_cpu_ms() - cpu0;
+    cc::io::reactor::set_local_processes(1);
+    CAPTURE(used);
+    CHECK(used > 10.0);
+}

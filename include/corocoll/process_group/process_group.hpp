@@ -957,6 +957,8 @@ inline task<std::shared_ptr<process_group>> init_process_group(io::reactor& r,
         env = rendezvous::read_launch_env();
         if (o.rank < 0) o.rank = env->rank;
         if (o.world_size < 0) o.world_size = env->world_size;
+        // Ranks of this host that outnumber its processors must not busy-poll.
+        if (env->local_world_size > 0) io::reactor::set_local_processes(env->local_world_size);
     }
     if (o.world_size <= 0 || o.rank < 0 || o.rank >= o.world_size) {
         throw std::invalid_argument(
