@@ -98,6 +98,15 @@ cc::task<> run(cc::process_group& pg, const config& c) {
     }
     double per_ms = static_cast<double>(probe) / co_await slowest(pg, probe_ms);
     long units = std::max(1L, static_cast<long>(per_ms * comm_guess));
+    // One correction against both measured again, now that caches and pools are warm.
+    co_await pg.barrier();
+    t0 = clock_type::now();
+    co_await pg.all_reduce(grad, cc::reduce_op::avg);
+    double comm_ms = co_await slowest(pg, ms_since(t0));
+    t0 = clock_type::now();
+    sink += co_await cc::offload([units] { return compute(units); });
+    double work_ms = co_await slowest(pg, ms_since(t0));
+    units = std::max(1L, static_cast<long>(static_cast<double>(units) * comm_ms / work_ms));
 
     std::vector<double> comm, work, both, busy;
     for (int r = 0; r < c.reps; ++r) {
