@@ -51,7 +51,7 @@ public:
         return ::operator new(n);
     }
 
-    static void deallocate(void* p, std::size_t n) noexcept {
+    static void deallocate(void* p, [[maybe_unused]] std::size_t n) noexcept {
 #if COROCOLL_FRAME_POOL
         if (n <= largest) {
             lists& l = mine();
