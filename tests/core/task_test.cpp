@@ -445,6 +445,8 @@ TEST_CASE("a finished task's frame is reused by the next one of its size, on any
 #if COROCOLL_FRAME_POOL
     CHECK(second == first);  // the pool handed the same block back
 #else
+    CHECK(first != nullptr);
+    CHECK(second != nullptr);
     MESSAGE("frame pool off (AddressSanitizer): frames come from operator new");
 #endif
     // A frame made here and freed on another thread stays usable there.
