@@ -618,6 +618,10 @@ public:
         closed_ = true;
         // The rank that serves the store keeps it up until the others are gone.
         co_await engine_.close(hosted_ ? deadline() : std::chrono::steady_clock::time_point{});
+        // The last collective's lock release (`unlock_item_`) may still wait in the reactor's
+        // posted batch that is running now (a reader's cancellation ended the close inside
+        // it): let that batch finish before the caller may destroy the group.
+        co_await reactor_.schedule();
     }
 
     /// The transport underneath (for collectives and tests).
