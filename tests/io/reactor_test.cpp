@@ -465,3 +465,105 @@ TEST_CASE("busy_poll_when_crowded polls even where reactors outnumber processors
     CAPTURE(used);
     CHECK(used > 10.0);
 }
+
+namespace {
+
+// Waits, through a watched poll entry, until `flag` is set (by another thread): the shape of
+// the GPU layer's CUDA event waits, without a GPU.
+struct flag_wait : cc::io::poll_entry, cc::detail::work_item {
+    cc::io::reactor* r = nullptr;
+    const std::atomic<bool>* flag = nullptr;
+    std::coroutine_handle<> waiter;
+    int polls = 0;
+
+    flag_wait(cc::io::reactor& reactor, const std::atomic<bool>& f) : r(&reactor), flag(&f) {
+        poll = &on_poll;
+        run_ = &on_run;
+    }
+    static bool on_poll(cc::io::poll_entry& e) noexcept {
+        auto& w = static_cast<flag_wait&>(e);
+        ++w.polls;
+        if (!w.flag->load(std::memory_order_acquire)) return false;
+        w.r->unwatch(w);
+        w.r->post(w);
+        return true;
+    }
+    static void on_run(cc::detail::work_item* i) noexcept {
+        std::exchange(static_cast<flag_wait*>(i)->waiter, {}).resume();
+    }
+    flag_wait(const flag_wait&) = delete;
+    flag_wait& operator=(const flag_wait&) = delete;
+
+    // A separate awaiter: g++ 12 copies an lvalue awaiter into the coroutine frame.
+    auto wait() noexcept {
+        struct awaiter {
+            flag_wait* w;
+            bool await_ready() const noexcept { return false; }
+            void await_suspend(std::coroutine_handle<> h) noexcept {
+                w->waiter = h;
+                w->r->watch(*w);
+            }
+            void await_resume() const noexcept {}
+        };
+        return awaiter{this};
+    }
+};
+
+}  // namespace
+
+TEST_CASE("a watched poll entry is asked every turn, then less often: a long wait costs little") {
+    cc::io::reactor r;
+    std::atomic<bool> flag{false};
+    flag_wait w(r, flag);
+    std::jthread setter([&] {
+        std::this_thread::sleep_for(300ms);
+        flag.store(true, std::memory_order_release);
+    });
+    double cpu0 = thread_cpu_ms();
+    auto t0 = std::chrono::steady_clock::now();
+    r.run([&]() -> cc::task<> { co_await w.wait(); }());
+    double took = elapsed_ms(t0), used = thread_cpu_ms() - cpu0;
+    CAPTURE(took);
+    CAPTURE(used);
+    CAPTURE(w.polls);
+    CHECK(took >= 299.0);
+    CHECK(took < 400.0);  // the pauses grow to 500 µs at most
+    CHECK(used < 150.0);  // 50 µs of polling, then pauses
+    CHECK(w.polls > 50);
+    CHECK_FALSE(w.watched);
+    CHECK_FALSE(r.watching());
+}
+
+TEST_CASE("while an entry is watched, I/O, timers and other entries still complete") {
+    cc::io::reactor r;
+    std::atomic<bool> late{false}, early{false};
+    flag_wait long_wait(r, late), short_wait(r, early);
+    int fds[2];
+    REQUIRE(pipe2(fds, O_CLOEXEC) == 0);
+    std::jthread writer([&] {
+        std::this_thread::sleep_for(20ms);
+        early.store(true, std::memory_order_release);
+        std::this_thread::sleep_for(20ms);
+        REQUIRE(write(fds[1], "x", 1) == 1);
+    });
+    std::vector<std::string> order;
+    auto body = [&]() -> cc::task<> {
+        auto waits = [&]() -> cc::task<> {
+            co_await short_wait.wait();  // its poll unwatches it while the long one stays watched
+            order.emplace_back("entry");
+            std::array<std::byte, 4> buf{};
+            auto n = co_await r.read_some(fds[0], buf);
+            CHECK(n == 1);
+            order.emplace_back("read");
+            co_await r.sleep_for(10ms);
+            order.emplace_back("sleep");
+            late.store(true, std::memory_order_release);
+        };
+        co_await cc::when_all(waits(), [&]() -> cc::task<> { co_await long_wait.wait(); }());
+    };
+    r.run(body());
+    close(fds[0]);
+    close(fds[1]);
+    CHECK(order == std::vector<std::string>{"entry", "read", "sleep"});
+    CHECK_FALSE(r.watching());
+}

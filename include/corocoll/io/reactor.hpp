@@ -96,6 +96,25 @@ struct timer_entry {
     bool armed() const noexcept { return slot != not_armed; }
 };
 
+/// A completion that no file descriptor signals (a CUDA event, a flag another library sets),
+/// which the loop therefore asks about on every turn: `reactor::watch` it and the loop calls
+/// `poll` on its thread at each turn until it is unwatched. `poll` returns true when it made
+/// progress (its wait is over). It may unwatch its own entry and `post` work (resume a
+/// coroutine through a posted item), but must not resume coroutines itself nor touch other
+/// entries. Intrusive, like `timer_entry`: watching allocates nothing.
+///
+/// While an entry is watched the loop never sleeps in the kernel for long: it polls without
+/// sleeping for `reactor_options::busy_poll` after the last progress (yielding the processor
+/// between turns where this host is crowded), then sleeps between turns for 1/32 of the time
+/// since the last progress, at most 500 µs, so that a long wait costs little processor time
+/// and finishes at most ~3% late.
+struct poll_entry {
+    bool (*poll)(poll_entry&) noexcept = nullptr;
+    poll_entry* prev = nullptr;
+    poll_entry* next = nullptr;
+    bool watched = false;
+};
+
 /// One io_uring ring bound to the thread that creates it; the event loop that every awaitable
 /// I/O operation of that thread completes through. At most one reactor per thread; it must be
 /// created, run and destroyed on that thread. Other threads reach it only through `post` and
@@ -191,6 +210,7 @@ public:
             bool progressed = reap() > 0;
             // Timers fire even while completions keep coming.
             if (fire_due_timers()) progressed = true;
+            if (watched_ != nullptr && poll_watched()) progressed = true;
             if (progressed) continue;
             // Work posted from this thread while the items above ran did not wake us.
             if (posted_.load(std::memory_order_acquire) != nullptr) continue;
@@ -259,6 +279,34 @@ public:
         sift_up(i);
         sift_down(last->slot);
     }
+
+    /// Starts calling `e.poll` on every turn of the loop (nothing if already watched). Only on
+    /// this reactor's thread.
+    void watch(poll_entry& e) noexcept {
+        if (e.watched) return;
+        if (watched_ == nullptr) watch_progress_ = std::chrono::steady_clock::now();
+        e.watched = true;
+        e.prev = nullptr;
+        e.next = watched_;
+        if (watched_ != nullptr) watched_->prev = &e;
+        watched_ = &e;
+    }
+    /// Stops polling `e`; nothing if it is not watched. Only on this reactor's thread.
+    void unwatch(poll_entry& e) noexcept {
+        if (!e.watched) return;
+        e.watched = false;
+        if (e.prev != nullptr) {
+            e.prev->next = e.next;
+        } else {
+            watched_ = e.next;
+        }
+        if (e.next != nullptr) e.next->prev = e.prev;
+        // The entry being polled right now may unwatch itself: the walk goes on from here.
+        if (polling_next_ == &e) polling_next_ = e.next;
+        e.prev = e.next = nullptr;
+    }
+    /// Entries watched now.
+    bool watching() const noexcept { return watched_ != nullptr; }
 
     /// Awaitable: suspends for `d`. Throws `std::system_error` (operation_canceled) if `stop`
     /// is requested first.
@@ -473,6 +521,10 @@ private:
             if (features_.defer_taskrun) io_uring_get_events(&ring_);
             return;
         }
+        if (watched_ != nullptr) {
+            wait_while_watching();
+            return;
+        }
         if (options_.busy_poll.count() > 0 && in_flight() > 0 &&
             poll_briefly(!options_.busy_poll_when_crowded && crowded())) {
             return;
@@ -490,6 +542,44 @@ private:
         io_uring_cqe* cqe = nullptr;
         // -ETIME when the timer is due first. Kernels without IORING_FEAT_EXT_ARG get a
         // timeout SQE from liburing instead, whose CQE `reap` skips.
+        int rc = io_uring_submit_and_wait_timeout(&ring_, &cqe, 1, &ts, nullptr);
+        (void)rc;
+    }
+
+    // Asks every watched entry once; true if one made progress.
+    bool poll_watched() noexcept {
+        bool progressed = false;
+        for (poll_entry* e = watched_; e != nullptr; e = polling_next_) {
+            polling_next_ = e->next;
+            if (e->poll(*e)) progressed = true;
+        }
+        polling_next_ = nullptr;
+        if (progressed) watch_progress_ = std::chrono::steady_clock::now();
+        return progressed;
+    }
+
+    // One pause between turns of the loop while entries are watched (see `poll_entry`).
+    void wait_while_watching() noexcept {
+        bool enter = features_.defer_taskrun || features_.coop_taskrun;
+        auto now = std::chrono::steady_clock::now();
+        auto idle = now - watch_progress_;
+        if (idle < options_.busy_poll) {
+            // Completions of a deferred-taskrun ring show only after entering the kernel.
+            if (enter) {
+                io_uring_submit_and_get_events(&ring_);
+            } else {
+                flush();
+            }
+            if (!options_.busy_poll_when_crowded && crowded()) sched_yield();
+            return;
+        }
+        auto pause = std::min<std::chrono::steady_clock::duration>(idle / 32,
+                                                                   std::chrono::microseconds(500));
+        if (!timers_.empty()) pause = std::min(pause, timers_.front()->when - now);
+        if (pause <= pause.zero()) return;
+        auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(pause).count();
+        __kernel_timespec ts{ns / 1'000'000'000, ns % 1'000'000'000};
+        io_uring_cqe* cqe = nullptr;
         int rc = io_uring_submit_and_wait_timeout(&ring_, &cqe, 1, &ts, nullptr);
         (void)rc;
     }
@@ -545,6 +635,9 @@ private:
     detail::io_op* backlog_tail_ = nullptr;
     std::size_t in_flight_ = 0;
     std::vector<timer_entry*> timers_;
+    poll_entry* watched_ = nullptr;
+    poll_entry* polling_next_ = nullptr;
+    std::chrono::steady_clock::time_point watch_progress_{};
 };
 
 }  // namespace io
