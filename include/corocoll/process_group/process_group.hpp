@@ -164,6 +164,8 @@ public:
     io::reactor& reactor() const noexcept { return reactor_; }
     /// The group's namespace in the rendezvous store.
     rendezvous::store& store() const noexcept { return *store_; }
+    /// The same, shared: another group (the GPU layer's NCCL group) may rendezvous through it.
+    std::shared_ptr<rendezvous::store> shared_store() const noexcept { return store_; }
 
     /// Sends `buf` to `dst` with `tag`; completes once the data is handed to the kernel (the
     /// buffer may then be reused).
@@ -939,19 +941,23 @@ inline task<std::shared_ptr<process_group>> build_group(
 
 }  // namespace detail
 
-/// Sets up a process group, like torch's `init_process_group`: works out rank and world size
-/// (explicit, else from the launcher's environment, see `rendezvous::read_launch_env`),
-/// reaches the rendezvous store (given; `env://` at MASTER_ADDR:MASTER_PORT, where rank 0
-/// serves it unless torchrun's agent already does (TORCHELASTIC_USE_AGENT_STORE); `tcp://`;
-/// `file://`), then connects the mesh. Everything is bounded by `o.timeout`; errors name what
-/// was missing or what failed.
-inline task<std::shared_ptr<process_group>> init_process_group(io::reactor& r,
-                                                               init_options o = {}) {
-    if (o.backend != "tcp" && o.backend != "gloo" && o.backend != "cpu") {
-        throw std::invalid_argument(detail::init_error(
-            "backend '" + o.backend + "' is not available (CPU groups use \"tcp\"" +
-            (o.backend == "nccl" ? "; the NCCL backend is a separate GPU build" : "") + ")"));
-    }
+namespace detail {
+
+/// What every backend's set-up starts from: rank, world size and local rank worked out, and
+/// the group's own namespace in the rendezvous store.
+struct rendezvous_result {
+    int rank = -1;
+    int world_size = -1;
+    int local_rank = -1;  ///< -1 when neither the options nor the launcher say
+    std::shared_ptr<rendezvous::prefix_store> group_store;
+    std::shared_ptr<rendezvous::tcp_store_server> hosted;
+    std::optional<io::endpoint> master;
+};
+
+/// The part of `init_process_group` that does not depend on the backend: works out rank and
+/// world size (explicit, else from the launcher's environment), reaches the store, and opens
+/// a fresh namespace in it for this set-up of `o.group_name`.
+inline task<rendezvous_result> rendezvous_for(io::reactor& r, init_options& o) {
     std::optional<rendezvous::launch_info> env;
     if (o.rank < 0 || o.world_size < 0) {
         if (o.store) {
@@ -1025,11 +1031,40 @@ inline task<std::shared_ptr<process_group>> init_process_group(io::reactor& r,
     // because ranks may be threads.
     thread_local std::map<std::string, int> generations;
     int generation = generations[o.group_name]++;
-    auto group_store = std::make_shared<rendezvous::prefix_store>(
+    rendezvous_result out;
+    out.rank = o.rank;
+    out.world_size = o.world_size;
+    if (env) out.local_rank = env->local_rank;
+    out.group_store = std::make_shared<rendezvous::prefix_store>(
         "corocoll/" + o.group_name + "/" + std::to_string(generation), s.store);
+    out.hosted = std::move(s.hosted);
+    out.master = s.master;
+    co_return out;
+}
+
+}  // namespace detail
+
+/// Sets up a process group, like torch's `init_process_group`: works out rank and world size
+/// (explicit, else from the launcher's environment, see `rendezvous::read_launch_env`),
+/// reaches the rendezvous store (given; `env://` at MASTER_ADDR:MASTER_PORT, where rank 0
+/// serves it unless torchrun's agent already does (TORCHELASTIC_USE_AGENT_STORE); `tcp://`;
+/// `file://`), then connects the mesh. Everything is bounded by `o.timeout`; errors name what
+/// was missing or what failed. CUDA buffers: `corocoll::gpu::init_process_group` (the
+/// include-gpu root) sets up backend "nccl".
+inline task<std::shared_ptr<process_group>> init_process_group(io::reactor& r,
+                                                               init_options o = {}) {
+    if (o.backend != "tcp" && o.backend != "gloo" && o.backend != "cpu") {
+        throw std::invalid_argument(detail::init_error(
+            "backend '" + o.backend + "' is not available (CPU groups use \"tcp\"" +
+            (o.backend == "nccl" ? "; NCCL groups come from corocoll::gpu::init_process_group in "
+                                   "<corocoll/gpu/nccl_group.hpp>, a build with -Dnccl=enabled"
+                                 : "") +
+            ")"));
+    }
+    auto rv = co_await detail::rendezvous_for(r, o);
     co_return co_await detail::build_group(
-        r, std::move(group_store), o.rank, o.world_size, o.group_name, o.timeout, o.limits,
-        transport::choose_listen_address(s.master), std::move(s.hosted));
+        r, std::move(rv.group_store), rv.rank, rv.world_size, o.group_name, o.timeout, o.limits,
+        transport::choose_listen_address(rv.master), std::move(rv.hosted));
 }
 
 inline task<std::shared_ptr<process_group>> process_group::new_group(std::vector<int> ranks) {
