@@ -72,10 +72,15 @@ echo "pkg-config --cflags corocoll (relocated): $cflags"
 echo "pkg-config --libs corocoll (relocated):   $libs"
 [[ " $cflags " == *" -I$dest$prefix/include "* ]] || fail "no -I$dest$prefix/include in: $cflags"
 
-# Every header of the source tree is installed, unchanged.
-diff -r "$srcdir/include/corocoll" "$dest$prefix/include/corocoll" ||
+# Every header of the source tree is installed, unchanged; the GPU layer's (include-gpu/)
+# beside them, in <corocoll/gpu/...>.
+diff -r -x gpu -x gpu.hpp "$srcdir/include/corocoll" "$dest$prefix/include/corocoll" ||
     fail "installed headers differ from include/corocoll"
-echo "headers: installed tree matches include/corocoll"
+diff -r "$srcdir/include-gpu/corocoll/gpu" "$dest$prefix/include/corocoll/gpu" ||
+    fail "installed GPU headers differ from include-gpu/corocoll/gpu"
+cmp "$srcdir/include-gpu/corocoll/gpu.hpp" "$dest$prefix/include/corocoll/gpu.hpp" ||
+    fail "installed corocoll/gpu.hpp differs from include-gpu/corocoll/gpu.hpp"
+echo "headers: installed tree matches include/corocoll and include-gpu/corocoll"
 
 # The C++ standard is the consumer's choice (the .pc file does not force one); corocoll needs
 # C++20 or later. Word splitting of $cxx, $cflags and $libs is wanted.

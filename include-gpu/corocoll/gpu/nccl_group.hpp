@@ -1,0 +1,903 @@
+#pragma once
+
+// Backend "nccl": process groups whose buffers are CUDA device memory and whose operations
+// are NCCL calls on a CUDA stream, awaited without blocking the reactor.
+//
+// How an operation runs: under the group's enqueue lock (so that every rank issues its NCCL
+// calls in program order, and no call is made while the non-blocking communicator is still
+// busy with the previous one), the NCCL call is made on the group's stream; if NCCL answers
+// ncclInProgress, the reactor polls ncclCommGetAsyncError until it is done; then an event is
+// recorded on the stream and the lock released. The awaiting coroutine then waits for the
+// event, which the reactor polls on every turn together with the communicator's asynchronous
+// error and the op's deadline. A failure or a deadline aborts the communicator (ncclCommAbort)
+// and fails that op and every pending and later op of the group with a message naming the
+// first failed op and the rank.
+
+#include <corocoll/collectives/reduce_op.hpp>
+#include <corocoll/core/async_mutex.hpp>
+#include <corocoll/core/error.hpp>
+#include <corocoll/core/log.hpp>
+#include <corocoll/core/sync_wait.hpp>
+#include <corocoll/core/task.hpp>
+#include <corocoll/core/work.hpp>
+#include <corocoll/gpu/cuda.hpp>
+#include <corocoll/gpu/nccl.hpp>
+#include <corocoll/gpu/wait.hpp>
+#include <corocoll/io/reactor.hpp>
+#include <corocoll/process_group/process_group.hpp>
+#include <corocoll/rendezvous/prefix_store.hpp>
+#include <corocoll/rendezvous/tcp_store.hpp>
+#include <corocoll/version.hpp>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <coroutine>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace gpu {
+
+/// How `gpu::init_process_group` sets up an NCCL group, beyond `init_options`.
+struct nccl_options {
+    /// This rank's CUDA device; -1: the launcher's LOCAL_RANK, else rank modulo the devices
+    /// this process sees.
+    int device = -1;
+    /// The stream the group enqueues on; null: a stream of the group's own (an ordinary
+    /// stream, so it waits for work on the legacy default stream).
+    cudaStream_t stream = nullptr;
+};
+
+/// One operation of an NCCL group's `batch_isend_irecv`, like torch's `P2POp`.
+struct nccl_p2p_op {
+    enum class kind { isend, irecv };
+    kind op;
+    void* data;
+    std::size_t count;
+    ncclDataType_t type;
+    int peer;
+
+    template <device_memory R>
+    static nccl_p2p_op isend(const R& buf, int peer) {
+        return {kind::isend, const_cast<void*>(static_cast<const void*>(buf.data())), buf.size(),
+                nccl_type_of<element_t<R>>(), peer};
+    }
+    template <device_memory R>
+    static nccl_p2p_op irecv(R& buf, int peer) {
+        return {kind::irecv, static_cast<void*>(buf.data()), buf.size(),
+                nccl_type_of<element_t<R>>(), peer};
+    }
+};
+
+/// A process group of backend "nccl": the CPU group's operations (send, recv, isend, irecv,
+/// batch_isend_irecv, broadcast, all_reduce, reduce, all_gather(_into), gather(_into),
+/// scatter(_from), reduce_scatter(_into), all_to_all(_single), barrier) on CUDA device memory
+/// (`device_span`, `device_buffer`). Each is an NCCL call on `stream()`; awaiting it waits for
+/// the GPU to finish it without blocking the reactor. NCCL's limits stay: one rank per GPU,
+/// no tags, no receive from any source, no bitwise reduce ops. Bound to the reactor of the
+/// thread that created it.
+class nccl_group {
+public:
+    using duration = std::chrono::milliseconds;
+
+    nccl_group(io::reactor& r, int rank, int size, int device, std::string name, duration timeout,
+               ncclComm_t comm, cudaStream_t stream,
+               std::shared_ptr<rendezvous::prefix_store> store,
+               std::shared_ptr<rendezvous::tcp_store_server> hosted)
+        : reactor_(r),
+          rank_(rank),
+          size_(size),
+          device_(device),
+          name_(std::move(name)),
+          timeout_(timeout),
+          comm_(comm),
+          store_(std::move(store)),
+          hosted_(std::move(hosted)) {
+        if (stream == nullptr) {
+            own_stream_.emplace();
+            stream = own_stream_->get();
+        }
+        group_stream_ = stream_ = stream;
+    }
+    nccl_group(const nccl_group&) = delete;
+    nccl_group& operator=(const nccl_group&) = delete;
+    /// Closes the group if `close()` was not awaited (on this thread's reactor).
+    ~nccl_group() {
+        if (!closed_) {
+            try {
+                sync_wait(close());
+            } catch (...) {
+            }
+        }
+        if (barrier_word_ != nullptr) (void)cudaFree(barrier_word_);
+    }
+
+    int rank() const noexcept { return rank_; }
+    int size() const noexcept { return size_; }
+    /// The CUDA device of this rank.
+    int device() const noexcept { return device_; }
+    const std::string& name() const noexcept { return name_; }
+    duration timeout() const noexcept { return timeout_; }
+    io::reactor& reactor() const noexcept { return reactor_; }
+    /// The communicator (null once closed or aborted).
+    ncclComm_t comm() const noexcept { return comm_; }
+    /// The stream operations are enqueued on now.
+    cudaStream_t stream() const noexcept { return stream_; }
+    /// Enqueues later operations on `s` (work the caller put there before runs first); null
+    /// goes back to the group's own stream.
+    void set_stream(cudaStream_t s) noexcept { stream_ = s != nullptr ? s : group_stream_; }
+    /// True once an operation failed and the communicator was aborted.
+    bool failed() const noexcept { return !failure_.empty(); }
+    /// Why the group failed (the first failed operation, its rank and reason); empty if it
+    /// has not.
+    const std::string& failure() const noexcept { return failure_; }
+
+    // ---- point to point ----
+
+    /// Sends `buf` to `dst`; completes once the GPU has sent it. NCCL has no tags: `tag` must
+    /// be 0.
+    template <device_memory R>
+    task<> send(const R& buf, int dst, std::int64_t tag = 0) {
+        check_peer("send", dst, tag);
+        const void* p = buf.data();
+        std::size_t n = buf.size();
+        ncclDataType_t t = nccl_type_of<element_t<R>>();
+        return run("send", [p, n, t, dst](ncclComm_t c, cudaStream_t s) {
+            return ncclSend(p, n, t, dst, c, s);
+        });
+    }
+
+    /// Receives into `buf` from `src` (a rank: NCCL cannot receive from any source); yields
+    /// `src`. The message must have `buf.size()` elements.
+    template <device_memory R>
+    task<int> recv(R& buf, int src, std::int64_t tag = 0) {
+        check_peer("recv", src, tag);  // here, not in the coroutine: fails before the await
+        return recv_from(buf.data(), buf.size(), nccl_type_of<element_t<R>>(), src);
+    }
+
+    /// Starts a send now; `co_await` the result.
+    template <device_memory R>
+    work<> isend(const R& buf, int dst, std::int64_t tag = 0) {
+        return start(send(buf, dst, tag));
+    }
+    /// Starts a receive now; the result yields the sender.
+    template <device_memory R>
+    work<int> irecv(R& buf, int src, std::int64_t tag = 0) {
+        return start(recv(buf, src, tag));
+    }
+
+    /// Starts every operation of `ops` as one NCCL group (so that pairs of sends and receives
+    /// between two ranks cannot deadlock), like torch's `batch_isend_irecv`: one `work` per
+    /// operation, in order, each yielding its peer; they complete together.
+    std::vector<work<int>> batch_isend_irecv(const std::vector<nccl_p2p_op>& ops) {
+        for (const auto& op : ops) {
+            check_peer(op.op == nccl_p2p_op::kind::isend ? "batch_isend_irecv (isend)"
+                                                         : "batch_isend_irecv (irecv)",
+                       op.peer, 0);
+        }
+        auto batch = std::make_shared<batch_state>();
+        batch->run = start(run_batch(ops, batch));
+        std::vector<work<int>> out;
+        out.reserve(ops.size());
+        for (const auto& op : ops) out.push_back(start(await_batch(batch, op.peer)));
+        return out;
+    }
+
+    // ---- collectives ----
+
+    /// Blocks until every rank has called it: an all_reduce of one word on the GPU, as c10d's
+    /// NCCL barrier does.
+    task<> barrier() {
+        if (barrier_word_ == nullptr) {
+            check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+            check_cuda(cudaMalloc(reinterpret_cast<void**>(&barrier_word_), sizeof(int)),
+                       "cudaMalloc of the barrier word");
+        }
+        int* w = barrier_word_;
+        return run("barrier", [w](ncclComm_t c, cudaStream_t s) {
+            return ncclAllReduce(w, w, 1, ncclInt32, ncclSum, c, s);
+        });
+    }
+
+    /// Copies `data` of rank `src` into `data` of every rank.
+    template <device_memory R>
+    task<> broadcast(R& data, int src) {
+        check_root("broadcast", src);
+        void* p = data.data();
+        std::size_t n = data.size();
+        ncclDataType_t t = nccl_type_of<element_t<R>>();
+        return run("broadcast", [p, n, t, src](ncclComm_t c, cudaStream_t s) {
+            return ncclBroadcast(p, p, n, t, src, c, s);
+        });
+    }
+
+    /// Reduces `data` over every rank with `op`, in place; every rank gets the result.
+    template <device_memory R>
+    task<> all_reduce(R& data, reduce_op op = reduce_op::sum) {
+        ncclRedOp_t o = op_of(op, "all_reduce");
+        void* p = data.data();
+        std::size_t n = data.size();
+        ncclDataType_t t = nccl_type_of<element_t<R>>();
+        return run("all_reduce", [p, n, t, o](ncclComm_t c, cudaStream_t s) {
+            return ncclAllReduce(p, p, n, t, o, c, s);
+        });
+    }
+
+    /// Reduces `data` over every rank into `data` of rank `dst`; the others' are unchanged.
+    template <device_memory R>
+    task<> reduce(R& data, int dst, reduce_op op = reduce_op::sum) {
+        ncclRedOp_t o = op_of(op, "reduce");
+        check_root("reduce", dst);
+        void* p = data.data();
+        std::size_t n = data.size();
+        ncclDataType_t t = nccl_type_of<element_t<R>>();
+        return run("reduce", [p, n, t, o, dst](ncclComm_t c, cudaStream_t s) {
+            return ncclReduce(p, p, n, t, o, dst, c, s);
+        });
+    }
+
+    /// Gathers every rank's `in` into `out` (size() blocks, in rank order) on every rank.
+    template <device_memory O, device_memory I>
+    task<> all_gather_into(O& out, const I& in) {
+        same_type<O, I>();
+        check_size("all_gather", "out", out.size(), in.size() * size_);
+        const void* src = in.data();
+        void* dst = out.data();
+        std::size_t n = in.size();
+        ncclDataType_t t = nccl_type_of<element_t<I>>();
+        return run("all_gather", [src, dst, n, t](ncclComm_t c, cudaStream_t s) {
+            return ncclAllGather(src, dst, n, t, c, s);
+        });
+    }
+
+    /// Every rank's `in` into `outs[rank]` on every rank (`outs` has size() buffers of
+    /// in.size() elements).
+    template <device_memory R>
+    task<> all_gather(std::vector<R>& outs, const R& in) {
+        check_list("all_gather", "outs", outs, in.size());
+        std::vector<void*> dst;
+        for (auto& o : outs) dst.push_back(o.data());
+        const void* src = in.data();
+        std::size_t n = in.size();
+        ncclDataType_t t = nccl_type_of<element_t<R>>();
+        return run("all_gather", [dst, src, n, t](ncclComm_t c, cudaStream_t s) {
+            return grouped([&] {
+                for (int p = 0; p < static_cast<int>(dst.size()); ++p) {
+                    ncclResult_t rc =
+                        ncclBroadcast(src, dst[static_cast<std::size_t>(p)], n, t, p, c, s);
+                    if (rc != ncclSuccess) return rc;
+                }
+                return ncclSuccess;
+            });
+        });
+    }
+
+    /// Gathers every rank's `in` into `out` of rank `dst` (size() blocks in rank order; `out`
+    /// is only used there).
+    template <device_memory I, device_memory O>
+    task<> gather_into(const I& in, O& out, int dst) {
+        same_type<O, I>();
+        check_root("gather", dst);
+        if (rank_ == dst) check_size("gather", "out", out.size(), in.size() * size_);
+        const void* src = in.data();
+        void* to = out.data();
+        std::size_t n = in.size();
+        ncclDataType_t t = nccl_type_of<element_t<I>>();
+        return run("gather", [src, to, n, t, dst](ncclComm_t c, cudaStream_t s) {
+            return ncclGather(src, to, n, t, dst, c, s);
+        });
+    }
+
+    /// Gathers every rank's `in` into `gather_list[rank]` of rank `dst` (the list is only
+    /// used there).
+    template <device_memory R>
+    task<> gather(const R& in, std::vector<R>& gather_list, int dst = 0) {
+        check_root("gather", dst);
+        if (rank_ == dst) check_list("gather", "gather_list", gather_list, in.size());
+        std::vector<void*> to;
+        if (rank_ == dst) {
+            for (auto& o : gather_list) to.push_back(o.data());
+        }
+        const void* src = in.data();
+        std::size_t n = in.size();
+        ncclDataType_t t = nccl_type_of<element_t<R>>();
+        return run("gather", [to, src, n, t, dst](ncclComm_t c, cudaStream_t s) {
+            return grouped([&] {
+                ncclResult_t rc = ncclSend(src, n, t, dst, c, s);
+                for (int p = 0; rc == ncclSuccess && p < static_cast<int>(to.size()); ++p) {
+                    rc = ncclRecv(to[static_cast<std::size_t>(p)], n, t, p, c, s);
+                }
+                return rc;
+            });
+        });
+    }
+
+    /// Block `rank` of `in` on rank `src` (size() blocks of out.size()) into `out` of every
+    /// rank; `in` is only used on `src`.
+    template <device_memory O, device_memory I>
+    task<> scatter_from(O& out, const I& in, int src) {
+        same_type<O, I>();
+        check_root("scatter", src);
+        if (rank_ == src) check_size("scatter", "in", in.size(), out.size() * size_);
+        const void* from = in.data();
+        void* to = out.data();
+        std::size_t n = out.size();
+        ncclDataType_t t = nccl_type_of<element_t<O>>();
+        return run("scatter", [from, to, n, t, src](ncclComm_t c, cudaStream_t s) {
+            return ncclScatter(from, to, n, t, src, c, s);
+        });
+    }
+
+    /// `scatter_list[rank]` of rank `src` into `out` of every rank.
+    template <device_memory R>
+    task<> scatter(R& out, const std::vector<R>& scatter_list, int src = 0) {
+        check_root("scatter", src);
+        if (rank_ == src) check_list("scatter", "scatter_list", scatter_list, out.size());
+        std::vector<const void*> from;
+        if (rank_ == src) {
+            for (const auto& i : scatter_list) from.push_back(i.data());
+        }
+        void* to = out.data();
+        std::size_t n = out.size();
+        ncclDataType_t t = nccl_type_of<element_t<R>>();
+        return run("scatter", [from, to, n, t, src](ncclComm_t c, cudaStream_t s) {
+            return grouped([&] {
+                ncclResult_t rc = ncclSuccess;
+                for (int p = 0; rc == ncclSuccess && p < static_cast<int>(from.size()); ++p) {
+                    rc = ncclSend(from[static_cast<std::size_t>(p)], n, t, p, c, s);
+                }
+                return rc == ncclSuccess ? ncclRecv(to, n, t, src, c, s) : rc;
+            });
+        });
+    }
+
+    /// Reduces `in` (size() blocks of out.size()) over every rank; block `rank` of the result
+    /// goes to `out` (torch's reduce_scatter_tensor).
+    template <device_memory O, device_memory I>
+    task<> reduce_scatter_into(O& out, const I& in, reduce_op op = reduce_op::sum) {
+        same_type<O, I>();
+        ncclRedOp_t o = op_of(op, "reduce_scatter");
+        check_size("reduce_scatter", "in", in.size(), out.size() * size_);
+        const void* src = in.data();
+        void* dst = out.data();
+        std::size_t n = out.size();
+        ncclDataType_t t = nccl_type_of<element_t<O>>();
+        return run("reduce_scatter", [src, dst, n, t, o](ncclComm_t c, cudaStream_t s) {
+            return ncclReduceScatter(src, dst, n, t, o, c, s);
+        });
+    }
+
+    /// Reduces `in_list[p]` over every rank into `out` of rank p.
+    template <device_memory R>
+    task<> reduce_scatter(R& out, const std::vector<R>& in_list, reduce_op op = reduce_op::sum) {
+        ncclRedOp_t o = op_of(op, "reduce_scatter");
+        check_list("reduce_scatter", "in_list", in_list, out.size());
+        std::vector<const void*> from;
+        for (const auto& i : in_list) from.push_back(i.data());
+        void* to = out.data();
+        std::size_t n = out.size();
+        ncclDataType_t t = nccl_type_of<element_t<R>>();
+        return run("reduce_scatter", [from, to, n, t, o](ncclComm_t c, cudaStream_t s) {
+            return grouped([&] {
+                for (int p = 0; p < static_cast<int>(from.size()); ++p) {
+                    ncclResult_t rc =
+                        ncclReduce(from[static_cast<std::size_t>(p)], to, n, t, o, p, c, s);
+                    if (rc != ncclSuccess) return rc;
+                }
+                return ncclSuccess;
+            });
+        });
+    }
+
+    /// Block p of `in` goes to rank p, which puts it in block `rank` of its `out` (torch's
+    /// all_to_all_single). Without split sizes the blocks are equal; with them,
+    /// `in_splits[p]` / `out_splits[p]` elements go to / come from rank p.
+    template <device_memory O, device_memory I>
+    task<> all_to_all_single(O& out, const I& in, std::vector<std::size_t> out_splits = {},
+                             std::vector<std::size_t> in_splits = {}) {
+        same_type<O, I>();
+        auto in_off = offsets("in", in_splits, in.size());
+        auto out_off = offsets("out", out_splits, out.size());
+        using T = element_t<I>;
+        const auto* src = static_cast<const T*>(in.data());
+        auto* dst = static_cast<T*>(out.data());
+        ncclDataType_t t = nccl_type_of<T>();
+        return run("all_to_all", [=](ncclComm_t c, cudaStream_t s) {
+            return grouped([&] {
+                for (int p = 0; p < static_cast<int>(in_off.size()) - 1; ++p) {
+                    auto q = static_cast<std::size_t>(p);
+                    ncclResult_t rc =
+                        ncclSend(src + in_off[q], in_off[q + 1] - in_off[q], t, p, c, s);
+                    if (rc == ncclSuccess) {
+                        rc = ncclRecv(dst + out_off[q], out_off[q + 1] - out_off[q], t, p, c, s);
+                    }
+                    if (rc != ncclSuccess) return rc;
+                }
+                return ncclSuccess;
+            });
+        });
+    }
+
+    /// `ins[p]` goes to rank p, which receives it into `outs[rank]`.
+    template <device_memory R>
+    task<> all_to_all(std::vector<R>& outs, const std::vector<R>& ins) {
+        if (outs.size() != static_cast<std::size_t>(size_) ||
+            ins.size() != static_cast<std::size_t>(size_)) {
+            throw std::invalid_argument(prefix("all_to_all") + "outs and ins need " +
+                                        std::to_string(size_) + " buffers each, not " +
+                                        std::to_string(outs.size()) + " and " +
+                                        std::to_string(ins.size()));
+        }
+        std::vector<std::pair<const void*, std::size_t>> from;
+        std::vector<std::pair<void*, std::size_t>> to;
+        for (const auto& i : ins) from.emplace_back(i.data(), i.size());
+        for (auto& o : outs) to.emplace_back(o.data(), o.size());
+        ncclDataType_t t = nccl_type_of<element_t<R>>();
+        return run("all_to_all", [from, to, t](ncclComm_t c, cudaStream_t s) {
+            return grouped([&] {
+                for (int p = 0; p < static_cast<int>(from.size()); ++p) {
+                    auto q = static_cast<std::size_t>(p);
+                    ncclResult_t rc = ncclSend(from[q].first, from[q].second, t, p, c, s);
+                    if (rc == ncclSuccess) rc = ncclRecv(to[q].first, to[q].second, t, p, c, s);
+                    if (rc != ncclSuccess) return rc;
+                }
+                return ncclSuccess;
+            });
+        });
+    }
+
+    /// Aborts the communicator (ncclCommAbort): every pending and later operation fails with
+    /// `why`. Idempotent; the first reason stays.
+    void abort(const std::string& why) noexcept {
+        if (failure_.empty()) failure_ = why.empty() ? "aborted" : why;
+        if (comm_ != nullptr) {
+            (void)ncclCommAbort(comm_);
+            comm_ = nullptr;
+        }
+    }
+
+    /// Finishes the communicator (ncclCommFinalize, polled, then ncclCommDestroy; an aborted
+    /// one is already gone) and leaves the rendezvous: the rank that serves the store keeps it
+    /// up until every rank has left. Idempotent.
+    task<> close() {
+        if (closed_) co_return;
+        closed_ = true;
+        auto deadline = io::deadline_after(timeout_);
+        std::exception_ptr error;
+        if (comm_ != nullptr) {
+            try {
+                ncclComm_t c = comm_;
+                ncclResult_t rc = ncclCommFinalize(c);
+                if (rc == ncclInProgress) {
+                    co_await until(reactor_,
+                                   [c](std::string& why) noexcept { return comm_progress(c, why); },
+                                   deadline, {"close", rank_});
+                } else if (rc != ncclSuccess) {
+                    throw nccl_error(rc,
+                                     prefix("close") + "ncclCommFinalize: " + describe_nccl(rc, c));
+                }
+                (void)ncclCommDestroy(c);
+                comm_ = nullptr;
+            } catch (...) {
+                error = std::current_exception();
+            }
+            if (error) abort(prefix("close") + "the communicator did not finalize");
+        }
+        if (store_) {
+            try {
+                if (co_await store_->add("close/left", 1) == size_) {
+                    co_await store_->set("close/all", "1");
+                }
+                if (hosted_) {
+                    std::vector<std::string> all{"close/all"};
+                    co_await store_->wait(std::move(all), timeout_);
+                }
+            } catch (...) {
+                if (!error) error = std::current_exception();
+            }
+        }
+        if (error) std::rethrow_exception(error);
+    }
+
+private:
+    // Ops of a batch_isend_irecv wait for one shared completion.
+    struct batch_state {
+        work<> run;
+        bool finished = false;
+        std::exception_ptr error;
+        std::vector<std::coroutine_handle<>> waiters;
+    };
+
+    task<> run_batch(std::vector<nccl_p2p_op> ops, std::shared_ptr<batch_state> batch) {
+        try {
+            co_await run("batch_isend_irecv", [ops](ncclComm_t c, cudaStream_t s) {
+                return grouped([&] {
+                    for (const auto& op : ops) {
+                        ncclResult_t rc = op.op == nccl_p2p_op::kind::isend
+                                              ? ncclSend(op.data, op.count, op.type, op.peer, c, s)
+                                              : ncclRecv(op.data, op.count, op.type, op.peer, c, s);
+                        if (rc != ncclSuccess) return rc;
+                    }
+                    return ncclSuccess;
+                });
+            });
+        } catch (...) {
+            batch->error = std::current_exception();
+        }
+        batch->finished = true;
+        auto waiters = std::move(batch->waiters);
+        for (auto h : waiters) h.resume();
+    }
+
+    task<int> recv_from(void* p, std::size_t n, ncclDataType_t t, int src) {
+        co_await run("recv", [p, n, t, src](ncclComm_t c, cudaStream_t s) {
+            return ncclRecv(p, n, t, src, c, s);
+        });
+        co_return src;
+    }
+
+    // NCCL's op; the error text (which allocates) only for the ops NCCL lacks.
+    ncclRedOp_t op_of(reduce_op op, const char* what) const {
+        return nccl_has(op) ? nccl_op_of(op, std::string()) : nccl_op_of(op, prefix(what));
+    }
+
+    static task<int> await_batch(std::shared_ptr<batch_state> batch, int peer) {
+        struct awaiter {
+            batch_state& b;
+            bool await_ready() const noexcept { return b.finished; }
+            void await_suspend(std::coroutine_handle<> h) { b.waiters.push_back(h); }
+            void await_resume() const {
+                if (b.error) std::rethrow_exception(b.error);
+            }
+        };
+        co_await awaiter{*batch};
+        co_return peer;
+    }
+
+    // Runs one NCCL call (or group) `enqueue(comm, stream)` and waits for the GPU to finish it
+    // (see the top of this file).
+    template <class Enqueue>
+    task<> run(const char* op, Enqueue enqueue) {
+        wait_label label{op, rank_};
+        if (closed_ || comm_ == nullptr) {
+            throw std::runtime_error(
+                prefix(op) + (failure_.empty() ? "the NCCL group is closed"
+                                               : "the NCCL group was aborted: " + failure_));
+        }
+        auto deadline = io::deadline_after(timeout_);
+        co_await lock_.lock();
+        cudaEvent_t done = nullptr;
+        std::exception_ptr error;
+        try {
+            if (comm_ == nullptr) {
+                throw std::runtime_error(prefix(op) + "the NCCL group was aborted: " + failure_);
+            }
+            check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+            ncclResult_t rc = enqueue(comm_, stream_);
+            if (rc == ncclInProgress) {
+                co_await until(
+                    reactor_, [this](std::string& why) noexcept { return enqueue_progress(why); },
+                    deadline, label);
+            } else if (rc != ncclSuccess) {
+                throw nccl_error(rc, prefix(op) + describe_nccl(rc, comm_));
+            }
+            done = events_.take();
+            check_cuda(cudaEventRecord(done, stream_), "cudaEventRecord");
+        } catch (...) {
+            error = std::current_exception();
+        }
+        lock_.unlock();
+        if (!error) {
+            try {
+                co_await until(
+                    reactor_,
+                    [this, done](std::string& why) noexcept { return op_progress(done, why); },
+                    deadline, label);
+                events_.give(done);
+                co_return;
+            } catch (...) {
+                error = std::current_exception();
+            }
+        }
+        if (done != nullptr) (void)cudaEventDestroy(done);
+        fail(op, error);
+        std::rethrow_exception(error);
+    }
+
+    // The first failure aborts the communicator; its text is what every later op reports.
+    void fail(const char* op, std::exception_ptr error) noexcept {
+        if (!failure_.empty()) return;
+        std::string why = prefix(op) + "failed";
+        try {
+            std::rethrow_exception(error);
+        } catch (const std::exception& e) {
+            why = e.what();
+        } catch (...) {
+        }
+        abort(why);
+    }
+
+    // Whether a non-blocking communicator has finished its last call.
+    static progress comm_progress(ncclComm_t c, std::string& why) noexcept {
+        ncclResult_t state = ncclSuccess;
+        ncclResult_t rc = ncclCommGetAsyncError(c, &state);
+        if (rc != ncclSuccess) {
+            why = "ncclCommGetAsyncError: " + describe_nccl(rc, c);
+            return progress::failed;
+        }
+        if (state == ncclInProgress) return progress::pending;
+        if (state != ncclSuccess) {
+            why = "NCCL: " + describe_nccl(state, c);
+            return progress::failed;
+        }
+        return progress::done;
+    }
+
+    progress enqueue_progress(std::string& why) noexcept {
+        if (comm_ == nullptr) {
+            why = "the NCCL group was aborted: " + failure_;
+            return progress::failed;
+        }
+        return comm_progress(comm_, why);
+    }
+
+    progress op_progress(cudaEvent_t done, std::string& why) noexcept {
+        if (comm_ == nullptr) {
+            why = "the NCCL group was aborted: " + failure_;
+            return progress::failed;
+        }
+        progress p = query_event(done, why);
+        if (p != progress::pending) return p;
+        // A peer that died or a network error shows here, not in the event.
+        p = comm_progress(comm_, why);
+        return p == progress::failed ? p : progress::pending;
+    }
+
+    template <class F>
+    static ncclResult_t grouped(F calls) {
+        ncclResult_t rc = ncclGroupStart();
+        if (rc != ncclSuccess) return rc;
+        ncclResult_t inner = calls();
+        ncclResult_t end = ncclGroupEnd();
+        return inner != ncclSuccess ? inner : end;
+    }
+
+    template <class O, class I>
+    static void same_type() {
+        static_assert(std::is_same_v<element_t<O>, element_t<I>>,
+                      "corocoll: input and output must hold the same element type");
+    }
+
+    std::string prefix(const char* what) const {
+        return "corocoll: rank " + std::to_string(rank_) + ": " + what + ": ";
+    }
+    void check_root(const char* what, int root) const {
+        if (root < 0 || root >= size_) {
+            throw std::invalid_argument(prefix(what) + "root " + std::to_string(root) +
+                                        " is outside [0, " + std::to_string(size_) + ")");
+        }
+    }
+    void check_peer(const char* what, int peer, std::int64_t tag) const {
+        if (peer < 0 || peer >= size_) {
+            throw std::invalid_argument(
+                prefix(what) + "peer " + std::to_string(peer) + " is outside [0, " +
+                std::to_string(size_) + ")" +
+                (peer < 0 ? " (NCCL cannot receive from any source: name the rank)" : ""));
+        }
+        if (tag != 0) {
+            throw std::invalid_argument(prefix(what) + "tag " + std::to_string(tag) +
+                                        ": NCCL has no tags (messages between two ranks match "
+                                        "in the order they are posted); pass 0");
+        }
+    }
+    void check_size(const char* what, const char* name, std::size_t got,
+                    std::size_t expected) const {
+        if (got != expected) {
+            throw std::invalid_argument(prefix(what) + name + " has " + std::to_string(got) +
+                                        " elements, " + std::to_string(expected) + " expected");
+        }
+    }
+    template <class R>
+    void check_list(const char* what, const char* name, const std::vector<R>& list,
+                    std::size_t each) const {
+        if (list.size() != static_cast<std::size_t>(size_)) {
+            throw std::invalid_argument(prefix(what) + name + " has " +
+                                        std::to_string(list.size()) + " buffers, " +
+                                        std::to_string(size_) + " expected");
+        }
+        for (const auto& b : list) check_size(what, name, b.size(), each);
+    }
+    // Prefix sums of per-rank splits (equal blocks when `splits` is empty).
+    std::vector<std::size_t> offsets(const char* name, const std::vector<std::size_t>& splits,
+                                     std::size_t total) const {
+        auto n = static_cast<std::size_t>(size_);
+        std::vector<std::size_t> off(n + 1, 0);
+        if (splits.empty()) {
+            if (total % n != 0) {
+                throw std::invalid_argument(
+                    prefix("all_to_all") + name + " has " + std::to_string(total) +
+                    " elements, not a multiple of the group size " + std::to_string(n));
+            }
+            for (std::size_t p = 0; p < n; ++p) off[p + 1] = off[p] + total / n;
+            return off;
+        }
+        if (splits.size() != n) {
+            throw std::invalid_argument(prefix("all_to_all") + name + "_splits has " +
+                                        std::to_string(splits.size()) + " entries, " +
+                                        std::to_string(n) + " expected");
+        }
+        for (std::size_t p = 0; p < n; ++p) off[p + 1] = off[p] + splits[p];
+        check_size("all_to_all", name, total, off[n]);
+        return off;
+    }
+
+    io::reactor& reactor_;
+    int rank_;
+    int size_;
+    int device_;
+    std::string name_;
+    duration timeout_;
+    ncclComm_t comm_;
+    std::shared_ptr<rendezvous::prefix_store> store_;
+    std::shared_ptr<rendezvous::tcp_store_server> hosted_;
+    std::optional<gpu::stream> own_stream_;
+    cudaStream_t group_stream_ = nullptr;
+    cudaStream_t stream_ = nullptr;
+    async_mutex lock_;
+    event_pool events_;
+    int* barrier_word_ = nullptr;
+    std::string failure_;
+    bool closed_ = false;
+};
+
+namespace detail {
+
+inline std::string host_name() {
+    char buf[256] = {};
+    if (::gethostname(buf, sizeof(buf) - 1) != 0) return "?";
+    return buf;
+}
+
+}  // namespace detail
+
+/// Sets up a group of backend "nccl" (`o.backend` must say so), like torch's
+/// `init_process_group("nccl")`: the rendezvous of `corocoll::init_process_group` (rank,
+/// world size, store; bounded by `o.timeout`), then one CUDA device per rank (`g.device`,
+/// else LOCAL_RANK, else rank modulo the devices seen), checked through the store so that two
+/// ranks on one GPU fail at once with both named; rank 0 publishes `ncclGetUniqueId` in the
+/// store, the others fetch it, and every rank creates a non-blocking communicator
+/// (`config.blocking = 0`) whose set-up the reactor polls.
+inline task<std::shared_ptr<nccl_group>> init_process_group(io::reactor& r, init_options o,
+                                                            nccl_options g = {}) {
+    using corocoll::detail::init_error;
+    if (o.backend != "nccl") {
+        throw std::invalid_argument(init_error(
+            "corocoll::gpu::init_process_group sets up backend \"nccl\", not '" + o.backend +
+            "' (CPU groups: corocoll::init_process_group; CUDA buffers over them: gpu::staged)"));
+    }
+    int count = device_count();
+    if (count == 0) {
+        throw std::runtime_error(
+            init_error("backend \"nccl\" needs a CUDA device and this process sees none: " +
+                       no_device_reason() +
+                       " (backend \"tcp\" with gpu::staged moves CUDA buffers without NCCL)"));
+    }
+    auto rv = co_await corocoll::detail::rendezvous_for(r, o);
+    int rank = rv.rank;
+    int size = rv.world_size;
+    int local_rank = rv.local_rank;
+    if (local_rank < 0 && g.device < 0) {
+        // Rank and size were given (or a store): the launcher may still say the local rank.
+        try {
+            local_rank = rendezvous::read_launch_env().local_rank;
+        } catch (const std::exception&) {
+        }
+    }
+    int device = g.device >= 0 ? g.device : local_rank >= 0 ? local_rank : rank % count;
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    if (device >= count) {
+        throw std::invalid_argument(init_error(
+            "rank " + std::to_string(rank) + " would use CUDA device " + std::to_string(device) +
+            (g.device >= 0 ? " (nccl_options::device)" : " (LOCAL_RANK)") +
+            " but this process sees " + std::to_string(count) +
+            (visible != nullptr ? std::string(" (CUDA_VISIBLE_DEVICES=") + visible + ")"
+                                : std::string())));
+    }
+    check_cuda(cudaSetDevice(device), "init_process_group: cudaSetDevice");
+    char bus[32] = {};
+    check_cuda(cudaDeviceGetPCIBusId(bus, sizeof(bus), device),
+               "init_process_group: cudaDeviceGetPCIBusId");
+    std::string mine = detail::host_name() + " GPU " + bus;
+
+    // One GPU per rank: every rank reads every rank's device, so all of them fail alike.
+    auto& store = *rv.group_store;
+    co_await store.set("nccl/device/" + std::to_string(rank), mine);
+    std::vector<std::string> keys;
+    for (int p = 0; p < size; ++p) keys.push_back("nccl/device/" + std::to_string(p));
+    co_await store.wait(keys, o.timeout);
+    std::vector<std::string> devices;
+    for (const auto& k : keys) devices.push_back(co_await store.get(k));
+    for (int a = 0; a < size; ++a) {
+        for (int b = a + 1; b < size; ++b) {
+            if (devices[static_cast<std::size_t>(a)] == devices[static_cast<std::size_t>(b)]) {
+                throw std::invalid_argument(init_error(
+                    "ranks " + std::to_string(a) + " and " + std::to_string(b) + " both use " +
+                    devices[static_cast<std::size_t>(a)] +
+                    ": NCCL needs a GPU of its own per rank (start one rank per GPU, LOCAL_RANK "
+                    "picks it), or use backend \"tcp\" with gpu::staged to share one GPU"));
+            }
+        }
+    }
+
+    ncclUniqueId id{};
+    if (rank == 0) {
+        ncclResult_t rc = ncclGetUniqueId(&id);
+        if (rc != ncclSuccess) {
+            throw nccl_error(rc, init_error("rank 0: ncclGetUniqueId: " + describe_nccl(rc)));
+        }
+        co_await store.set("nccl/id", std::string(id.internal, sizeof(id.internal)));
+    } else {
+        std::string bytes = co_await store.get("nccl/id");
+        if (bytes.size() != sizeof(id.internal)) {
+            throw std::runtime_error(init_error("rank " + std::to_string(rank) +
+                                                ": the NCCL id in the store has " +
+                                                std::to_string(bytes.size()) + " bytes, not " +
+                                                std::to_string(sizeof(id.internal))));
+        }
+        std::memcpy(id.internal, bytes.data(), bytes.size());
+    }
+
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    config.commName = o.group_name.c_str();
+    ncclComm_t comm = nullptr;
+    ncclResult_t rc = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+        if (comm != nullptr) (void)ncclCommAbort(comm);
+        throw nccl_error(rc, init_error("rank " + std::to_string(rank) +
+                                        ": ncclCommInitRankConfig: " + describe_nccl(rc)));
+    }
+    std::exception_ptr error;
+    try {
+        co_await until(r,
+                       [comm](std::string& why) noexcept {
+                           ncclResult_t state = ncclSuccess;
+                           ncclResult_t q = ncclCommGetAsyncError(comm, &state);
+                           if (q != ncclSuccess) state = q;
+                           if (state == ncclInProgress) return progress::pending;
+                           if (state == ncclSuccess) return progress::done;
+                           why = "ncclCommInitRankConfig: " + describe_nccl(state, comm);
+                           return progress::failed;
+                       },
+                       io::deadline_after(o.timeout), {"init_process_group (nccl)", rank});
+    } catch (...) {
+        error = std::current_exception();
+    }
+    if (error) {
+        (void)ncclCommAbort(comm);
+        std::rethrow_exception(error);
+    }
+    COROCOLL_LOG(info, "INIT", "nccl group '", o.group_name, "' ready: rank ", rank, " of ", size,
+                 " on ", mine);
+    co_return std::make_shared<nccl_group>(
+        r, rank, size, device, o.group_name,
+        std::chrono::duration_cast<nccl_group::duration>(o.timeout), comm, g.stream,
+        std::move(rv.group_store), std::move(rv.hosted));
+}
+
+}  // namespace gpu
+
+COROCOLL_END_NAMESPACE

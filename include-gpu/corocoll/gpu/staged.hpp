@@ -1,0 +1,283 @@
+#pragma once
+
+// CUDA buffers on CPU process groups: each operation copies the device data into page-locked
+// host memory, runs the CPU group's operation over TCP there, and copies the result back. The
+// copies are enqueued on a CUDA stream and awaited through events the reactor polls, so the
+// thread keeps running other coroutines meanwhile. Unlike NCCL, this lets several ranks share
+// one GPU.
+
+#include <corocoll/collectives/dtype.hpp>
+#include <corocoll/collectives/reduce_op.hpp>
+#include <corocoll/core/task.hpp>
+#include <corocoll/gpu/cuda.hpp>
+#include <corocoll/gpu/wait.hpp>
+#include <corocoll/process_group/process_group.hpp>
+#include <corocoll/version.hpp>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace gpu {
+
+namespace detail {
+
+// The host element a CPU group reduces for a device element: CUDA's half types travel as
+// corocoll's, which have their layout.
+template <class T>
+struct host_element {
+    using type = T;
+};
+template <>
+struct host_element<__half> {
+    using type = float16;
+};
+template <>
+struct host_element<__nv_bfloat16> {
+    using type = bfloat16;
+};
+static_assert(sizeof(__half) == sizeof(float16) && sizeof(__nv_bfloat16) == sizeof(bfloat16));
+
+}  // namespace detail
+
+/// A CPU (tcp) process group's operations on CUDA device memory (`device_span`,
+/// `device_buffer`), staged through page-locked host memory: copy in, the CPU operation,
+/// copy out, each copy awaited without blocking the reactor. Reductions take the CPU group's
+/// element types (int8, uint8, int32, int64, float, double, float16/__half,
+/// bfloat16/__nv_bfloat16); moves take any element. Operations may run concurrently (each
+/// takes its own staging buffer from a pool). Use it from the group's thread; the device is
+/// the one current when it was made.
+class staged {
+public:
+    /// `s`: the stream the copies go on (null: one of its own, an ordinary stream that waits
+    /// for the legacy default stream).
+    explicit staged(process_group& pg, cudaStream_t s = nullptr) : pg_(pg) {
+        check_cuda(cudaGetDevice(&device_), "staged: cudaGetDevice");
+        if (s == nullptr) {
+            own_stream_ = std::make_unique<gpu::stream>();
+            s = own_stream_->get();
+        }
+        stream_ = s;
+    }
+
+    process_group& group() const noexcept { return pg_; }
+    cudaStream_t stream() const noexcept { return stream_; }
+
+    /// `process_group::all_reduce` on device memory.
+    template <device_memory R>
+    task<> all_reduce(R& data, reduce_op op = reduce_op::sum) {
+        using H = host_t<R>;
+        auto h = co_await download<H>("all_reduce", data.data(), data.size());
+        auto view = h.template as<H>(data.size());
+        co_await pg_.all_reduce(view, op);
+        co_await upload("all_reduce", data.data(), h, data.size_bytes());
+    }
+
+    /// `process_group::reduce`: only `dst` gets the result copied back.
+    template <device_memory R>
+    task<> reduce(R& data, int dst, reduce_op op = reduce_op::sum) {
+        using H = host_t<R>;
+        auto h = co_await download<H>("reduce", data.data(), data.size());
+        auto view = h.template as<H>(data.size());
+        co_await pg_.reduce(view, dst, op);
+        if (pg_.rank() == dst) co_await upload("reduce", data.data(), h, data.size_bytes());
+    }
+
+    /// `process_group::broadcast`: `src` copies out, the others copy in.
+    template <device_memory R>
+    task<> broadcast(R& data, int src) {
+        auto h = co_await download<std::uint8_t>("broadcast", data.data(), data.size_bytes(),
+                                                 pg_.rank() == src);
+        auto view = h.template as<std::uint8_t>(data.size_bytes());
+        co_await pg_.broadcast(view, src);
+        if (pg_.rank() != src) co_await upload("broadcast", data.data(), h, data.size_bytes());
+    }
+
+    /// `process_group::all_gather_into`.
+    template <device_memory O, device_memory I>
+    task<> all_gather_into(O& out, const I& in) {
+        same_type<O, I>();
+        auto hi = co_await download<std::uint8_t>("all_gather", in.data(), in.size_bytes());
+        auto ho = take(out.size_bytes());
+        auto vi = hi.template as<std::uint8_t>(in.size_bytes());
+        auto vo = ho.template as<std::uint8_t>(out.size_bytes());
+        co_await pg_.all_gather_into(vo, vi);
+        co_await upload("all_gather", out.data(), ho, out.size_bytes());
+    }
+
+    /// `process_group::reduce_scatter_into`.
+    template <device_memory O, device_memory I>
+    task<> reduce_scatter_into(O& out, const I& in, reduce_op op = reduce_op::sum) {
+        same_type<O, I>();
+        using H = host_t<I>;
+        auto hi = co_await download<H>("reduce_scatter", in.data(), in.size());
+        auto ho = take(out.size_bytes());
+        auto vi = hi.template as<H>(in.size());
+        auto vo = ho.template as<H>(out.size());
+        co_await pg_.reduce_scatter_into(vo, vi, op);
+        co_await upload("reduce_scatter", out.data(), ho, out.size_bytes());
+    }
+
+    /// `process_group::all_to_all_single` (split sizes in elements).
+    template <device_memory O, device_memory I>
+    task<> all_to_all_single(O& out, const I& in, std::vector<std::size_t> out_splits = {},
+                             std::vector<std::size_t> in_splits = {}) {
+        same_type<O, I>();
+        // Moved as bytes: any element type, splits scaled to bytes.
+        for (auto& x : out_splits) x *= sizeof(element_t<O>);
+        for (auto& x : in_splits) x *= sizeof(element_t<I>);
+        auto hi = co_await download<std::uint8_t>("all_to_all", in.data(), in.size_bytes());
+        auto ho = take(out.size_bytes());
+        auto vi = hi.template as<std::uint8_t>(in.size_bytes());
+        auto vo = ho.template as<std::uint8_t>(out.size_bytes());
+        co_await pg_.all_to_all_single(vo, vi, std::move(out_splits), std::move(in_splits));
+        co_await upload("all_to_all", out.data(), ho, out.size_bytes());
+    }
+
+    /// `process_group::gather_into`: `out` is only written on `dst`.
+    template <device_memory I, device_memory O>
+    task<> gather_into(const I& in, O& out, int dst) {
+        same_type<O, I>();
+        auto hi = co_await download<std::uint8_t>("gather", in.data(), in.size_bytes());
+        bool root = pg_.rank() == dst;
+        auto ho = take(root ? out.size_bytes() : 0);
+        auto vi = hi.template as<std::uint8_t>(in.size_bytes());
+        auto vo = ho.template as<std::uint8_t>(root ? out.size_bytes() : 0);
+        co_await pg_.gather_into(vi, vo, dst);
+        if (root) co_await upload("gather", out.data(), ho, out.size_bytes());
+    }
+
+    /// `process_group::scatter_from`: `in` is only read on `src`.
+    template <device_memory O, device_memory I>
+    task<> scatter_from(O& out, const I& in, int src) {
+        same_type<O, I>();
+        bool root = pg_.rank() == src;
+        auto hi = co_await download<std::uint8_t>("scatter", in.data(), root ? in.size_bytes() : 0);
+        auto ho = take(out.size_bytes());
+        auto vi = hi.template as<std::uint8_t>(root ? in.size_bytes() : 0);
+        auto vo = ho.template as<std::uint8_t>(out.size_bytes());
+        co_await pg_.scatter_from(vo, vi, src);
+        co_await upload("scatter", out.data(), ho, out.size_bytes());
+    }
+
+    /// `process_group::send` of device memory.
+    template <device_memory R>
+    task<> send(const R& buf, int dst, std::int64_t tag = 0) {
+        auto h = co_await download<std::uint8_t>("send", buf.data(), buf.size_bytes());
+        auto view = h.template as<std::uint8_t>(buf.size_bytes());
+        co_await pg_.send(view, dst, tag);
+    }
+
+    /// `process_group::recv` into device memory; yields the sender. Only the bytes received
+    /// are copied to the device.
+    template <device_memory R>
+    task<int> recv(R& buf, int src = any_source, std::int64_t tag = 0) {
+        auto h = take(buf.size_bytes());
+        auto view = h.template as<std::uint8_t>(buf.size_bytes());
+        int from = co_await pg_.recv(view, src, tag);
+        co_await upload("recv", buf.data(), h, buf.size_bytes());
+        co_return from;
+    }
+
+    /// `process_group::barrier` (no device memory involved).
+    task<> barrier() { return pg_.barrier(); }
+
+private:
+    template <class R>
+    using host_t = typename detail::host_element<element_t<R>>::type;
+
+    // A page-locked buffer lent from the pool; it goes back when the lease ends.
+    class lease {
+    public:
+        lease(staged* owner, std::unique_ptr<pinned_buffer> b) : owner_(owner), b_(std::move(b)) {}
+        lease(lease&& o) noexcept = default;
+        lease& operator=(lease&&) = delete;
+        ~lease() {
+            if (b_) owner_->pool_.push_back(std::move(b_));
+        }
+        std::byte* data() const noexcept { return b_->data(); }
+        template <class T>
+        std::span<T> as(std::size_t count) const noexcept {
+            return {reinterpret_cast<T*>(data()), count};
+        }
+
+    private:
+        staged* owner_;
+        std::unique_ptr<pinned_buffer> b_;
+    };
+
+    lease take(std::size_t bytes) {
+        std::unique_ptr<pinned_buffer> b;
+        if (!pool_.empty()) {
+            b = std::move(pool_.back());
+            pool_.pop_back();
+        } else {
+            b = std::make_unique<pinned_buffer>();
+        }
+        b->reserve(std::max<std::size_t>(bytes, 1));
+        return lease(this, std::move(b));
+    }
+
+    // A fresh lease of `count` elements, with the device memory at `from` copied in when
+    // `fill`.
+    template <class H>
+    task<lease> download(const char* op, const void* from, std::size_t count, bool fill = true) {
+        std::size_t bytes = count * sizeof(H);
+        lease h = take(bytes);
+        if (fill) co_await copy(op, h.data(), from, bytes, cudaMemcpyDeviceToHost);
+        co_return h;
+    }
+
+    task<> upload(const char* op, void* to, const lease& h, std::size_t bytes) {
+        return copy(op, to, h.data(), bytes, cudaMemcpyHostToDevice);
+    }
+
+    task<> copy(const char* op, void* to, const void* from, std::size_t bytes,
+                cudaMemcpyKind kind) {
+        if (bytes == 0) co_return;
+        wait_label label{op, pg_.rank()};
+        check_cuda(cudaSetDevice(device_), "staged: cudaSetDevice");
+        check_cuda(cudaMemcpyAsync(to, from, bytes, kind, stream_),
+                   kind == cudaMemcpyDeviceToHost ? "staged: cudaMemcpyAsync to the host"
+                                                  : "staged: cudaMemcpyAsync to the device");
+        // Back to the pool even after a failure: recording a pending event again is allowed.
+        struct give_back {
+            event_pool& pool;
+            cudaEvent_t e;
+            ~give_back() { pool.give(e); }
+        } done{events_, events_.take()};
+        check_cuda(cudaEventRecord(done.e, stream_), "staged: cudaEventRecord");
+        cudaEvent_t e = done.e;
+        co_await until(
+            pg_.reactor(), [e](std::string& why) noexcept { return query_event(e, why); },
+            io::deadline_after(pg_.timeout()), label);
+    }
+
+    template <class O, class I>
+    static void same_type() {
+        static_assert(std::is_same_v<element_t<O>, element_t<I>>,
+                      "corocoll: input and output must hold the same element type");
+    }
+
+    process_group& pg_;
+    int device_ = 0;
+    std::unique_ptr<gpu::stream> own_stream_;
+    cudaStream_t stream_ = nullptr;
+    std::vector<std::unique_ptr<pinned_buffer>> pool_;
+    event_pool events_;
+};
+
+}  // namespace gpu
+
+COROCOLL_END_NAMESPACE
