@@ -50,6 +50,7 @@ cc::task<> body(cc::process_group& pg) {
     cc::gpu::stream compute_stream(cudaStreamNonBlocking);
     std::size_t count = mib * (std::size_t{1} << 20) / sizeof(float);
     cc::gpu::device_buffer<float> grads(count), work(std::size_t{1} << 22);
+    cc::gpu::check_cuda(cudaMemset(work.data(), 0, work.size_bytes()), "cudaMemset");
     std::vector<float> host(count, static_cast<float>(me + 1));
     grads.copy_from(host);
 
@@ -78,7 +79,7 @@ cc::task<> body(cc::process_group& pg) {
     double both_ms = ms_since(t0);
 
     grads.copy_to(host);
-    float want = static_cast<float>(n * (n + 1) / 2);
+    float want = static_cast<float>(n) * static_cast<float>(n + 1) / 2.0f;
     bool right = true;
     for (float v : host) right = right && v == want;
     std::vector<float> w(work.size());

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstddef>
 #include <span>
 #include <stdexcept>
@@ -73,6 +74,7 @@ inline int probe_devices() noexcept {
     if (pid == 0) ::_exit(std::min(device_count(), 100));
     int status = 0;
     while (::waitpid(pid, &status, 0) < 0) {
+        if (errno != EINTR) return 0;
     }
     return WIFEXITED(status) ? WEXITSTATUS(status) : 0;
 }

@@ -116,7 +116,7 @@ public:
     nccl_group& operator=(const nccl_group&) = delete;
     /// Closes the group if `close()` was not awaited (on this thread's reactor).
     ~nccl_group() {
-        if (!closed_) {
+        if (!closing_) {
             try {
                 sync_wait(close());
             } catch (...) {
@@ -415,6 +415,13 @@ public:
         const auto* src = static_cast<const T*>(in.data());
         auto* dst = static_cast<T*>(out.data());
         ncclDataType_t t = nccl_type_of<T>();
+        if (out_splits.empty() && in_splits.empty()) {
+            std::size_t block = in.size() / static_cast<std::size_t>(size_);
+            check_size("all_to_all", "out", out.size(), in.size());
+            return run("all_to_all", [src, dst, block, t](ncclComm_t c, cudaStream_t s) {
+                return ncclAlltoAll(src, dst, block, t, c, s);
+            });
+        }
         return run("all_to_all", [=](ncclComm_t c, cudaStream_t s) {
             return grouped([&] {
                 for (int p = 0; p < static_cast<int>(in_off.size()) - 1; ++p) {
@@ -473,29 +480,36 @@ public:
     /// one is already gone) and leaves the rendezvous: the rank that serves the store keeps it
     /// up until every rank has left. Idempotent.
     task<> close() {
-        if (closed_) co_return;
-        closed_ = true;
+        if (closing_) co_return;
+        closing_ = true;
         auto deadline = io::deadline_after(timeout_);
         std::exception_ptr error;
+        // Under the lock: ops queued before run first, and no NCCL call may meet a
+        // communicator that is still in progress. Ops queued after fail as closed.
+        co_await lock_.lock();
+        closed_ = true;
         if (comm_ != nullptr) {
             try {
-                ncclComm_t c = comm_;
-                ncclResult_t rc = ncclCommFinalize(c);
+                ncclResult_t rc = ncclCommFinalize(comm_);
                 if (rc == ncclInProgress) {
-                    co_await until(reactor_,
-                                   [c](std::string& why) noexcept { return comm_progress(c, why); },
-                                   deadline, {"close", rank_});
+                    // Through comm_: a failing op may abort (and free) it meanwhile.
+                    co_await until(
+                        reactor_,
+                        [this](std::string& why) noexcept { return enqueue_progress(why); },
+                        deadline, {"close", rank_});
                 } else if (rc != ncclSuccess) {
-                    throw nccl_error(rc,
-                                     prefix("close") + "ncclCommFinalize: " + describe_nccl(rc, c));
+                    throw nccl_error(
+                        rc, prefix("close") + "ncclCommFinalize: " + describe_nccl(rc, comm_));
                 }
-                (void)ncclCommDestroy(c);
+                if (comm_ != nullptr) (void)ncclCommDestroy(comm_);
                 comm_ = nullptr;
+                if (failure_.empty()) failure_ = "the NCCL group was closed";
             } catch (...) {
                 error = std::current_exception();
             }
             if (error) abort(prefix("close") + "the communicator did not finalize");
         }
+        lock_.unlock();
         if (store_) {
             try {
                 if (co_await store_->add("close/left", 1) == size_) {
@@ -572,30 +586,28 @@ private:
     template <class Enqueue>
     task<> run(const char* op, Enqueue enqueue) {
         wait_label label{op, rank_};
-        if (closed_ || comm_ == nullptr) {
-            throw std::runtime_error(
-                prefix(op) + (failure_.empty() ? "the NCCL group is closed"
-                                               : "the NCCL group was aborted: " + failure_));
-        }
+        if (closed_ || comm_ == nullptr) throw std::runtime_error(prefix(op) + unusable());
         auto deadline = io::deadline_after(timeout_);
         co_await lock_.lock();
         cudaEvent_t done = nullptr;
         std::exception_ptr error;
+        // A call NCCL refuses at once (an argument it rejects) leaves the communicator usable.
+        bool fatal = true;
         try {
-            if (comm_ == nullptr) {
-                throw std::runtime_error(prefix(op) + "the NCCL group was aborted: " + failure_);
-            }
+            if (closed_ || comm_ == nullptr) throw std::runtime_error(prefix(op) + unusable());
             check_cuda(cudaSetDevice(device_), "cudaSetDevice");
-            ncclResult_t rc = enqueue(comm_, stream_);
+            cudaStream_t stream = stream_;  // once: set_stream may run while this op waits
+            ncclResult_t rc = enqueue(comm_, stream);
             if (rc == ncclInProgress) {
                 co_await until(
                     reactor_, [this](std::string& why) noexcept { return enqueue_progress(why); },
                     deadline, label);
             } else if (rc != ncclSuccess) {
+                fatal = rc != ncclInvalidArgument && rc != ncclInvalidUsage;
                 throw nccl_error(rc, prefix(op) + describe_nccl(rc, comm_));
             }
             done = events_.take();
-            check_cuda(cudaEventRecord(done, stream_), "cudaEventRecord");
+            check_cuda(cudaEventRecord(done, stream), "cudaEventRecord");
         } catch (...) {
             error = std::current_exception();
         }
@@ -613,8 +625,14 @@ private:
             }
         }
         if (done != nullptr) (void)cudaEventDestroy(done);
-        fail(op, error);
+        if (fatal && !closed_) fail(op, error);
         std::rethrow_exception(error);
+    }
+
+    // Why an op cannot run: closed, or aborted by an earlier failure.
+    std::string unusable() const {
+        return closed_ || failure_.empty() ? std::string("the NCCL group is closed")
+                                           : "the NCCL group was aborted: " + failure_;
     }
 
     // The first failure aborts the communicator; its text is what every later op reports.
@@ -648,7 +666,7 @@ private:
 
     progress enqueue_progress(std::string& why) noexcept {
         if (comm_ == nullptr) {
-            why = "the NCCL group was aborted: " + failure_;
+            why = unusable();
             return progress::failed;
         }
         return comm_progress(comm_, why);
@@ -656,7 +674,7 @@ private:
 
     progress op_progress(cudaEvent_t done, std::string& why) noexcept {
         if (comm_ == nullptr) {
-            why = "the NCCL group was aborted: " + failure_;
+            why = unusable();
             return progress::failed;
         }
         progress p = query_event(done, why);
@@ -760,6 +778,7 @@ private:
     event_pool events_;
     int* barrier_word_ = nullptr;
     std::string failure_;
+    bool closing_ = false;
     bool closed_ = false;
 };
 
@@ -892,10 +911,17 @@ inline task<std::shared_ptr<nccl_group>> init_process_group(io::reactor& r, init
     }
     COROCOLL_LOG(info, "INIT", "nccl group '", o.group_name, "' ready: rank ", rank, " of ", size,
                  " on ", mine);
-    co_return std::make_shared<nccl_group>(
-        r, rank, size, device, o.group_name,
-        std::chrono::duration_cast<nccl_group::duration>(o.timeout), comm, g.stream,
-        std::move(rv.group_store), std::move(rv.hosted));
+    std::shared_ptr<nccl_group> group;
+    try {
+        group = std::make_shared<nccl_group>(
+            r, rank, size, device, o.group_name,
+            std::chrono::duration_cast<nccl_group::duration>(o.timeout), comm, g.stream,
+            std::move(rv.group_store), std::move(rv.hosted));
+    } catch (...) {
+        (void)ncclCommAbort(comm);  // the group never owned it
+        throw;
+    }
+    co_return group;
 }
 
 }  // namespace gpu

@@ -179,11 +179,11 @@ public:
         co_await pg_.send(view, dst, tag);
     }
 
-    /// `process_group::recv` into device memory; yields the sender. Only the bytes received
-    /// are copied to the device.
+    /// `process_group::recv` into device memory; yields the sender. A shorter message leaves
+    /// the rest of `buf` as it was (the staging copy starts from `buf`'s contents).
     template <device_memory R>
     task<int> recv(R& buf, int src = any_source, std::int64_t tag = 0) {
-        auto h = take(buf.size_bytes());
+        auto h = co_await download<std::uint8_t>("recv", buf.data(), buf.size_bytes());
         auto view = h.template as<std::uint8_t>(buf.size_bytes());
         int from = co_await pg_.recv(view, src, tag);
         co_await upload("recv", buf.data(), h, buf.size_bytes());

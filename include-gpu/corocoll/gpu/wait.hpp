@@ -53,6 +53,8 @@ public:
     }
     polled_wait(const polled_wait&) = delete;
     polled_wait& operator=(const polled_wait&) = delete;
+    /// A coroutine destroyed while it waits here leaves no entry behind in the reactor.
+    ~polled_wait() { reactor_.unwatch(*this); }
 
     bool await_ready() noexcept {
         state_ = check_(why_);
