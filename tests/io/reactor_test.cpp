@@ -562,6 +562,7 @@ TEST_CASE("while an entry is watched, I/O, timers and other entries still comple
         co_await cc::when_all(waits(), [&]() -> cc::task<> { co_await long_wait.wait(); }());
     };
     r.run(body());
+    writer.join();  // before closing the pipe it wrote to (TSan: a race on the descriptor)
     close(fds[0]);
     close(fds[1]);
     CHECK(order == std::vector<std::string>{"entry", "read", "sleep"});
