@@ -535,15 +535,29 @@ private:
             (void)rc;
             return;
         }
-        auto left = timers_.front()->when - std::chrono::steady_clock::now();
-        if (left <= left.zero()) return;
-        auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+        wait_at_most(timers_.front()->when - std::chrono::steady_clock::now());
+    }
+
+    // Submits and sleeps in the kernel until a completion or for `d`, whichever is first.
+    void wait_at_most(std::chrono::steady_clock::duration d) noexcept {
+        if (d <= d.zero()) return;
+        auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
         __kernel_timespec ts{ns / 1'000'000'000, ns % 1'000'000'000};
         io_uring_cqe* cqe = nullptr;
-        // -ETIME when the timer is due first. Kernels without IORING_FEAT_EXT_ARG get a
-        // timeout SQE from liburing instead, whose CQE `reap` skips.
+        // -ETIME when the time is up first. Kernels without IORING_FEAT_EXT_ARG get a timeout
+        // SQE from liburing instead, whose CQE `reap` skips.
         int rc = io_uring_submit_and_wait_timeout(&ring_, &cqe, 1, &ts, nullptr);
         (void)rc;
+    }
+
+    // Submits, and runs the completions' task work where the ring defers it (their CQEs show
+    // only after entering the kernel; a plain ring's just appear). Never sleeps.
+    void submit_and_collect() noexcept {
+        if (features_.defer_taskrun || features_.coop_taskrun) {
+            io_uring_submit_and_get_events(&ring_);
+        } else {
+            flush();
+        }
     }
 
     // Asks every watched entry once; true if one made progress.
@@ -560,28 +574,17 @@ private:
 
     // One pause between turns of the loop while entries are watched (see `poll_entry`).
     void wait_while_watching() noexcept {
-        bool enter = features_.defer_taskrun || features_.coop_taskrun;
         auto now = std::chrono::steady_clock::now();
         auto idle = now - watch_progress_;
         if (idle < options_.busy_poll) {
-            // Completions of a deferred-taskrun ring show only after entering the kernel.
-            if (enter) {
-                io_uring_submit_and_get_events(&ring_);
-            } else {
-                flush();
-            }
+            submit_and_collect();
             if (!options_.busy_poll_when_crowded && crowded()) sched_yield();
             return;
         }
         auto pause = std::min<std::chrono::steady_clock::duration>(idle / 32,
                                                                    std::chrono::microseconds(500));
         if (!timers_.empty()) pause = std::min(pause, timers_.front()->when - now);
-        if (pause <= pause.zero()) return;
-        auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(pause).count();
-        __kernel_timespec ts{ns / 1'000'000'000, ns % 1'000'000'000};
-        io_uring_cqe* cqe = nullptr;
-        int rc = io_uring_submit_and_wait_timeout(&ring_, &cqe, 1, &ts, nullptr);
-        (void)rc;
+        wait_at_most(pause);
     }
 
     // Polls for up to `busy_poll`, yielding the processor between polls when `yield`; true if
@@ -590,11 +593,7 @@ private:
         // Deferred or cooperative task work (the completions) runs only when we enter the
         // kernel; a plain ring's completions just appear. The first entry also submits.
         bool enter = features_.defer_taskrun || features_.coop_taskrun;
-        if (enter) {
-            io_uring_submit_and_get_events(&ring_);
-        } else {
-            flush();
-        }
+        submit_and_collect();
         auto until = std::chrono::steady_clock::now() + options_.busy_poll;
         for (;;) {
             if (io_uring_cq_ready(&ring_) > 0) return true;
