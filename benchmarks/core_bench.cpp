@@ -4,7 +4,10 @@
 //   - µs per 1-byte TCP round trip between two sockets on one reactor (send + recv each way);
 //   - heap allocations per message in steady state during that ping-pong (target: 0);
 //   - the same through a process group of two spawned ranks: per send or recv, and per
-//     all_reduce of 4 bytes (target: 0).
+//     all_reduce of 4 bytes (target: 0);
+//   - coroutine frames (pooled or not) per point-to-point send and receive, and heap
+//     allocations and frames per chunk received by the ring (a 64 KiB all_reduce on two ranks,
+//     forced to the ring, cut into 1 KiB chunks: 64 chunks received per call).
 // Usage: core_bench [-n iterations] (default 200000).
 
 #include <corocoll/corocoll.hpp>
@@ -12,12 +15,14 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <new>
+#include <span>
 #include <vector>
 
 // g++ 12 flags free() in our replacement operator delete as mismatched with the replacement
@@ -109,6 +114,7 @@ cc::task<pingpong_result> pingpong(cc::io::reactor& r, long n) {
 // on rank 0 per send/recv of a 4-byte message and per 4-byte all_reduce, once warm. Rank 0
 // prints.
 cc::task<> group_allocations(cc::process_group& pg, long n) {
+    using pool = cc::detail::frame_pool;
     std::vector<float> v(1, 1.0f);
     auto ping = [&](long rounds) -> cc::task<> {
         for (long i = 0; i < rounds; ++i) {
@@ -121,6 +127,15 @@ cc::task<> group_allocations(cc::process_group& pg, long n) {
             }
         }
     };
+    auto sends = [&](long rounds) -> cc::task<> {
+        for (long i = 0; i < rounds; ++i) {
+            if (pg.rank() == 0) {
+                co_await pg.send(v, 1);
+            } else {
+                co_await pg.recv(v, 0);
+            }
+        }
+    };
     auto reduce = [&](long rounds) -> cc::task<> {
         for (long i = 0; i < rounds; ++i) co_await pg.all_reduce(v);
     };
@@ -129,14 +144,48 @@ cc::task<> group_allocations(cc::process_group& pg, long n) {
     co_await ping(n);
     double per_message =
         static_cast<double>(allocations.load() - before) / static_cast<double>(2 * n);
+    // Rank 0 only sends and rank 1 only receives: frames per send on 0, per recv on 1. The
+    // loop's own frame is one in `n`.
+    co_await pg.barrier();
+    std::uint64_t frames_before = pool::frames_made();
+    co_await sends(n);
+    double frames_per_p2p =
+        static_cast<double>(pool::frames_made() - frames_before) / static_cast<double>(n);
+    co_await pg.barrier();
     co_await reduce(n / 10 + 100);
     before = allocations.load();
     co_await reduce(n);
     double per_all_reduce =
         static_cast<double>(allocations.load() - before) / static_cast<double>(n);
+
+    // The ring, chunk by chunk: 64 KiB of floats over two ranks in 1 KiB chunks is two rounds
+    // (reduce-scatter, all-gather) of a 32 KiB block, 32 chunks each.
+    std::vector<float> big(16384, 1.0f);
+    pg.set_algorithm(cc::collectives::collective_kind::all_reduce,
+                     cc::collectives::algorithm::ring);
+    pg.set_chunk_bytes(1024);
+    constexpr long chunks_per_call = 64;
+    long ring_n = std::max(1L, n / 100);
+    for (long i = 0; i < ring_n / 10 + 10; ++i) co_await pg.all_reduce(big);
+    before = allocations.load();
+    frames_before = pool::frames_made();
+    for (long i = 0; i < ring_n; ++i) co_await pg.all_reduce(big);
+    double ring_chunks = static_cast<double>(ring_n * chunks_per_call);
+    double allocs_per_chunk = static_cast<double>(allocations.load() - before) / ring_chunks;
+    double frames_per_chunk =
+        static_cast<double>(pool::frames_made() - frames_before) / ring_chunks;
+
+    // Rank 1 reports its receive side to rank 0, which prints everything.
+    double recv_frames = frames_per_p2p;
+    if (pg.rank() == 1) co_await pg.send(std::span(&recv_frames, 1), 0);
     if (pg.rank() == 0) {
+        co_await pg.recv(std::span(&recv_frames, 1), 1);
         std::printf("%-44s %12.4f\n", "heap allocations per send or recv, group", per_message);
         std::printf("%-44s %12.4f\n", "heap allocations per all_reduce, 2 ranks", per_all_reduce);
+        std::printf("%-44s %12.4f\n", "coroutine frames per send, group", frames_per_p2p);
+        std::printf("%-44s %12.4f\n", "coroutine frames per recv, group", recv_frames);
+        std::printf("%-44s %12.4f\n", "heap allocations per ring chunk received", allocs_per_chunk);
+        std::printf("%-44s %12.4f\n", "coroutine frames per ring chunk received", frames_per_chunk);
         std::fflush(stdout);
     }
 }
