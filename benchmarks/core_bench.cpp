@@ -22,7 +22,6 @@
 #include <exception>
 #include <memory>
 #include <new>
-#include <span>
 #include <vector>
 
 // g++ 12 flags free() in our replacement operator delete as mismatched with the replacement
@@ -176,14 +175,14 @@ cc::task<> group_allocations(cc::process_group& pg, long n) {
         static_cast<double>(pool::frames_made() - frames_before) / ring_chunks;
 
     // Rank 1 reports its receive side to rank 0, which prints everything.
-    double recv_frames = frames_per_p2p;
-    if (pg.rank() == 1) co_await pg.send(std::span(&recv_frames, 1), 0);
+    std::vector<double> recv_frames{frames_per_p2p};
+    if (pg.rank() == 1) co_await pg.send(recv_frames, 0);
     if (pg.rank() == 0) {
-        co_await pg.recv(std::span(&recv_frames, 1), 1);
+        co_await pg.recv(recv_frames, 1);
         std::printf("%-44s %12.4f\n", "heap allocations per send or recv, group", per_message);
         std::printf("%-44s %12.4f\n", "heap allocations per all_reduce, 2 ranks", per_all_reduce);
         std::printf("%-44s %12.4f\n", "coroutine frames per send, group", frames_per_p2p);
-        std::printf("%-44s %12.4f\n", "coroutine frames per recv, group", recv_frames);
+        std::printf("%-44s %12.4f\n", "coroutine frames per recv, group", recv_frames[0]);
         std::printf("%-44s %12.4f\n", "heap allocations per ring chunk received", allocs_per_chunk);
         std::printf("%-44s %12.4f\n", "coroutine frames per ring chunk received", frames_per_chunk);
         std::fflush(stdout);
