@@ -1,0 +1,76 @@
+#pragma once
+
+// The argument checks every backend makes before it starts a collective, so that a bad
+// argument reads the same on each: "corocoll: rank R: WHAT: ...". They take the rank and the
+// group size explicitly (no group type), throw `std::invalid_argument` and allocate only when
+// they throw (all_to_all_offsets: its result).
+
+#include <corocoll/collectives/dtype.hpp>
+#include <corocoll/collectives/reduce_op.hpp>
+#include <corocoll/version.hpp>
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+/// "corocoll: rank `rank`: `what`: ", the start of every argument error. Allocates.
+inline std::string error_prefix(int rank, const char* what) {
+    return "corocoll: rank " + std::to_string(rank) + ": " + what + ": ";
+}
+
+/// Refuses a root outside [0, size): "root 7 is outside [0, 4)".
+inline void check_root(int rank, int size, const char* what, int root) {
+    if (root < 0 || root >= size) {
+        throw std::invalid_argument(error_prefix(rank, what) + "root " + std::to_string(root) +
+                                    " is outside [0, " + std::to_string(size) + ")");
+    }
+}
+
+/// Refuses a reduce op that `type` does not have (`op_supported`), with `unsupported_reason`.
+inline void check_op(int rank, const char* what, reduce_op op, dtype type) {
+    if (!op_supported(op, type)) {
+        throw std::invalid_argument(error_prefix(rank, what) + unsupported_reason(op, type));
+    }
+}
+
+/// Refuses `got` != `expected`: "`name` has 5 elements, 8 expected".
+inline void check_size(int rank, const char* what, const char* name, std::size_t got,
+                       std::size_t expected) {
+    if (got != expected) {
+        throw std::invalid_argument(error_prefix(rank, what) + name + " has " +
+                                    std::to_string(got) + " elements, " + std::to_string(expected) +
+                                    " expected");
+    }
+}
+
+/// all_to_all's block offsets in bytes (size + 1 of them: block p is [off[p], off[p + 1])) for
+/// a buffer `name` ("input", "output") of `total` elements of `elem` bytes. Empty `splits`
+/// are filled with equal blocks, refused if `total` does not split evenly over `size` ranks;
+/// given ones must have `size` entries that add up to `total`. O(size); allocates the result.
+inline std::vector<std::size_t> all_to_all_offsets(int rank, int size, const char* name,
+                                                   std::vector<std::size_t>& splits,
+                                                   std::size_t total, std::size_t elem) {
+    auto n = static_cast<std::size_t>(size);
+    if (splits.empty()) {
+        if (total % n != 0) {
+            throw std::invalid_argument(
+                error_prefix(rank, "all_to_all") + name + " of " + std::to_string(total) +
+                " elements does not split evenly over " + std::to_string(n) + " ranks");
+        }
+        splits.assign(n, total / n);
+    }
+    check_size(rank, "all_to_all", (std::string(name) + " splits").c_str(), splits.size(), n);
+    std::vector<std::size_t> off(n + 1, 0);
+    for (std::size_t p = 0; p < n; ++p) off[p + 1] = off[p] + splits[p] * elem;
+    check_size(rank, "all_to_all", name, total, off[n] / elem);
+    return off;
+}
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
