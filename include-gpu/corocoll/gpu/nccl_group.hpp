@@ -1,28 +1,19 @@
 #pragma once
 
 // Backend "nccl": process groups whose buffers are CUDA device memory and whose operations
-// are NCCL calls on a CUDA stream, awaited without blocking the reactor.
-//
-// How an operation runs: under the group's enqueue lock (so that every rank issues its NCCL
-// calls in program order, and no call is made while the non-blocking communicator is still
-// busy with the previous one), the NCCL call is made on the group's stream; if NCCL answers
-// ncclInProgress, the reactor polls ncclCommGetAsyncError until it is done; then an event is
-// recorded on the stream and the lock released. The awaiting coroutine then waits for the
-// event, which the reactor polls on every turn together with the communicator's asynchronous
-// error and the op's deadline. A failure or a deadline aborts the communicator (ncclCommAbort)
-// and fails that op and every pending and later op of the group with a message naming the
-// first failed op and the rank.
+// are NCCL calls on a CUDA stream, awaited without blocking the reactor. This file is the
+// face: the options, the group's operations and `gpu::init_process_group`. How an operation
+// is enqueued, awaited and failed is in detail/nccl_ops.hpp; the set-up after the rendezvous
+// (device, one GPU per rank, unique id, communicator) in detail/nccl_init.hpp.
 
 #include <corocoll/collectives/reduce_op.hpp>
-#include <corocoll/core/async_mutex.hpp>
-#include <corocoll/core/error.hpp>
-#include <corocoll/core/log.hpp>
 #include <corocoll/core/sync_wait.hpp>
 #include <corocoll/core/task.hpp>
 #include <corocoll/core/work.hpp>
 #include <corocoll/gpu/cuda.hpp>
+#include <corocoll/gpu/detail/nccl_init.hpp>
+#include <corocoll/gpu/detail/nccl_ops.hpp>
 #include <corocoll/gpu/nccl.hpp>
-#include <corocoll/gpu/wait.hpp>
 #include <corocoll/io/reactor.hpp>
 #include <corocoll/process_group/process_group.hpp>
 #include <corocoll/rendezvous/prefix_store.hpp>
@@ -31,18 +22,14 @@
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
-#include <unistd.h>
 
 #include <chrono>
-#include <coroutine>
+#include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <exception>
 #include <memory>
-#include <optional>
 #include <stdexcept>
 #include <string>
-#include <system_error>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -86,9 +73,9 @@ struct nccl_p2p_op {
 /// batch_isend_irecv, broadcast, all_reduce, reduce, all_gather(_into), gather(_into),
 /// scatter(_from), reduce_scatter(_into), all_to_all(_single), barrier) on CUDA device memory
 /// (`device_span`, `device_buffer`). Each is an NCCL call on `stream()`; awaiting it waits for
-/// the GPU to finish it without blocking the reactor. NCCL's limits stay: one rank per GPU,
-/// no tags, no receive from any source, no bitwise reduce ops. Bound to the reactor of the
-/// thread that created it.
+/// the GPU to finish it without blocking the reactor (detail/nccl_ops.hpp says how). NCCL's
+/// limits stay: one rank per GPU, no tags, no receive from any source, no bitwise reduce ops.
+/// Bound to the reactor of the thread that created it.
 class nccl_group {
 public:
     using duration = std::chrono::milliseconds;
@@ -97,21 +84,11 @@ public:
                ncclComm_t comm, cudaStream_t stream,
                std::shared_ptr<rendezvous::prefix_store> store,
                std::shared_ptr<rendezvous::tcp_store_server> hosted)
-        : reactor_(r),
-          rank_(rank),
-          size_(size),
-          device_(device),
+        : size_(size),
           name_(std::move(name)),
-          timeout_(timeout),
-          comm_(comm),
           store_(std::move(store)),
-          hosted_(std::move(hosted)) {
-        if (stream == nullptr) {
-            own_stream_.emplace();
-            stream = own_stream_->get();
-        }
-        group_stream_ = stream_ = stream;
-    }
+          hosted_(std::move(hosted)),
+          ops_(r, rank, device, timeout, comm, stream) {}
     nccl_group(const nccl_group&) = delete;
     nccl_group& operator=(const nccl_group&) = delete;
     /// Closes the group if `close()` was not awaited (on this thread's reactor).
@@ -125,25 +102,25 @@ public:
         if (barrier_word_ != nullptr) (void)cudaFree(barrier_word_);
     }
 
-    int rank() const noexcept { return rank_; }
+    int rank() const noexcept { return ops_.rank(); }
     int size() const noexcept { return size_; }
     /// The CUDA device of this rank.
-    int device() const noexcept { return device_; }
+    int device() const noexcept { return ops_.device(); }
     const std::string& name() const noexcept { return name_; }
-    duration timeout() const noexcept { return timeout_; }
-    io::reactor& reactor() const noexcept { return reactor_; }
+    duration timeout() const noexcept { return ops_.timeout(); }
+    io::reactor& reactor() const noexcept { return ops_.reactor(); }
     /// The communicator (null once closed or aborted).
-    ncclComm_t comm() const noexcept { return comm_; }
+    ncclComm_t comm() const noexcept { return ops_.comm(); }
     /// The stream operations are enqueued on now.
-    cudaStream_t stream() const noexcept { return stream_; }
+    cudaStream_t stream() const noexcept { return ops_.stream(); }
     /// Enqueues later operations on `s` (work the caller put there before runs first); null
     /// goes back to the group's own stream.
-    void set_stream(cudaStream_t s) noexcept { stream_ = s != nullptr ? s : group_stream_; }
+    void set_stream(cudaStream_t s) noexcept { ops_.set_stream(s); }
     /// True once an operation failed and the communicator was aborted.
-    bool failed() const noexcept { return !failure_.empty(); }
+    bool failed() const noexcept { return !ops_.failure().empty(); }
     /// Why the group failed (the first failed operation, its rank and reason); empty if it
     /// has not.
-    const std::string& failure() const noexcept { return failure_; }
+    const std::string& failure() const noexcept { return ops_.failure(); }
 
     // ---- point to point ----
 
@@ -155,7 +132,7 @@ public:
         const void* p = buf.data();
         std::size_t n = buf.size();
         ncclDataType_t t = nccl_type_of<element_t<R>>();
-        return run("send", [p, n, t, dst](ncclComm_t c, cudaStream_t s) {
+        return ops_.run("send", [p, n, t, dst](ncclComm_t c, cudaStream_t s) {
             return ncclSend(p, n, t, dst, c, s);
         });
     }
@@ -188,11 +165,25 @@ public:
                                                          : "batch_isend_irecv (irecv)",
                        op.peer, 0);
         }
-        auto batch = std::make_shared<batch_state>();
-        batch->run = start(run_batch(ops, batch));
+        auto batch = std::make_shared<detail::nccl_batch>();
+        batch->run = start(detail::finish_batch(
+            ops_.run("batch_isend_irecv",
+                     [ops](ncclComm_t c, cudaStream_t s) {
+                         return detail::grouped([&] {
+                             for (const auto& op : ops) {
+                                 ncclResult_t rc =
+                                     op.op == nccl_p2p_op::kind::isend
+                                         ? ncclSend(op.data, op.count, op.type, op.peer, c, s)
+                                         : ncclRecv(op.data, op.count, op.type, op.peer, c, s);
+                                 if (rc != ncclSuccess) return rc;
+                             }
+                             return ncclSuccess;
+                         });
+                     }),
+            batch));
         std::vector<work<int>> out;
         out.reserve(ops.size());
-        for (const auto& op : ops) out.push_back(start(await_batch(batch, op.peer)));
+        for (const auto& op : ops) out.push_back(start(detail::await_batch(batch, op.peer)));
         return out;
     }
 
@@ -202,12 +193,12 @@ public:
     /// NCCL barrier does.
     task<> barrier() {
         if (barrier_word_ == nullptr) {
-            check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+            check_cuda(cudaSetDevice(device()), "cudaSetDevice");
             check_cuda(cudaMalloc(reinterpret_cast<void**>(&barrier_word_), sizeof(int)),
                        "cudaMalloc of the barrier word");
         }
         int* w = barrier_word_;
-        return run("barrier", [w](ncclComm_t c, cudaStream_t s) {
+        return ops_.run("barrier", [w](ncclComm_t c, cudaStream_t s) {
             return ncclAllReduce(w, w, 1, ncclInt32, ncclSum, c, s);
         });
     }
@@ -219,7 +210,7 @@ public:
         void* p = data.data();
         std::size_t n = data.size();
         ncclDataType_t t = nccl_type_of<element_t<R>>();
-        return run("broadcast", [p, n, t, src](ncclComm_t c, cudaStream_t s) {
+        return ops_.run("broadcast", [p, n, t, src](ncclComm_t c, cudaStream_t s) {
             return ncclBroadcast(p, p, n, t, src, c, s);
         });
     }
@@ -231,7 +222,7 @@ public:
         void* p = data.data();
         std::size_t n = data.size();
         ncclDataType_t t = nccl_type_of<element_t<R>>();
-        return run("all_reduce", [p, n, t, o](ncclComm_t c, cudaStream_t s) {
+        return ops_.run("all_reduce", [p, n, t, o](ncclComm_t c, cudaStream_t s) {
             return ncclAllReduce(p, p, n, t, o, c, s);
         });
     }
@@ -244,7 +235,7 @@ public:
         void* p = data.data();
         std::size_t n = data.size();
         ncclDataType_t t = nccl_type_of<element_t<R>>();
-        return run("reduce", [p, n, t, o, dst](ncclComm_t c, cudaStream_t s) {
+        return ops_.run("reduce", [p, n, t, o, dst](ncclComm_t c, cudaStream_t s) {
             return ncclReduce(p, p, n, t, o, dst, c, s);
         });
     }
@@ -258,7 +249,7 @@ public:
         void* dst = out.data();
         std::size_t n = in.size();
         ncclDataType_t t = nccl_type_of<element_t<I>>();
-        return run("all_gather", [src, dst, n, t](ncclComm_t c, cudaStream_t s) {
+        return ops_.run("all_gather", [src, dst, n, t](ncclComm_t c, cudaStream_t s) {
             return ncclAllGather(src, dst, n, t, c, s);
         });
     }
@@ -273,8 +264,8 @@ public:
         const void* src = in.data();
         std::size_t n = in.size();
         ncclDataType_t t = nccl_type_of<element_t<R>>();
-        return run("all_gather", [dst, src, n, t](ncclComm_t c, cudaStream_t s) {
-            return grouped([&] {
+        return ops_.run("all_gather", [dst, src, n, t](ncclComm_t c, cudaStream_t s) {
+            return detail::grouped([&] {
                 for (int p = 0; p < static_cast<int>(dst.size()); ++p) {
                     ncclResult_t rc =
                         ncclBroadcast(src, dst[static_cast<std::size_t>(p)], n, t, p, c, s);
@@ -291,12 +282,12 @@ public:
     task<> gather_into(const I& in, O& out, int dst) {
         same_type<O, I>();
         check_root("gather", dst);
-        if (rank_ == dst) check_size("gather", "out", out.size(), in.size() * size_);
+        if (rank() == dst) check_size("gather", "out", out.size(), in.size() * size_);
         const void* src = in.data();
         void* to = out.data();
         std::size_t n = in.size();
         ncclDataType_t t = nccl_type_of<element_t<I>>();
-        return run("gather", [src, to, n, t, dst](ncclComm_t c, cudaStream_t s) {
+        return ops_.run("gather", [src, to, n, t, dst](ncclComm_t c, cudaStream_t s) {
             return ncclGather(src, to, n, t, dst, c, s);
         });
     }
@@ -306,16 +297,16 @@ public:
     template <device_memory R>
     task<> gather(const R& in, std::vector<R>& gather_list, int dst = 0) {
         check_root("gather", dst);
-        if (rank_ == dst) check_list("gather", "gather_list", gather_list, in.size());
+        if (rank() == dst) check_list("gather", "gather_list", gather_list, in.size());
         std::vector<void*> to;
-        if (rank_ == dst) {
+        if (rank() == dst) {
             for (auto& o : gather_list) to.push_back(o.data());
         }
         const void* src = in.data();
         std::size_t n = in.size();
         ncclDataType_t t = nccl_type_of<element_t<R>>();
-        return run("gather", [to, src, n, t, dst](ncclComm_t c, cudaStream_t s) {
-            return grouped([&] {
+        return ops_.run("gather", [to, src, n, t, dst](ncclComm_t c, cudaStream_t s) {
+            return detail::grouped([&] {
                 ncclResult_t rc = ncclSend(src, n, t, dst, c, s);
                 for (int p = 0; rc == ncclSuccess && p < static_cast<int>(to.size()); ++p) {
                     rc = ncclRecv(to[static_cast<std::size_t>(p)], n, t, p, c, s);
@@ -331,12 +322,12 @@ public:
     task<> scatter_from(O& out, const I& in, int src) {
         same_type<O, I>();
         check_root("scatter", src);
-        if (rank_ == src) check_size("scatter", "in", in.size(), out.size() * size_);
+        if (rank() == src) check_size("scatter", "in", in.size(), out.size() * size_);
         const void* from = in.data();
         void* to = out.data();
         std::size_t n = out.size();
         ncclDataType_t t = nccl_type_of<element_t<O>>();
-        return run("scatter", [from, to, n, t, src](ncclComm_t c, cudaStream_t s) {
+        return ops_.run("scatter", [from, to, n, t, src](ncclComm_t c, cudaStream_t s) {
             return ncclScatter(from, to, n, t, src, c, s);
         });
     }
@@ -345,16 +336,16 @@ public:
     template <device_memory R>
     task<> scatter(R& out, const std::vector<R>& scatter_list, int src = 0) {
         check_root("scatter", src);
-        if (rank_ == src) check_list("scatter", "scatter_list", scatter_list, out.size());
+        if (rank() == src) check_list("scatter", "scatter_list", scatter_list, out.size());
         std::vector<const void*> from;
-        if (rank_ == src) {
+        if (rank() == src) {
             for (const auto& i : scatter_list) from.push_back(i.data());
         }
         void* to = out.data();
         std::size_t n = out.size();
         ncclDataType_t t = nccl_type_of<element_t<R>>();
-        return run("scatter", [from, to, n, t, src](ncclComm_t c, cudaStream_t s) {
-            return grouped([&] {
+        return ops_.run("scatter", [from, to, n, t, src](ncclComm_t c, cudaStream_t s) {
+            return detail::grouped([&] {
                 ncclResult_t rc = ncclSuccess;
                 for (int p = 0; rc == ncclSuccess && p < static_cast<int>(from.size()); ++p) {
                     rc = ncclSend(from[static_cast<std::size_t>(p)], n, t, p, c, s);
@@ -375,7 +366,7 @@ public:
         void* dst = out.data();
         std::size_t n = out.size();
         ncclDataType_t t = nccl_type_of<element_t<O>>();
-        return run("reduce_scatter", [src, dst, n, t, o](ncclComm_t c, cudaStream_t s) {
+        return ops_.run("reduce_scatter", [src, dst, n, t, o](ncclComm_t c, cudaStream_t s) {
             return ncclReduceScatter(src, dst, n, t, o, c, s);
         });
     }
@@ -390,8 +381,8 @@ public:
         void* to = out.data();
         std::size_t n = out.size();
         ncclDataType_t t = nccl_type_of<element_t<R>>();
-        return run("reduce_scatter", [from, to, n, t, o](ncclComm_t c, cudaStream_t s) {
-            return grouped([&] {
+        return ops_.run("reduce_scatter", [from, to, n, t, o](ncclComm_t c, cudaStream_t s) {
+            return detail::grouped([&] {
                 for (int p = 0; p < static_cast<int>(from.size()); ++p) {
                     ncclResult_t rc =
                         ncclReduce(from[static_cast<std::size_t>(p)], to, n, t, o, p, c, s);
@@ -418,12 +409,12 @@ public:
         if (out_splits.empty() && in_splits.empty()) {
             std::size_t block = in.size() / static_cast<std::size_t>(size_);
             check_size("all_to_all", "out", out.size(), in.size());
-            return run("all_to_all", [src, dst, block, t](ncclComm_t c, cudaStream_t s) {
+            return ops_.run("all_to_all", [src, dst, block, t](ncclComm_t c, cudaStream_t s) {
                 return ncclAlltoAll(src, dst, block, t, c, s);
             });
         }
-        return run("all_to_all", [=](ncclComm_t c, cudaStream_t s) {
-            return grouped([&] {
+        return ops_.run("all_to_all", [=](ncclComm_t c, cudaStream_t s) {
+            return detail::grouped([&] {
                 for (int p = 0; p < static_cast<int>(in_off.size()) - 1; ++p) {
                     auto q = static_cast<std::size_t>(p);
                     ncclResult_t rc =
@@ -453,8 +444,8 @@ public:
         for (const auto& i : ins) from.emplace_back(i.data(), i.size());
         for (auto& o : outs) to.emplace_back(o.data(), o.size());
         ncclDataType_t t = nccl_type_of<element_t<R>>();
-        return run("all_to_all", [from, to, t](ncclComm_t c, cudaStream_t s) {
-            return grouped([&] {
+        return ops_.run("all_to_all", [from, to, t](ncclComm_t c, cudaStream_t s) {
+            return detail::grouped([&] {
                 for (int p = 0; p < static_cast<int>(from.size()); ++p) {
                     auto q = static_cast<std::size_t>(p);
                     ncclResult_t rc = ncclSend(from[q].first, from[q].second, t, p, c, s);
@@ -468,48 +459,20 @@ public:
 
     /// Aborts the communicator (ncclCommAbort): every pending and later operation fails with
     /// `why`. Idempotent; the first reason stays.
-    void abort(const std::string& why) noexcept {
-        if (failure_.empty()) failure_ = why.empty() ? "aborted" : why;
-        if (comm_ != nullptr) {
-            (void)ncclCommAbort(comm_);
-            comm_ = nullptr;
-        }
-    }
+    void abort(const std::string& why) noexcept { ops_.abort(why); }
 
     /// Finishes the communicator (ncclCommFinalize, polled, then ncclCommDestroy; an aborted
-    /// one is already gone) and leaves the rendezvous: the rank that serves the store keeps it
-    /// up until every rank has left. Idempotent.
+    /// one is already gone) after the operations queued before, and leaves the rendezvous: the
+    /// rank that serves the store keeps it up until every rank has left. Idempotent.
     task<> close() {
         if (closing_) co_return;
         closing_ = true;
-        auto deadline = io::deadline_after(timeout_);
         std::exception_ptr error;
-        // Under the lock: ops queued before run first, and no NCCL call may meet a
-        // communicator that is still in progress. Ops queued after fail as closed.
-        co_await lock_.lock();
-        closed_ = true;
-        if (comm_ != nullptr) {
-            try {
-                ncclResult_t rc = ncclCommFinalize(comm_);
-                if (rc == ncclInProgress) {
-                    // Through comm_: a failing op may abort (and free) it meanwhile.
-                    co_await until(
-                        reactor_,
-                        [this](std::string& why) noexcept { return enqueue_progress(why); },
-                        deadline, {"close", rank_});
-                } else if (rc != ncclSuccess) {
-                    throw nccl_error(
-                        rc, prefix("close") + "ncclCommFinalize: " + describe_nccl(rc, comm_));
-                }
-                if (comm_ != nullptr) (void)ncclCommDestroy(comm_);
-                comm_ = nullptr;
-                if (failure_.empty()) failure_ = "the NCCL group was closed";
-            } catch (...) {
-                error = std::current_exception();
-            }
-            if (error) abort(prefix("close") + "the communicator did not finalize");
+        try {
+            co_await ops_.close();
+        } catch (...) {
+            error = std::current_exception();
         }
-        lock_.unlock();
         if (store_) {
             try {
                 if (co_await store_->add("close/left", 1) == size_) {
@@ -517,7 +480,7 @@ public:
                 }
                 if (hosted_) {
                     std::vector<std::string> all{"close/all"};
-                    co_await store_->wait(std::move(all), timeout_);
+                    co_await store_->wait(std::move(all), timeout());
                 }
             } catch (...) {
                 if (!error) error = std::current_exception();
@@ -527,37 +490,8 @@ public:
     }
 
 private:
-    // Ops of a batch_isend_irecv wait for one shared completion.
-    struct batch_state {
-        work<> run;
-        bool finished = false;
-        std::exception_ptr error;
-        std::vector<std::coroutine_handle<>> waiters;
-    };
-
-    task<> run_batch(std::vector<nccl_p2p_op> ops, std::shared_ptr<batch_state> batch) {
-        try {
-            co_await run("batch_isend_irecv", [ops](ncclComm_t c, cudaStream_t s) {
-                return grouped([&] {
-                    for (const auto& op : ops) {
-                        ncclResult_t rc = op.op == nccl_p2p_op::kind::isend
-                                              ? ncclSend(op.data, op.count, op.type, op.peer, c, s)
-                                              : ncclRecv(op.data, op.count, op.type, op.peer, c, s);
-                        if (rc != ncclSuccess) return rc;
-                    }
-                    return ncclSuccess;
-                });
-            });
-        } catch (...) {
-            batch->error = std::current_exception();
-        }
-        batch->finished = true;
-        auto waiters = std::move(batch->waiters);
-        for (auto h : waiters) h.resume();
-    }
-
     task<int> recv_from(void* p, std::size_t n, ncclDataType_t t, int src) {
-        co_await run("recv", [p, n, t, src](ncclComm_t c, cudaStream_t s) {
+        co_await ops_.run("recv", [p, n, t, src](ncclComm_t c, cudaStream_t s) {
             return ncclRecv(p, n, t, src, c, s);
         });
         co_return src;
@@ -568,146 +502,13 @@ private:
         return nccl_has(op) ? nccl_op_of(op, std::string()) : nccl_op_of(op, prefix(what));
     }
 
-    static task<int> await_batch(std::shared_ptr<batch_state> batch, int peer) {
-        struct awaiter {
-            batch_state& b;
-            bool await_ready() const noexcept { return b.finished; }
-            void await_suspend(std::coroutine_handle<> h) { b.waiters.push_back(h); }
-            void await_resume() const {
-                if (b.error) std::rethrow_exception(b.error);
-            }
-        };
-        co_await awaiter{*batch};
-        co_return peer;
-    }
-
-    // Runs one NCCL call (or group) `enqueue(comm, stream)` and waits for the GPU to finish it
-    // (see the top of this file).
-    template <class Enqueue>
-    task<> run(const char* op, Enqueue enqueue) {
-        wait_label label{op, rank_};
-        if (closed_ || comm_ == nullptr) throw std::runtime_error(prefix(op) + unusable());
-        auto deadline = io::deadline_after(timeout_);
-        co_await lock_.lock();
-        cudaEvent_t done = nullptr;
-        std::exception_ptr error;
-        // A call NCCL refuses at once (an argument it rejects) leaves the communicator usable.
-        bool fatal = true;
-        try {
-            if (closed_ || comm_ == nullptr) throw std::runtime_error(prefix(op) + unusable());
-            check_cuda(cudaSetDevice(device_), "cudaSetDevice");
-            cudaStream_t stream = stream_;  // once: set_stream may run while this op waits
-            ncclResult_t rc = enqueue(comm_, stream);
-            if (rc == ncclInProgress) {
-                co_await until(
-                    reactor_, [this](std::string& why) noexcept { return enqueue_progress(why); },
-                    deadline, label);
-            } else if (rc != ncclSuccess) {
-                fatal = rc != ncclInvalidArgument && rc != ncclInvalidUsage;
-                throw nccl_error(rc, prefix(op) + describe_nccl(rc, comm_));
-            }
-            done = events_.take();
-            check_cuda(cudaEventRecord(done, stream), "cudaEventRecord");
-        } catch (...) {
-            error = std::current_exception();
-        }
-        lock_.unlock();
-        if (!error) {
-            try {
-                co_await until(
-                    reactor_,
-                    [this, done](std::string& why) noexcept { return op_progress(done, why); },
-                    deadline, label);
-                events_.give(done);
-                co_return;
-            } catch (...) {
-                error = std::current_exception();
-            }
-        }
-        if (done != nullptr) (void)cudaEventDestroy(done);
-        if (fatal && !closed_) fail(op, error);
-        std::rethrow_exception(error);
-    }
-
-    // Why an op cannot run: closed, or aborted by an earlier failure.
-    std::string unusable() const {
-        return closed_ || failure_.empty() ? std::string("the NCCL group is closed")
-                                           : "the NCCL group was aborted: " + failure_;
-    }
-
-    // The first failure aborts the communicator; its text is what every later op reports.
-    void fail(const char* op, std::exception_ptr error) noexcept {
-        if (!failure_.empty()) return;
-        std::string why = prefix(op) + "failed";
-        try {
-            std::rethrow_exception(error);
-        } catch (const std::exception& e) {
-            why = e.what();
-        } catch (...) {
-        }
-        abort(why);
-    }
-
-    // Whether a non-blocking communicator has finished its last call.
-    static progress comm_progress(ncclComm_t c, std::string& why) noexcept {
-        ncclResult_t state = ncclSuccess;
-        ncclResult_t rc = ncclCommGetAsyncError(c, &state);
-        if (rc != ncclSuccess) {
-            why = "ncclCommGetAsyncError: " + describe_nccl(rc, c);
-            return progress::failed;
-        }
-        if (state == ncclInProgress) return progress::pending;
-        if (state != ncclSuccess) {
-            why = "NCCL: " + describe_nccl(state, c);
-            return progress::failed;
-        }
-        return progress::done;
-    }
-
-    progress enqueue_progress(std::string& why) noexcept {
-        if (comm_ == nullptr) {
-            why = unusable();
-            return progress::failed;
-        }
-        return comm_progress(comm_, why);
-    }
-
-    progress op_progress(cudaEvent_t done, std::string& why) noexcept {
-        if (comm_ == nullptr) {
-            why = unusable();
-            return progress::failed;
-        }
-        progress p = query_event(done, why);
-        if (p != progress::pending) return p;
-        // A peer that died or a network error shows here, not in the event.
-        p = comm_progress(comm_, why);
-        return p == progress::failed ? p : progress::pending;
-    }
-
-    template <class F>
-    static ncclResult_t grouped(F calls) {
-        ncclResult_t rc = ncclGroupStart();
-        if (rc != ncclSuccess) return rc;
-        ncclResult_t inner = calls();
-        ncclResult_t end = ncclGroupEnd();
-        return inner != ncclSuccess ? inner : end;
-    }
-
     template <class O, class I>
     static void same_type() {
         static_assert(std::is_same_v<element_t<O>, element_t<I>>,
                       "corocoll: input and output must hold the same element type");
     }
 
-    std::string prefix(const char* what) const {
-        return "corocoll: rank " + std::to_string(rank_) + ": " + what + ": ";
-    }
-    void check_root(const char* what, int root) const {
-        if (root < 0 || root >= size_) {
-            throw std::invalid_argument(prefix(what) + "root " + std::to_string(root) +
-                                        " is outside [0, " + std::to_string(size_) + ")");
-        }
-    }
+    // NCCL's limits on a peer: a rank (no receive from any source), and no tags.
     void check_peer(const char* what, int peer, std::int64_t tag) const {
         if (peer < 0 || peer >= size_) {
             throw std::invalid_argument(
@@ -719,6 +520,16 @@ private:
             throw std::invalid_argument(prefix(what) + "tag " + std::to_string(tag) +
                                         ": NCCL has no tags (messages between two ranks match "
                                         "in the order they are posted); pass 0");
+        }
+    }
+
+    std::string prefix(const char* what) const {
+        return "corocoll: rank " + std::to_string(rank()) + ": " + what + ": ";
+    }
+    void check_root(const char* what, int root) const {
+        if (root < 0 || root >= size_) {
+            throw std::invalid_argument(prefix(what) + "root " + std::to_string(root) +
+                                        " is outside [0, " + std::to_string(size_) + ")");
         }
     }
     void check_size(const char* what, const char* name, std::size_t got,
@@ -762,35 +573,16 @@ private:
         return off;
     }
 
-    io::reactor& reactor_;
-    int rank_;
     int size_;
-    int device_;
     std::string name_;
-    duration timeout_;
-    ncclComm_t comm_;
     std::shared_ptr<rendezvous::prefix_store> store_;
     std::shared_ptr<rendezvous::tcp_store_server> hosted_;
-    std::optional<gpu::stream> own_stream_;
-    cudaStream_t group_stream_ = nullptr;
-    cudaStream_t stream_ = nullptr;
-    async_mutex lock_;
-    event_pool events_;
     int* barrier_word_ = nullptr;
-    std::string failure_;
     bool closing_ = false;
-    bool closed_ = false;
+    // Last: its events and own stream go before the store, as they did when they were members
+    // of this class.
+    detail::nccl_ops ops_;
 };
-
-namespace detail {
-
-inline std::string host_name() {
-    char buf[256] = {};
-    if (::gethostname(buf, sizeof(buf) - 1) != 0) return "?";
-    return buf;
-}
-
-}  // namespace detail
 
 /// Sets up a group of backend "nccl" (`o.backend` must say so), like torch's
 /// `init_process_group("nccl")`: the rendezvous of `corocoll::init_process_group` (rank,
@@ -798,14 +590,15 @@ inline std::string host_name() {
 /// else LOCAL_RANK, else rank modulo the devices seen), checked through the store so that two
 /// ranks on one GPU fail at once with both named; rank 0 publishes `ncclGetUniqueId` in the
 /// store, the others fetch it, and every rank creates a non-blocking communicator
-/// (`config.blocking = 0`) whose set-up the reactor polls.
+/// (`config.blocking = 0`) whose set-up the reactor polls. The steps: detail/nccl_init.hpp.
 inline task<std::shared_ptr<nccl_group>> init_process_group(io::reactor& r, init_options o,
                                                             nccl_options g = {}) {
     using corocoll::detail::init_error;
     if (o.backend != "nccl") {
         throw std::invalid_argument(init_error(
             "corocoll::gpu::init_process_group sets up backend \"nccl\", not '" + o.backend +
-            "' (CPU groups: corocoll::init_process_group; CUDA buffers over them: gpu::staged)"));
+            "' (CPU groups: corocoll::init_process_group; CUDA buffers over them: "
+            "gpu::staged)"));
     }
     int count = device_count();
     if (count == 0) {
@@ -814,111 +607,15 @@ inline task<std::shared_ptr<nccl_group>> init_process_group(io::reactor& r, init
                        no_device_reason() +
                        " (backend \"tcp\" with gpu::staged moves CUDA buffers without NCCL)"));
     }
-    auto rv = co_await corocoll::detail::rendezvous_for(r, o);
-    int rank = rv.rank;
-    int size = rv.world_size;
-    int local_rank = rv.local_rank;
-    if (local_rank < 0 && g.device < 0) {
-        // Rank and size were given (or a store): the launcher may still say the local rank.
-        try {
-            local_rank = rendezvous::read_launch_env().local_rank;
-        } catch (const std::exception&) {
-        }
-    }
-    int device = g.device >= 0 ? g.device : local_rank >= 0 ? local_rank : rank % count;
-    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-    if (device >= count) {
-        throw std::invalid_argument(init_error(
-            "rank " + std::to_string(rank) + " would use CUDA device " + std::to_string(device) +
-            (g.device >= 0 ? " (nccl_options::device)" : " (LOCAL_RANK)") +
-            " but this process sees " + std::to_string(count) +
-            (visible != nullptr ? std::string(" (CUDA_VISIBLE_DEVICES=") + visible + ")"
-                                : std::string())));
-    }
-    check_cuda(cudaSetDevice(device), "init_process_group: cudaSetDevice");
-    char bus[32] = {};
-    check_cuda(cudaDeviceGetPCIBusId(bus, sizeof(bus), device),
-               "init_process_group: cudaDeviceGetPCIBusId");
-    std::string mine = detail::host_name() + " GPU " + bus;
-
-    // One GPU per rank: every rank reads every rank's device, so all of them fail alike.
-    auto& store = *rv.group_store;
-    co_await store.set("nccl/device/" + std::to_string(rank), mine);
-    std::vector<std::string> keys;
-    for (int p = 0; p < size; ++p) keys.push_back("nccl/device/" + std::to_string(p));
-    co_await store.wait(keys, o.timeout);
-    std::vector<std::string> devices;
-    for (const auto& k : keys) devices.push_back(co_await store.get(k));
-    for (int a = 0; a < size; ++a) {
-        for (int b = a + 1; b < size; ++b) {
-            if (devices[static_cast<std::size_t>(a)] == devices[static_cast<std::size_t>(b)]) {
-                throw std::invalid_argument(init_error(
-                    "ranks " + std::to_string(a) + " and " + std::to_string(b) + " both use " +
-                    devices[static_cast<std::size_t>(a)] +
-                    ": NCCL needs a GPU of its own per rank (start one rank per GPU, LOCAL_RANK "
-                    "picks it), or use backend \"tcp\" with gpu::staged to share one GPU"));
-            }
-        }
-    }
-
-    ncclUniqueId id{};
-    if (rank == 0) {
-        ncclResult_t rc = ncclGetUniqueId(&id);
-        if (rc != ncclSuccess) {
-            throw nccl_error(rc, init_error("rank 0: ncclGetUniqueId: " + describe_nccl(rc)));
-        }
-        co_await store.set("nccl/id", std::string(id.internal, sizeof(id.internal)));
-    } else {
-        std::string bytes = co_await store.get("nccl/id");
-        if (bytes.size() != sizeof(id.internal)) {
-            throw std::runtime_error(init_error("rank " + std::to_string(rank) +
-                                                ": the NCCL id in the store has " +
-                                                std::to_string(bytes.size()) + " bytes, not " +
-                                                std::to_string(sizeof(id.internal))));
-        }
-        std::memcpy(id.internal, bytes.data(), bytes.size());
-    }
-
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    config.commName = o.group_name.c_str();
-    ncclComm_t comm = nullptr;
-    ncclResult_t rc = ncclCommInitRankConfig(&comm, size, id, rank, &config);
-    if (rc != ncclSuccess && rc != ncclInProgress) {
-        if (comm != nullptr) (void)ncclCommAbort(comm);
-        throw nccl_error(rc, init_error("rank " + std::to_string(rank) +
-                                        ": ncclCommInitRankConfig: " + describe_nccl(rc)));
-    }
-    std::exception_ptr error;
-    try {
-        co_await until(r,
-                       [comm](std::string& why) noexcept {
-                           ncclResult_t state = ncclSuccess;
-                           ncclResult_t q = ncclCommGetAsyncError(comm, &state);
-                           if (q != ncclSuccess) state = q;
-                           if (state == ncclInProgress) return progress::pending;
-                           if (state == ncclSuccess) return progress::done;
-                           why = "ncclCommInitRankConfig: " + describe_nccl(state, comm);
-                           return progress::failed;
-                       },
-                       io::deadline_after(o.timeout), {"init_process_group (nccl)", rank});
-    } catch (...) {
-        error = std::current_exception();
-    }
-    if (error) {
-        (void)ncclCommAbort(comm);
-        std::rethrow_exception(error);
-    }
-    COROCOLL_LOG(info, "INIT", "nccl group '", o.group_name, "' ready: rank ", rank, " of ", size,
-                 " on ", mine);
+    detail::nccl_setup s = co_await detail::nccl_setup_for(r, o, g.device, count);
     std::shared_ptr<nccl_group> group;
     try {
         group = std::make_shared<nccl_group>(
-            r, rank, size, device, o.group_name,
-            std::chrono::duration_cast<nccl_group::duration>(o.timeout), comm, g.stream,
-            std::move(rv.group_store), std::move(rv.hosted));
+            r, s.rank, s.size, s.device, o.group_name,
+            std::chrono::duration_cast<nccl_group::duration>(o.timeout), s.comm, g.stream,
+            std::move(s.store), std::move(s.hosted));
     } catch (...) {
-        (void)ncclCommAbort(comm);  // the group never owned it
+        (void)ncclCommAbort(s.comm);  // the group never owned it
         throw;
     }
     co_return group;
