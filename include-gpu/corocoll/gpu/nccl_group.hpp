@@ -4,8 +4,10 @@
 // are NCCL calls on a CUDA stream, awaited without blocking the reactor. This file is the
 // face: the options, the group's operations and `gpu::init_process_group`. How an operation
 // is enqueued, awaited and failed is in detail/nccl_ops.hpp; the set-up after the rendezvous
-// (device, one GPU per rank, unique id, communicator) in detail/nccl_init.hpp.
+// (device, one GPU per rank, unique id, communicator) in detail/nccl_init.hpp. Argument
+// errors read as the CPU group's (collectives/checks.hpp).
 
+#include <corocoll/collectives/checks.hpp>
 #include <corocoll/collectives/reduce_op.hpp>
 #include <corocoll/core/sync_wait.hpp>
 #include <corocoll/core/task.hpp>
@@ -206,7 +208,7 @@ public:
     /// Copies `data` of rank `src` into `data` of every rank.
     template <device_memory R>
     task<> broadcast(R& data, int src) {
-        check_root("broadcast", src);
+        collectives::check_root(rank(), size_, "broadcast", src);
         void* p = data.data();
         std::size_t n = data.size();
         ncclDataType_t t = nccl_type_of<element_t<R>>();
@@ -231,7 +233,7 @@ public:
     template <device_memory R>
     task<> reduce(R& data, int dst, reduce_op op = reduce_op::sum) {
         ncclRedOp_t o = op_of(op, "reduce");
-        check_root("reduce", dst);
+        collectives::check_root(rank(), size_, "reduce", dst);
         void* p = data.data();
         std::size_t n = data.size();
         ncclDataType_t t = nccl_type_of<element_t<R>>();
@@ -244,7 +246,7 @@ public:
     template <device_memory O, device_memory I>
     task<> all_gather_into(O& out, const I& in) {
         same_type<O, I>();
-        check_size("all_gather", "out", out.size(), in.size() * size_);
+        collectives::check_size(rank(), "all_gather", "output", out.size(), in.size() * size_);
         const void* src = in.data();
         void* dst = out.data();
         std::size_t n = in.size();
@@ -258,7 +260,7 @@ public:
     /// in.size() elements).
     template <device_memory R>
     task<> all_gather(std::vector<R>& outs, const R& in) {
-        check_list("all_gather", "outs", outs, in.size());
+        check_list("all_gather", "output list", "output list entry", outs, in.size());
         std::vector<void*> dst;
         for (auto& o : outs) dst.push_back(o.data());
         const void* src = in.data();
@@ -281,8 +283,10 @@ public:
     template <device_memory I, device_memory O>
     task<> gather_into(const I& in, O& out, int dst) {
         same_type<O, I>();
-        check_root("gather", dst);
-        if (rank() == dst) check_size("gather", "out", out.size(), in.size() * size_);
+        collectives::check_root(rank(), size_, "gather", dst);
+        if (rank() == dst) {
+            collectives::check_size(rank(), "gather", "output", out.size(), in.size() * size_);
+        }
         const void* src = in.data();
         void* to = out.data();
         std::size_t n = in.size();
@@ -296,8 +300,10 @@ public:
     /// used there).
     template <device_memory R>
     task<> gather(const R& in, std::vector<R>& gather_list, int dst = 0) {
-        check_root("gather", dst);
-        if (rank() == dst) check_list("gather", "gather_list", gather_list, in.size());
+        collectives::check_root(rank(), size_, "gather", dst);
+        if (rank() == dst) {
+            check_list("gather", "gather_list", "gather_list entry", gather_list, in.size());
+        }
         std::vector<void*> to;
         if (rank() == dst) {
             for (auto& o : gather_list) to.push_back(o.data());
@@ -321,8 +327,10 @@ public:
     template <device_memory O, device_memory I>
     task<> scatter_from(O& out, const I& in, int src) {
         same_type<O, I>();
-        check_root("scatter", src);
-        if (rank() == src) check_size("scatter", "in", in.size(), out.size() * size_);
+        collectives::check_root(rank(), size_, "scatter", src);
+        if (rank() == src) {
+            collectives::check_size(rank(), "scatter", "input", in.size(), out.size() * size_);
+        }
         const void* from = in.data();
         void* to = out.data();
         std::size_t n = out.size();
@@ -335,8 +343,10 @@ public:
     /// `scatter_list[rank]` of rank `src` into `out` of every rank.
     template <device_memory R>
     task<> scatter(R& out, const std::vector<R>& scatter_list, int src = 0) {
-        check_root("scatter", src);
-        if (rank() == src) check_list("scatter", "scatter_list", scatter_list, out.size());
+        collectives::check_root(rank(), size_, "scatter", src);
+        if (rank() == src) {
+            check_list("scatter", "scatter_list", "scatter_list entry", scatter_list, out.size());
+        }
         std::vector<const void*> from;
         if (rank() == src) {
             for (const auto& i : scatter_list) from.push_back(i.data());
@@ -361,7 +371,7 @@ public:
     task<> reduce_scatter_into(O& out, const I& in, reduce_op op = reduce_op::sum) {
         same_type<O, I>();
         ncclRedOp_t o = op_of(op, "reduce_scatter");
-        check_size("reduce_scatter", "in", in.size(), out.size() * size_);
+        collectives::check_size(rank(), "reduce_scatter", "input", in.size(), out.size() * size_);
         const void* src = in.data();
         void* dst = out.data();
         std::size_t n = out.size();
@@ -375,7 +385,7 @@ public:
     template <device_memory R>
     task<> reduce_scatter(R& out, const std::vector<R>& in_list, reduce_op op = reduce_op::sum) {
         ncclRedOp_t o = op_of(op, "reduce_scatter");
-        check_list("reduce_scatter", "in_list", in_list, out.size());
+        check_list("reduce_scatter", "input list", "input list entry", in_list, out.size());
         std::vector<const void*> from;
         for (const auto& i : in_list) from.push_back(i.data());
         void* to = out.data();
@@ -400,27 +410,34 @@ public:
     task<> all_to_all_single(O& out, const I& in, std::vector<std::size_t> out_splits = {},
                              std::vector<std::size_t> in_splits = {}) {
         same_type<O, I>();
-        auto in_off = offsets("in", in_splits, in.size());
-        auto out_off = offsets("out", out_splits, out.size());
         using T = element_t<I>;
-        const auto* src = static_cast<const T*>(in.data());
-        auto* dst = static_cast<T*>(out.data());
+        bool equal = out_splits.empty() && in_splits.empty();
+        // Byte offsets; all_to_all_offsets fills empty splits with equal blocks.
+        auto out_off = collectives::all_to_all_offsets(rank(), size_, "output", out_splits,
+                                                       out.size(), sizeof(T));
+        auto in_off = collectives::all_to_all_offsets(rank(), size_, "input", in_splits, in.size(),
+                                                      sizeof(T));
         ncclDataType_t t = nccl_type_of<T>();
-        if (out_splits.empty() && in_splits.empty()) {
+        if (equal) {
+            collectives::check_size(rank(), "all_to_all", "output", out.size(), in.size());
+            const void* src = in.data();
+            void* dst = out.data();
             std::size_t block = in.size() / static_cast<std::size_t>(size_);
-            check_size("all_to_all", "out", out.size(), in.size());
             return ops_.run("all_to_all", [src, dst, block, t](ncclComm_t c, cudaStream_t s) {
                 return ncclAlltoAll(src, dst, block, t, c, s);
             });
         }
+        const auto* src = static_cast<const std::byte*>(static_cast<const void*>(in.data()));
+        auto* dst = static_cast<std::byte*>(static_cast<void*>(out.data()));
         return ops_.run("all_to_all", [=](ncclComm_t c, cudaStream_t s) {
             return detail::grouped([&] {
-                for (int p = 0; p < static_cast<int>(in_off.size()) - 1; ++p) {
-                    auto q = static_cast<std::size_t>(p);
-                    ncclResult_t rc =
-                        ncclSend(src + in_off[q], in_off[q + 1] - in_off[q], t, p, c, s);
+                for (std::size_t p = 0; p + 1 < in_off.size(); ++p) {
+                    int peer = static_cast<int>(p);
+                    ncclResult_t rc = ncclSend(
+                        src + in_off[p], (in_off[p + 1] - in_off[p]) / sizeof(T), t, peer, c, s);
                     if (rc == ncclSuccess) {
-                        rc = ncclRecv(dst + out_off[q], out_off[q + 1] - out_off[q], t, p, c, s);
+                        rc = ncclRecv(dst + out_off[p], (out_off[p + 1] - out_off[p]) / sizeof(T),
+                                      t, peer, c, s);
                     }
                     if (rc != ncclSuccess) return rc;
                 }
@@ -432,13 +449,9 @@ public:
     /// `ins[p]` goes to rank p, which receives it into `outs[rank]`.
     template <device_memory R>
     task<> all_to_all(std::vector<R>& outs, const std::vector<R>& ins) {
-        if (outs.size() != static_cast<std::size_t>(size_) ||
-            ins.size() != static_cast<std::size_t>(size_)) {
-            throw std::invalid_argument(prefix("all_to_all") + "outs and ins need " +
-                                        std::to_string(size_) + " buffers each, not " +
-                                        std::to_string(outs.size()) + " and " +
-                                        std::to_string(ins.size()));
-        }
+        auto n = static_cast<std::size_t>(size_);
+        collectives::check_size(rank(), "all_to_all", "input list", ins.size(), n);
+        collectives::check_size(rank(), "all_to_all", "output list", outs.size(), n);
         std::vector<std::pair<const void*, std::size_t>> from;
         std::vector<std::pair<void*, std::size_t>> to;
         for (const auto& i : ins) from.emplace_back(i.data(), i.size());
@@ -499,7 +512,7 @@ private:
 
     // NCCL's op; the error text (which allocates) only for the ops NCCL lacks.
     ncclRedOp_t op_of(reduce_op op, const char* what) const {
-        return nccl_has(op) ? nccl_op_of(op, std::string()) : nccl_op_of(op, prefix(what));
+        return nccl_has(op) ? nccl_op_of(op, std::string()) : nccl_op_of(op, ops_.prefix(what));
     }
 
     template <class O, class I>
@@ -512,65 +525,23 @@ private:
     void check_peer(const char* what, int peer, std::int64_t tag) const {
         if (peer < 0 || peer >= size_) {
             throw std::invalid_argument(
-                prefix(what) + "peer " + std::to_string(peer) + " is outside [0, " +
+                ops_.prefix(what) + "peer " + std::to_string(peer) + " is outside [0, " +
                 std::to_string(size_) + ")" +
                 (peer < 0 ? " (NCCL cannot receive from any source: name the rank)" : ""));
         }
         if (tag != 0) {
-            throw std::invalid_argument(prefix(what) + "tag " + std::to_string(tag) +
+            throw std::invalid_argument(ops_.prefix(what) + "tag " + std::to_string(tag) +
                                         ": NCCL has no tags (messages between two ranks match "
                                         "in the order they are posted); pass 0");
         }
     }
 
-    std::string prefix(const char* what) const {
-        return "corocoll: rank " + std::to_string(rank()) + ": " + what + ": ";
-    }
-    void check_root(const char* what, int root) const {
-        if (root < 0 || root >= size_) {
-            throw std::invalid_argument(prefix(what) + "root " + std::to_string(root) +
-                                        " is outside [0, " + std::to_string(size_) + ")");
-        }
-    }
-    void check_size(const char* what, const char* name, std::size_t got,
-                    std::size_t expected) const {
-        if (got != expected) {
-            throw std::invalid_argument(prefix(what) + name + " has " + std::to_string(got) +
-                                        " elements, " + std::to_string(expected) + " expected");
-        }
-    }
+    // A list of size() buffers of `each` elements (`name`, and `entry` for one of them).
     template <class R>
-    void check_list(const char* what, const char* name, const std::vector<R>& list,
-                    std::size_t each) const {
-        if (list.size() != static_cast<std::size_t>(size_)) {
-            throw std::invalid_argument(prefix(what) + name + " has " +
-                                        std::to_string(list.size()) + " buffers, " +
-                                        std::to_string(size_) + " expected");
-        }
-        for (const auto& b : list) check_size(what, name, b.size(), each);
-    }
-    // Prefix sums of per-rank splits (equal blocks when `splits` is empty).
-    std::vector<std::size_t> offsets(const char* name, const std::vector<std::size_t>& splits,
-                                     std::size_t total) const {
-        auto n = static_cast<std::size_t>(size_);
-        std::vector<std::size_t> off(n + 1, 0);
-        if (splits.empty()) {
-            if (total % n != 0) {
-                throw std::invalid_argument(
-                    prefix("all_to_all") + name + " has " + std::to_string(total) +
-                    " elements, not a multiple of the group size " + std::to_string(n));
-            }
-            for (std::size_t p = 0; p < n; ++p) off[p + 1] = off[p] + total / n;
-            return off;
-        }
-        if (splits.size() != n) {
-            throw std::invalid_argument(prefix("all_to_all") + name + "_splits has " +
-                                        std::to_string(splits.size()) + " entries, " +
-                                        std::to_string(n) + " expected");
-        }
-        for (std::size_t p = 0; p < n; ++p) off[p + 1] = off[p] + splits[p];
-        check_size("all_to_all", name, total, off[n]);
-        return off;
+    void check_list(const char* what, const char* name, const char* entry,
+                    const std::vector<R>& list, std::size_t each) const {
+        collectives::check_size(rank(), what, name, list.size(), static_cast<std::size_t>(size_));
+        for (const auto& b : list) collectives::check_size(rank(), what, entry, b.size(), each);
     }
 
     int size_;
