@@ -1,31 +1,50 @@
-// coll_perf: collective and point-to-point timings in the style of nccl-tests.
+// coll_perf: collective and point-to-point timings in the style of nccl-tests, with its flag
+// letters and long names.
 //
-//   coll_perf [-o OP] [-t TYPE] [-R REDOP] [-a ALGORITHM] [-b MIN] [-e MAX] [-f FACTOR]
-//             [-n ITERS] [-w WARMUP] [-c 0|1] [-r ROOT] [-F text|csv|json] [--nproc N]
+//   coll_perf [--coll COLL] [-d TYPE] [-o REDOP] [-r ROOT] [--algo ALGORITHM] [-b MIN] [-e MAX]
+//             [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1] [-F text|csv|json] [-J FILE]
+//             [--nproc N]
 //
-//   -o  all_reduce (default), broadcast, reduce, all_gather, reduce_scatter, gather, scatter,
-//       all_to_all, ping_pong (one-way time = round trip / 2, between ranks 0 and 1), or all
-//   -t  int8, uint8, int32, int64, float (default), double, half, bfloat16, or all
-//   -R  sum (default), prod, min, max, avg, or all (reducing ops only)
-//   -a  force an algorithm (ring, recursive_doubling, binomial, chain, bruck, linear,
-//       pairwise); default: corocoll's choice by size
-//   -b, -e, -f  sizes in bytes from MIN to MAX, multiplied by FACTOR (K, M, G suffixes)
+//   --coll  the collective: all_reduce (default), broadcast, reduce, all_gather, reduce_scatter,
+//           gather, scatter, all_to_all, ping_pong (one-way time = round trip / 2, between
+//           ranks 0 and 1), several with commas, or all. nccl-tests picks it by program name
+//           (all_reduce_perf, ...) and uses every letter for something else, so it has no
+//           letter here; --op is nccl-tests' long name for -o, the reduction.
+//   -d, --datatype  int8, uint8, int32, int64, float (default), double, half, bfloat16, or all
+//   -o, --op  sum (default), prod, min, max, avg, or all (reducing collectives only)
+//   -r, --root  the root of broadcast, reduce, gather and scatter (default 0)
+//   --algo  force an algorithm (ring, recursive_doubling, binomial, chain, bruck, linear,
+//           pairwise, dissemination); default: corocoll's choice by size. (nccl-tests' -a is
+//           how times are combined over ranks; here they are always the largest.)
+//   -b, -e, -f  sizes from MIN to MAX bytes, each the last times FACTOR (K, M, G suffixes;
+//               --minbytes, --maxbytes, --stepfactor)
 //   -n, -w  timed iterations and warm-up iterations per size (default 20 and 5)
 //   -c 1    check every result exactly (tolerance for avg on floating types); #wrong counts
 //           the elements that differ on any rank, and the exit code is 1 if any does
-//   -F      text (nccl-tests' table, the default), csv or json (the same rows)
+//   -F      stdout as text (nccl-tests' table, the default), csv or json (the same rows)
+//   -J, --output_file  also write the rows as JSON to FILE (rank 0 writes it, so a
+//           launcher's rank prefixes never break it)
+//
+// The letters coll_perf used before it took nccl-tests' (-t type, -R reduction, -a algorithm)
+// are refused with a message naming the new ones.
 //
 // A size is what nccl-tests calls it: the buffer of all_reduce, broadcast, reduce and
 // ping_pong; the whole gathered buffer of all_gather and gather; the whole input of
 // reduce_scatter, scatter and all_to_all. time is the mean over the iterations, the largest
-// over the ranks; algbw = size / time; busbw = algbw times nccl-tests' factor (all_reduce
-// 2(n-1)/n; all_gather, reduce_scatter, gather, scatter, all_to_all (n-1)/n; the others 1).
-// corocoll's all_reduce, broadcast and reduce work in place and the others out of place, so
-// each row has one of the two column groups and N/A in the other.
+// over the ranks; algbw = size / time; busbw = algbw times nccl-tests' factor
+// (benchmarks/common/bandwidth.hpp). corocoll's all_reduce, broadcast and reduce work in place
+// and the others out of place, so each row has one of the two column groups and N/A in the
+// other. Rows are written as each size is measured (benchmarks/common/report.hpp); in CSV and
+// JSON the field "op" is the collective and "redop" the reduction.
 //
 // Runs under corocollrun, torchrun or mpirun (one rank per process), or spawns --nproc ranks.
 
 #include <corocoll/corocoll.hpp>
+
+#include "common/args.hpp"
+#include "common/bandwidth.hpp"
+#include "common/report.hpp"
+#include "redop.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -45,26 +64,21 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
-const std::vector<std::string> all_ops = {"all_reduce", "broadcast",      "reduce",
-                                          "all_gather", "reduce_scatter", "gather",
-                                          "scatter",    "all_to_all",     "ping_pong"};
+const std::vector<std::string> all_colls = {"all_reduce", "broadcast",      "reduce",
+                                            "all_gather", "reduce_scatter", "gather",
+                                            "scatter",    "all_to_all",     "ping_pong"};
 const std::vector<std::string> all_types = {"int8",  "uint8",  "int32", "int64",
                                             "float", "double", "half",  "bfloat16"};
-const std::vector<std::string> all_redops = {"sum", "prod", "min", "max", "avg"};
 
 struct config {
-    std::vector<std::string> ops{"all_reduce"};
+    std::vector<std::string> colls{"all_reduce"};
     std::vector<std::string> types{"float"};
     std::vector<std::string> redops{"sum"};
     std::string algorithm;
-    std::size_t min_bytes = 32;
-    std::size_t max_bytes = std::size_t{32} << 20;
-    double factor = 2;
-    int iters = 20;
-    int warmup = 5;
-    bool check = false;
+    perf::sweep sweep;
     int root = 0;
     std::string format = "text";
+    std::string json_path;
     int nproc = 2;
 };
 
@@ -86,22 +100,6 @@ std::size_t elements(const std::string& op, std::size_t bytes, std::size_t elem,
     return split ? count / static_cast<std::size_t>(n) : count;
 }
 
-double bus_factor(const std::string& op, int n) {
-    double d = n;
-    if (op == "all_reduce") return 2 * (d - 1) / d;
-    if (op == "broadcast" || op == "reduce" || op == "ping_pong") return 1;
-    return (d - 1) / d;
-}
-
-cc::reduce_op redop_of(const std::string& s) {
-    if (s == "sum") return cc::reduce_op::sum;
-    if (s == "prod") return cc::reduce_op::product;
-    if (s == "min") return cc::reduce_op::min;
-    if (s == "max") return cc::reduce_op::max;
-    if (s == "avg") return cc::reduce_op::avg;
-    throw std::invalid_argument("-R " + s + ": expected sum, prod, min, max, avg or all");
-}
-
 std::optional<cc::collectives::collective_kind> kind_of(const std::string& op) {
     using k = cc::collectives::collective_kind;
     if (op == "all_reduce") return k::all_reduce;
@@ -121,7 +119,7 @@ cc::collectives::algorithm algorithm_of(const std::string& s) {
                 a::pairwise, a::dissemination}) {
         if (s == cc::collectives::algorithm_name(x)) return x;
     }
-    throw std::invalid_argument("-a " + s + ": not an algorithm corocoll has");
+    throw perf::usage_error("--algo " + s + ": not an algorithm corocoll has");
 }
 
 // ---- values: small integers, so that sums, products, minima and maxima are exact in every
@@ -248,7 +246,7 @@ public:
         for (const auto& [name, w] : names) {
             if (op_ == name) which_ = w;
         }
-        if (reduces(op_)) red_ = redop_of(redop_);
+        if (reduces(op_)) red_ = perf::redop_of(redop_);
     }
 
     // The timed loop's body: which operation is decided once, in the constructor.
@@ -292,12 +290,12 @@ public:
 
     // Mean time per operation on this rank, in microseconds.
     cc::task<double> time() {
-        for (int i = 0; i < c_.warmup; ++i) co_await run_once();
+        for (int i = 0; i < c_.sweep.warmup; ++i) co_await run_once();
         co_await pg_.barrier();
         auto t0 = clock_type::now();
-        for (int i = 0; i < c_.iters; ++i) co_await run_once();
+        for (int i = 0; i < c_.sweep.iters; ++i) co_await run_once();
         std::chrono::duration<double, std::micro> took = clock_type::now() - t0;
-        double per = took.count() / std::max(1, c_.iters);
+        double per = took.count() / std::max(1, c_.sweep.iters);
         co_return op_ == "ping_pong" ? per / 2 : per;
     }
 
@@ -389,18 +387,67 @@ private:
     std::vector<T> b_;
 };
 
+// What every row so far adds up to, for the footer and the exit code.
+struct totals {
+    long long wrong = 0;
+    double busbw = 0;
+    int rows = 0;
+};
+
+// The text table's columns: nccl-tests' out-of-place and in-place groups.
+std::vector<perf::column_group> table_columns() {
+    auto measured = [](std::string banner) {
+        return perf::column_group{std::move(banner),
+                                  {{"time", "(us)", 9},
+                                   {"algbw", "(GB/s)", 8},
+                                   {"busbw", "(GB/s)", 8},
+                                   {"#wrong", "", 7}}};
+    };
+    return {{"",
+             {{"size", "(B)", 12},
+              {"count", "(elements)", 12},
+              {"type", "", 8},
+              {"redop", "", 6},
+              {"root", "", 5}}},
+            measured("out-of-place"),
+            measured("in-place")};
+}
+
+void write(perf::report& out, const row& r, int n) {
+    perf::record fields = {{"op", r.op},
+                           {"ranks", n},
+                           {"size", r.bytes},
+                           {"count", r.count},
+                           {"type", r.type},
+                           {"redop", r.redop},
+                           {"root", r.root},
+                           {"placement", r.in_place ? "in-place" : "out-of-place"},
+                           {"time_us", {r.time_us, 3}},
+                           {"algbw_gbs", {r.algbw, 4}},
+                           {"busbw_gbs", {r.busbw, 4}},
+                           {"wrong", r.wrong}};
+    std::vector<perf::value> measured = {{r.time_us, 2},
+                                         {r.algbw, 3},
+                                         {r.busbw, 3},
+                                         r.wrong < 0 ? perf::value() : perf::value(r.wrong)};
+    std::vector<perf::value> cells = {r.bytes, r.count, r.type, r.redop, r.root};
+    for (int group = 0; group < 2; ++group) {
+        bool here = (group == 1) == r.in_place;
+        for (const auto& v : measured) cells.push_back(here ? v : perf::value());
+    }
+    out.row(fields, cells);
+}
+
+// Every size of one collective, type and reduction; each row is written (on rank 0, where
+// `out` is) as soon as it is measured.
 template <class T>
 cc::task<> sweep(cc::process_group& pg, const config& c, const std::string& op,
-                 const std::string& type, const std::string& redop, std::vector<row>& rows) {
+                 const std::string& type, const std::string& redop, perf::report* out,
+                 totals& sum) {
     const int n = pg.size();
-    for (std::size_t bytes = c.min_bytes; bytes <= c.max_bytes;) {
+    for (std::size_t bytes : c.sweep.sizes()) {
         std::size_t count = elements(op, bytes, sizeof(T), n);
-        auto next = static_cast<std::size_t>(static_cast<double>(bytes) * c.factor);
-        if (count == 0) {  // too small to give every rank an element
-            if (next <= bytes) break;
-            bytes = next;
-            continue;
-        }
+        if (count == 0) continue;  // too small to give every rank an element
         bench<T> b(pg, c, op, redop, count);
         row r;
         r.op = op;
@@ -416,114 +463,66 @@ cc::task<> sweep(cc::process_group& pg, const config& c, const std::string& op,
         std::vector<double> t(1, mine);
         co_await pg.all_reduce(t, cc::reduce_op::max);
         r.time_us = t[0];
-        r.algbw = r.time_us > 0 ? static_cast<double>(r.bytes) / r.time_us / 1e3 : 0;  // GB/s
-        r.busbw = r.algbw * bus_factor(op, n);
-        if (c.check) {
+        r.algbw = perf::algbw_gbs(r.bytes, r.time_us);
+        r.busbw = r.algbw * perf::bus_factor(op, n);
+        if (c.sweep.check) {
             long long mine_wrong = co_await b.check();
             std::vector<std::int64_t> wrong(1, mine_wrong);
             co_await pg.all_reduce(wrong, cc::reduce_op::sum);
             r.wrong = wrong[0];
+            sum.wrong += r.wrong;
         }
-        rows.push_back(r);
-        if (next <= bytes) break;
-        bytes = next;
+        sum.busbw += r.busbw;
+        ++sum.rows;
+        if (out != nullptr) write(*out, r, n);
     }
 }
 
 cc::task<> sweep_type(cc::process_group& pg, const config& c, const std::string& op,
-                      const std::string& type, const std::string& redop, std::vector<row>& rows) {
-    if (type == "int8") return sweep<std::int8_t>(pg, c, op, type, redop, rows);
-    if (type == "uint8") return sweep<std::uint8_t>(pg, c, op, type, redop, rows);
-    if (type == "int32") return sweep<std::int32_t>(pg, c, op, type, redop, rows);
-    if (type == "int64") return sweep<std::int64_t>(pg, c, op, type, redop, rows);
-    if (type == "float") return sweep<float>(pg, c, op, type, redop, rows);
-    if (type == "double") return sweep<double>(pg, c, op, type, redop, rows);
-    if (type == "half") return sweep<cc::float16>(pg, c, op, type, redop, rows);
-    return sweep<cc::bfloat16>(pg, c, op, type, redop, rows);
-}
-
-std::string fixed(double v, int decimals) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
-    return buf;
-}
-
-void print_text_header(const config& c, const std::string& op, int n) {
-    std::printf(
-        "# corocoll coll_perf: %s on %d ranks, iters %d, warm-up %d, check %d, algorithm %s\n",
-        op.c_str(), n, c.iters, c.warmup, c.check ? 1 : 0,
-        c.algorithm.empty() ? "auto" : c.algorithm.c_str());
-    std::printf("#\n#%53s%36s\n", "out-of-place", "in-place");
-    std::printf("#%12s %12s %8s %6s %5s %9s %8s %8s %7s %9s %8s %8s %7s\n", "size", "count", "type",
-                "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
-                "#wrong");
-    std::printf("#%12s %12s %8s %6s %5s %9s %8s %8s %7s %9s %8s %8s %7s\n", "(B)", "(elements)", "",
-                "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
-}
-
-void print_text_row(const row& r) {
-    std::string wrong = r.wrong < 0 ? "N/A" : std::to_string(r.wrong);
-    char measured[128];
-    std::snprintf(measured, sizeof measured, "%9s %8s %8s %7s", fixed(r.time_us, 2).c_str(),
-                  fixed(r.algbw, 3).c_str(), fixed(r.busbw, 3).c_str(), wrong.c_str());
-    char absent[128];
-    std::snprintf(absent, sizeof absent, "%9s %8s %8s %7s", "N/A", "N/A", "N/A", "N/A");
-    std::printf(" %12zu %12zu %8s %6s %5d %s %s\n", r.bytes, r.count, r.type.c_str(),
-                r.redop.c_str(), r.root, r.in_place ? absent : measured,
-                r.in_place ? measured : absent);
-}
-
-void print_csv(const std::vector<row>& rows, int n) {
-    std::printf(
-        "op,ranks,size,count,type,redop,root,placement,time_us,algbw_gbs,busbw_gbs,wrong\n");
-    for (const auto& r : rows) {
-        std::printf("%s,%d,%zu,%zu,%s,%s,%d,%s,%.3f,%.4f,%.4f,%lld\n", r.op.c_str(), n, r.bytes,
-                    r.count, r.type.c_str(), r.redop.c_str(), r.root,
-                    r.in_place ? "in-place" : "out-of-place", r.time_us, r.algbw, r.busbw, r.wrong);
-    }
-}
-
-void print_json(const std::vector<row>& rows, int n) {
-    std::printf("[\n");
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-        const auto& r = rows[i];
-        std::printf(
-            "  {\"op\": \"%s\", \"ranks\": %d, \"size\": %zu, \"count\": %zu, "
-            "\"type\": \"%s\", \"redop\": \"%s\", \"root\": %d, \"placement\": \"%s\", "
-            "\"time_us\": %.3f, \"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f, "
-            "\"wrong\": %lld}%s\n",
-            r.op.c_str(), n, r.bytes, r.count, r.type.c_str(), r.redop.c_str(), r.root,
-            r.in_place ? "in-place" : "out-of-place", r.time_us, r.algbw, r.busbw, r.wrong,
-            i + 1 < rows.size() ? "," : "");
-    }
-    std::printf("]\n");
+                      const std::string& type, const std::string& redop, perf::report* out,
+                      totals& sum) {
+    if (type == "int8") return sweep<std::int8_t>(pg, c, op, type, redop, out, sum);
+    if (type == "uint8") return sweep<std::uint8_t>(pg, c, op, type, redop, out, sum);
+    if (type == "int32") return sweep<std::int32_t>(pg, c, op, type, redop, out, sum);
+    if (type == "int64") return sweep<std::int64_t>(pg, c, op, type, redop, out, sum);
+    if (type == "float") return sweep<float>(pg, c, op, type, redop, out, sum);
+    if (type == "double") return sweep<double>(pg, c, op, type, redop, out, sum);
+    if (type == "half") return sweep<cc::float16>(pg, c, op, type, redop, out, sum);
+    return sweep<cc::bfloat16>(pg, c, op, type, redop, out, sum);
 }
 
 cc::task<> benchmark(cc::process_group& pg, const config& c) {
     const int n = pg.size();
-    if (c.root < 0 || c.root >= n) {
-        throw std::invalid_argument("-r " + std::to_string(c.root) + ": not a rank of " +
-                                    std::to_string(n));
+    if (c.root >= n) {
+        throw perf::usage_error("-r " + std::to_string(c.root) + ": not a rank of " +
+                                std::to_string(n));
     }
-    std::vector<row> all_rows;
-    long long wrong_total = 0;
-    for (const auto& op : c.ops) {
+    // Rank 0 reports; the others only measure.
+    std::optional<perf::report> out;
+    if (pg.rank() == 0) out.emplace(perf::format_of(c.format), c.json_path);
+    perf::report* report = out ? &*out : nullptr;
+    totals sum;
+    for (const auto& op : c.colls) {
         if (op == "ping_pong" && n < 2) continue;
         if (!c.algorithm.empty()) {
             if (auto k = kind_of(op)) pg.set_algorithm(*k, algorithm_of(c.algorithm));
         }
-        if (pg.rank() == 0 && c.format == "text") print_text_header(c, op, n);
+        if (report != nullptr) {
+            char line[160];
+            std::snprintf(line, sizeof line,
+                          "corocoll coll_perf: %s on %d ranks, iters %d, warm-up %d, check %d, "
+                          "algorithm %s",
+                          op.c_str(), n, c.sweep.iters, c.sweep.warmup, c.sweep.check ? 1 : 0,
+                          c.algorithm.empty() ? "auto" : c.algorithm.c_str());
+            report->comment(line);
+            report->comment("");
+            report->table(table_columns());
+        }
         for (const auto& type : c.types) {
             std::vector<std::string> redops(1, "sum");
             if (reduces(op)) redops = c.redops;
             for (const auto& redop : redops) {
-                std::vector<row> rows;
-                co_await sweep_type(pg, c, op, type, redop, rows);
-                for (const auto& r : rows) {
-                    if (r.wrong > 0) wrong_total += r.wrong;
-                    if (pg.rank() == 0 && c.format == "text") print_text_row(r);
-                }
-                all_rows.insert(all_rows.end(), rows.begin(), rows.end());
+                co_await sweep_type(pg, c, op, type, redop, report, sum);
             }
         }
         if (!c.algorithm.empty()) {
@@ -532,137 +531,61 @@ cc::task<> benchmark(cc::process_group& pg, const config& c) {
             }
         }
     }
-    if (pg.rank() == 0) {
-        if (c.format == "csv") print_csv(all_rows, n);
-        if (c.format == "json") print_json(all_rows, n);
-        if (c.format == "text") {
-            double sum = 0;
-            for (const auto& r : all_rows) sum += r.busbw;
-            std::printf("# Out of bounds values : %lld %s\n", wrong_total,
-                        !c.check           ? "(not checked)"
-                        : wrong_total == 0 ? "OK"
-                                           : "FAILED");
-            std::printf("# Avg bus bandwidth    : %.4f\n",
-                        all_rows.empty() ? 0.0 : sum / static_cast<double>(all_rows.size()));
-        }
-        std::fflush(stdout);
+    if (report != nullptr) {
+        char line[80];
+        std::snprintf(line, sizeof line, "Out of bounds values : %lld %s", sum.wrong,
+                      !c.sweep.check   ? "(not checked)"
+                      : sum.wrong == 0 ? "OK"
+                                       : "FAILED");
+        report->comment(line);
+        std::snprintf(line, sizeof line, "Avg bus bandwidth    : %.4f",
+                      sum.rows == 0 ? 0.0 : sum.busbw / sum.rows);
+        report->comment(line);
+        report->finish();
     }
-    if (wrong_total > 0) {
-        throw std::runtime_error(std::to_string(wrong_total) + " wrong element(s) in the check");
+    if (sum.wrong > 0) {
+        throw std::runtime_error(std::to_string(sum.wrong) + " wrong element(s) in the check");
     }
-}
-
-std::size_t parse_size(const std::string& flag, const std::string& s) {
-    std::size_t used = 0;
-    double v = 0;
-    try {
-        v = std::stod(s, &used);
-    } catch (const std::exception&) {
-        used = 0;
-    }
-    double mult = 1;
-    if (used + 1 == s.size()) {
-        char u = s.back();
-        mult = u == 'K' || u == 'k'   ? 1024.0
-               : u == 'M' || u == 'm' ? 1048576.0
-               : u == 'G' || u == 'g' ? 1073741824.0
-                                      : 0;
-        if (mult != 0) ++used;
-    }
-    if (used != s.size() || s.empty() || !(v >= 0)) {
-        throw std::invalid_argument(flag + " " + s +
-                                    ": expected a size in bytes (K, M, G allowed)");
-    }
-    return static_cast<std::size_t>(v * mult);
-}
-
-int parse_int(const std::string& flag, const std::string& s, int lo) {
-    std::size_t used = 0;
-    int v = lo - 1;
-    try {
-        v = std::stoi(s, &used);
-    } catch (const std::exception&) {
-        used = 0;
-    }
-    if (used != s.size() || v < lo) {
-        throw std::invalid_argument(flag + " " + s +
-                                    ": expected a whole number >= " + std::to_string(lo));
-    }
-    return v;
-}
-
-std::vector<std::string> pick(const std::string& flag, const std::string& s,
-                              const std::vector<std::string>& known) {
-    if (s == "all") return known;
-    if (std::find(known.begin(), known.end(), s) == known.end()) {
-        std::string list;
-        for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-        throw std::invalid_argument(flag + " " + s + ": expected one of " + list + ", all");
-    }
-    return {s};
 }
 
 config parse(int argc, char** argv) {
     config c;
-    for (int i = 1; i < argc; ++i) {
-        std::string a = argv[i];
-        if (a == "-h" || a == "--help") {
-            std::printf(
-                "usage: coll_perf [-o OP] [-t TYPE] [-R REDOP] [-a ALGO] [-b MIN] [-e MAX] "
-                "[-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1] [-r ROOT] [-F text|csv|json] "
-                "[--nproc N]\n(see the top of benchmarks/coll_perf.cpp)\n");
-            std::exit(0);
-        }
-        if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
-        std::string v = argv[++i];
-        if (a == "-o")
-            c.ops = pick(a, v, all_ops);
-        else if (a == "-t")
-            c.types = pick(a, v, all_types);
-        else if (a == "-R")
-            c.redops = pick(a, v, all_redops);
-        else if (a == "-a")
-            c.algorithm = v;
-        else if (a == "-b")
-            c.min_bytes = parse_size(a, v);
-        else if (a == "-e")
-            c.max_bytes = parse_size(a, v);
-        else if (a == "-f") {
-            c.factor = std::atof(v.c_str());
-            if (!(c.factor > 1)) throw std::invalid_argument("-f " + v + ": must be above 1");
-        } else if (a == "-n")
-            c.iters = parse_int(a, v, 1);
-        else if (a == "-w")
-            c.warmup = parse_int(a, v, 0);
-        else if (a == "-c")
-            c.check = parse_int(a, v, 0) != 0;
-        else if (a == "-r")
-            c.root = parse_int(a, v, 0);
-        else if (a == "-F") {
-            if (v != "text" && v != "csv" && v != "json") {
-                throw std::invalid_argument("-F " + v + ": expected text, csv or json");
-            }
-            c.format = v;
-        } else if (a == "--nproc")
-            c.nproc = parse_int(a, v, 1);
-        else
-            throw std::invalid_argument("unknown option " + a + " (see --help)");
+    std::vector<std::string> algorithms;
+    for (auto a :
+         {cc::collectives::algorithm::ring, cc::collectives::algorithm::recursive_doubling,
+          cc::collectives::algorithm::binomial, cc::collectives::algorithm::chain,
+          cc::collectives::algorithm::bruck, cc::collectives::algorithm::linear,
+          cc::collectives::algorithm::pairwise, cc::collectives::algorithm::dissemination}) {
+        algorithms.emplace_back(cc::collectives::algorithm_name(a));
     }
-    if (c.min_bytes == 0) c.min_bytes = 1;
-    if (c.max_bytes < c.min_bytes) throw std::invalid_argument("-e is below -b");
-    if (!c.algorithm.empty()) algorithm_of(c.algorithm);  // refuse an unknown name up front
+    perf::args a("coll_perf",
+                 "Times corocoll's collectives and a ping-pong as nccl-tests does, with its flag "
+                 "letters.\nRuns under corocollrun, torchrun or mpirun, or spawns --nproc ranks.");
+    a.some_of("--coll", c.colls, all_colls, "the collective (nccl-tests picks it by program name)")
+        .some_of("-d,--datatype", c.types, all_types, "the element type")
+        .some_of("-o,--op", c.redops, perf::redop_names(),
+                 "the reduction of the reducing collectives")
+        .integer("-r,--root", c.root, 0, 1 << 20, "the root of broadcast, reduce, gather, scatter");
+    c.sweep.declare(a);
+    a.one_of("--algo", c.algorithm, algorithms, "force an algorithm (default: by size)")
+        .one_of("-F,--format", c.format, {"text", "csv", "json"}, "what stdout carries")
+        .text("-J,--output_file", c.json_path, "FILE", "also write the rows to FILE as JSON")
+        .integer("--nproc", c.nproc, 1, 4096, "ranks to spawn where no launcher started it")
+        .moved("-t", "the datatype is -d now, as in nccl-tests")
+        .moved("-R", "the reduction is -o now, as in nccl-tests (the collective is --coll)")
+        .moved("-a",
+               "an algorithm is forced with --algo (nccl-tests' -a, how times are "
+               "combined over ranks, is not supported: they are the largest)")
+        .note(
+            "Sizes take K, M and G (powers of 1024) and must be whole numbers of bytes. "
+            "Rows and columns: see the top of benchmarks/coll_perf.cpp.");
+    perf::parse_or_exit(a, argc, argv);
     return c;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-    config c;
-    try {
-        c = parse(argc, argv);
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "coll_perf: %s\n", e.what());
-        return 2;
-    }
+    config c = parse(argc, argv);
     return cc::run_or_spawn(c.nproc, [&c](cc::process_group& pg) { return benchmark(pg, c); });
 }

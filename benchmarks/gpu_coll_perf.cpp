@@ -4,15 +4,21 @@
 // calls (each op followed by cudaStreamSynchronize). The last columns are the difference per
 // op and the ratio of the two: the cost of the coroutine layer.
 //
-//   gpu_coll_perf [-o OP] [-d TYPE] [-R REDOP] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS]
-//                 [-w WARMUP] [-c 0|1]
+//   gpu_coll_perf [--coll COLL] [-d TYPE] [-o REDOP] [-r ROOT] [-b MIN] [-e MAX] [-f FACTOR]
+//                 [-n ITERS] [-w WARMUP] [-c 0|1] [-F text|csv|json] [-J FILE]
 //
-//   -o  all_reduce (default), broadcast, reduce, all_gather, reduce_scatter, all_to_all
-//   -d  float (default), double, half, bfloat16, int32, int64, uint8
-//   -R  sum (default), prod, min, max, avg
+// The flags are coll_perf's, which are nccl-tests' (benchmarks/common/args.hpp reads both):
+//   --coll  all_reduce (default), broadcast, reduce, all_gather, reduce_scatter, all_to_all
+//           (no letter: nccl-tests picks the collective by program name, and -o is the
+//           reduction there)
+//   -d, --datatype  float (default), double, half, bfloat16, int32, int64, uint8
+//   -o, --op  sum (default), prod, min, max, avg
+//   -r, --root  the root of broadcast and reduce (default 0)
 //   -b, -e, -f  sizes in bytes (K, M, G suffixes), default 8 B to 128 MiB, factor 2
 //   -n, -w  timed and warm-up iterations per size (default 50 and 5)
-//   -c 1    check the result once per size (#wrong: elements that differ)
+//   -c 1    check the result once per size (all_reduce with sum; #wrong: elements that
+//           differ, N/A where not checked)
+//   -F      stdout as text (the table, the default), csv or json; -J FILE: JSON to FILE too
 //
 // A size is nccl-tests': the buffer of all_reduce, broadcast and reduce, the gathered buffer
 // of all_gather, the input of reduce_scatter and all_to_all. time is the mean per op, the
@@ -22,6 +28,11 @@
 #include <corocoll/corocoll.hpp>
 #include <corocoll/gpu.hpp>
 
+#include "common/args.hpp"
+#include "common/bandwidth.hpp"
+#include "common/report.hpp"
+#include "redop.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,6 +41,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -44,69 +56,35 @@ struct config {
     std::string op = "all_reduce";
     std::string type = "float";
     std::string redop = "sum";
-    std::size_t min_bytes = 8, max_bytes = std::size_t{128} << 20;
-    double factor = 2;
-    int iters = 50, warmup = 5;
-    bool check = false;
+    int root = 0;
+    perf::sweep sweep;
+    std::string format = "text";
+    std::string json_path;
 };
-
-std::size_t parse_size(const std::string& s) {
-    char* end = nullptr;
-    double v = std::strtod(s.c_str(), &end);
-    std::string unit = end;
-    if (unit == "K" || unit == "k") v *= 1024;
-    if (unit == "M" || unit == "m") v *= 1024.0 * 1024;
-    if (unit == "G" || unit == "g") v *= 1024.0 * 1024 * 1024;
-    if (v < 1) throw std::invalid_argument("bad size '" + s + "'");
-    return static_cast<std::size_t>(v);
-}
 
 config parse(int argc, char** argv) {
     config c;
-    for (int i = 1; i < argc; ++i) {
-        std::string a = argv[i];
-        if (i + 1 >= argc) throw std::invalid_argument("option " + a + " needs a value");
-        std::string v = argv[++i];
-        if (a == "-o")
-            c.op = v;
-        else if (a == "-d")
-            c.type = v;
-        else if (a == "-R")
-            c.redop = v;
-        else if (a == "-b")
-            c.min_bytes = parse_size(v);
-        else if (a == "-e")
-            c.max_bytes = parse_size(v);
-        else if (a == "-f")
-            c.factor = std::stod(v);
-        else if (a == "-n")
-            c.iters = std::stoi(v);
-        else if (a == "-w")
-            c.warmup = std::stoi(v);
-        else if (a == "-c")
-            c.check = v != "0";
-        else
-            throw std::invalid_argument("unknown option " + a);
-    }
-    if (c.factor <= 1) throw std::invalid_argument("-f must be above 1");
+    c.sweep.min_bytes = 8;
+    c.sweep.max_bytes = std::size_t{128} << 20;
+    c.sweep.iters = 50;
+    perf::args a("gpu_coll_perf",
+                 "NCCL collectives on GPU buffers through corocoll's NCCL group and through plain "
+                 "NCCL calls, side by side, with nccl-tests' flag letters.\nExits 77 where no "
+                 "CUDA device is visible.");
+    a.one_of("--coll", c.op,
+             {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"},
+             "the collective (nccl-tests picks it by program name)")
+        .one_of("-d,--datatype", c.type,
+                {"float", "double", "half", "bfloat16", "int32", "int64", "uint8"},
+                "the element type")
+        .one_of("-o,--op", c.redop, perf::redop_names(), "the reduction")
+        .integer("-r,--root", c.root, 0, 1 << 20, "the root of broadcast and reduce");
+    c.sweep.declare(a);
+    a.one_of("-F,--format", c.format, {"text", "csv", "json"}, "what stdout carries")
+        .text("-J,--output_file", c.json_path, "FILE", "also write the rows to FILE as JSON")
+        .moved("-R", "the reduction is -o now, as in nccl-tests (the collective is --coll)");
+    perf::parse_or_exit(a, argc, argv);
     return c;
-}
-
-double bus_factor(const std::string& op, int n) {
-    if (op == "all_reduce") return 2.0 * (n - 1) / n;
-    if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all") {
-        return static_cast<double>(n - 1) / n;
-    }
-    return 1;
-}
-
-cc::reduce_op redop_of(const std::string& s) {
-    if (s == "sum") return cc::reduce_op::sum;
-    if (s == "prod") return cc::reduce_op::product;
-    if (s == "min") return cc::reduce_op::min;
-    if (s == "max") return cc::reduce_op::max;
-    if (s == "avg") return cc::reduce_op::avg;
-    throw std::invalid_argument("unknown reduce op '" + s + "'");
 }
 
 // Plain NCCL: the call, then (the communicator is non-blocking) waiting out ncclInProgress,
@@ -124,10 +102,10 @@ struct runner {
 
     // One op of `count` elements per rank-block: through the group, or plain.
     cc::task<> ours(gpu::device_buffer<T>& in, gpu::device_buffer<T>& out, std::size_t count) {
-        auto op = redop_of(c.redop);
+        auto op = perf::redop_of(c.redop);
         if (c.op == "all_reduce") co_return co_await pg.all_reduce(in, op);
-        if (c.op == "broadcast") co_return co_await pg.broadcast(in, 0);
-        if (c.op == "reduce") co_return co_await pg.reduce(in, 0, op);
+        if (c.op == "broadcast") co_return co_await pg.broadcast(in, c.root);
+        if (c.op == "reduce") co_return co_await pg.reduce(in, c.root, op);
         auto block = gpu::device_span<T>{in.data(), count};
         if (c.op == "all_gather") co_return co_await pg.all_gather_into(out, block);
         auto outblock = gpu::device_span<T>{out.data(), count};
@@ -140,14 +118,14 @@ struct runner {
         ncclComm_t comm = pg.comm();
         cudaStream_t s = pg.stream();
         ncclDataType_t t = gpu::nccl_type_of<T>();
-        ncclRedOp_t op = gpu::nccl_op_of(redop_of(c.redop), "");
+        ncclRedOp_t op = gpu::nccl_op_of(perf::redop_of(c.redop), "");
         ncclResult_t rc = ncclSuccess;
         if (c.op == "all_reduce") {
             rc = ncclAllReduce(in.data(), in.data(), in.size(), t, op, comm, s);
         } else if (c.op == "broadcast") {
-            rc = ncclBroadcast(in.data(), in.data(), in.size(), t, 0, comm, s);
+            rc = ncclBroadcast(in.data(), in.data(), in.size(), t, c.root, comm, s);
         } else if (c.op == "reduce") {
-            rc = ncclReduce(in.data(), in.data(), in.size(), t, op, 0, comm, s);
+            rc = ncclReduce(in.data(), in.data(), in.size(), t, op, c.root, comm, s);
         } else if (c.op == "all_gather") {
             rc = ncclAllGather(in.data(), out.data(), count, t, comm, s);
         } else if (c.op == "reduce_scatter") {
@@ -159,53 +137,76 @@ struct runner {
     }
 };
 
+// The table's columns: the size, then each way's time and bandwidths, then the difference.
+std::vector<perf::column_group> table_columns() {
+    return {
+        {"",
+         {{"size", "(B)", 12},
+          {"count", "(elements)", 12},
+          {"type", "", 8},
+          {"redop", "", 6},
+          {"root", "", 5}}},
+        {"corocoll (co_await)",
+         {{"time", "(us)", 10}, {"algbw", "(GB/s)", 8}, {"busbw", "(GB/s)", 8}, {"#wrong", "", 6}}},
+        {"plain NCCL (synchronize)",
+         {{"time", "(us)", 10}, {"algbw", "(GB/s)", 8}, {"busbw", "(GB/s)", 8}}},
+        {"", {{"diff", "(us)", 9}, {"ratio", "", 7}}}};
+}
+
 template <class T>
 cc::task<> sweep(gpu::nccl_group& pg, cc::process_group& cpu, const config& c) {
     int n = pg.size();
-    runner<T> run{pg, c};
-    if (pg.rank() == 0) {
-        std::printf("# gpu_coll_perf: %s, %d rank(s), device %d, %d iterations (+%d warm-up)\n",
-                    c.op.c_str(), n, pg.device(), c.iters, c.warmup);
-        std::printf("%12s %12s %8s %6s | %10s %8s %8s %6s | %10s %8s %8s | %9s %7s\n", "size",
-                    "count", "type", "redop", "time(us)", "algbw", "busbw", "#wrong", "time(us)",
-                    "algbw", "busbw", "diff(us)", "ratio");
-        std::printf("%12s %12s %8s %6s | %37s | %28s |\n", "", "", "", "", "corocoll (co_await)",
-                    "plain NCCL (synchronize)");
+    if (c.root >= n) {
+        throw perf::usage_error("-r " + std::to_string(c.root) + ": not a rank of " +
+                                std::to_string(n));
     }
-    for (std::size_t bytes = c.min_bytes; bytes <= c.max_bytes;
-         bytes =
-             std::max(bytes + 1, static_cast<std::size_t>(static_cast<double>(bytes) * c.factor))) {
+    runner<T> run{pg, c};
+    bool reduces = c.op == "all_reduce" || c.op == "reduce" || c.op == "reduce_scatter";
+    bool rooted = c.op == "broadcast" || c.op == "reduce";
+    std::optional<perf::report> out;
+    if (pg.rank() == 0) {
+        out.emplace(perf::format_of(c.format), c.json_path);
+        char line[160];
+        std::snprintf(line, sizeof line,
+                      "gpu_coll_perf: %s, %d rank(s), device %d, %d iterations (+%d warm-up)",
+                      c.op.c_str(), n, pg.device(), c.sweep.iters, c.sweep.warmup);
+        out->comment(line);
+        out->table(table_columns());
+    }
+    for (std::size_t bytes : c.sweep.sizes()) {
         bool blocks = c.op == "all_gather" || c.op == "reduce_scatter" || c.op == "all_to_all";
         std::size_t total = std::max<std::size_t>(bytes / sizeof(T), static_cast<std::size_t>(n));
         if (blocks) total -= total % static_cast<std::size_t>(n);
         std::size_t count = blocks ? total / static_cast<std::size_t>(n) : total;
         // all_gather's input is one block; the others' is the whole size.
         gpu::device_buffer<T> in(c.op == "all_gather" ? count : total);
-        gpu::device_buffer<T> out(c.op == "reduce_scatter" ? count : total);
+        gpu::device_buffer<T> out_buf(c.op == "reduce_scatter" ? count : total);
         std::vector<T> ones(in.size(), T(1));
         in.copy_from(ones);
 
-        for (int i = 0; i < c.warmup; ++i) co_await run.ours(in, out, count);
+        for (int i = 0; i < c.sweep.warmup; ++i) co_await run.ours(in, out_buf, count);
         co_await pg.barrier();
         auto t0 = clock_type::now();
-        for (int i = 0; i < c.iters; ++i) co_await run.ours(in, out, count);
-        double ours_us =
-            std::chrono::duration<double, std::micro>(clock_type::now() - t0).count() / c.iters;
+        for (int i = 0; i < c.sweep.iters; ++i) co_await run.ours(in, out_buf, count);
+        double ours_us = std::chrono::duration<double, std::micro>(clock_type::now() - t0).count() /
+                         c.sweep.iters;
 
-        for (int i = 0; i < c.warmup; ++i) run.plain(in, out, count);
+        for (int i = 0; i < c.sweep.warmup; ++i) run.plain(in, out_buf, count);
         co_await pg.barrier();
         t0 = clock_type::now();
-        for (int i = 0; i < c.iters; ++i) run.plain(in, out, count);
+        for (int i = 0; i < c.sweep.iters; ++i) run.plain(in, out_buf, count);
         double plain_us =
-            std::chrono::duration<double, std::micro>(clock_type::now() - t0).count() / c.iters;
+            std::chrono::duration<double, std::micro>(clock_type::now() - t0).count() /
+            c.sweep.iters;
 
-        long long wrong = 0;
-        if (c.check && c.op == "all_reduce" && c.redop == "sum") {
+        long long wrong = -1;  // not checked
+        if (c.sweep.check && c.op == "all_reduce" && c.redop == "sum") {
             // From ones: one all_reduce gives n everywhere (exact in every listed type).
             in.copy_from(ones);
-            co_await run.ours(in, out, count);
+            co_await run.ours(in, out_buf, count);
             std::vector<T> got(in.size());
             in.copy_to(got);
+            wrong = 0;
             for (const T& v : got) wrong += static_cast<float>(v) != static_cast<float>(n);
         }
         // The slowest rank's times, as nccl-tests reports.
@@ -215,22 +216,37 @@ cc::task<> sweep(gpu::nccl_group& pg, cc::process_group& cpu, const config& c) {
             ours_us = std::max(ours_us, all[2 * static_cast<std::size_t>(p)]);
             plain_us = std::max(plain_us, all[2 * static_cast<std::size_t>(p) + 1]);
         }
-        if (pg.rank() == 0) {
-            double size = static_cast<double>(total * sizeof(T));
-            double a1 = size / ours_us / 1e3, a2 = size / plain_us / 1e3;
-            double f = bus_factor(c.op, n);
-            std::printf(
-                "%12zu %12zu %8s %6s | %10.2f %8.2f %8.2f %6lld | %10.2f %8.2f %8.2f | "
-                "%9.2f %7.3f\n",
-                total * sizeof(T), total, c.type.c_str(),
-                (c.op == "all_reduce" || c.op == "reduce" || c.op == "reduce_scatter")
-                    ? c.redop.c_str()
-                    : "none",
-                ours_us, a1, a1 * f, wrong, plain_us, a2, a2 * f, ours_us - plain_us,
-                ours_us / plain_us);
-            std::fflush(stdout);
+        if (out) {
+            std::size_t size = total * sizeof(T);
+            double a1 = perf::algbw_gbs(size, ours_us), a2 = perf::algbw_gbs(size, plain_us);
+            double f = perf::bus_factor(c.op, n);
+            perf::record fields = {{"op", c.op},
+                                   {"ranks", n},
+                                   {"size", size},
+                                   {"count", total},
+                                   {"type", c.type},
+                                   {"redop", reduces ? c.redop : "none"},
+                                   {"root", rooted ? c.root : -1},
+                                   {"time_us", {ours_us, 2}},
+                                   {"algbw_gbs", {a1, 2}},
+                                   {"busbw_gbs", {a1 * f, 2}},
+                                   {"wrong", wrong},
+                                   {"nccl_time_us", {plain_us, 2}},
+                                   {"nccl_algbw_gbs", {a2, 2}},
+                                   {"nccl_busbw_gbs", {a2 * f, 2}},
+                                   {"diff_us", {ours_us - plain_us, 2}},
+                                   {"ratio", {ours_us / plain_us, 3}}};
+            // The table has no op and ranks columns (the comment above it says them), and N/A
+            // where nothing was checked.
+            std::vector<perf::value> cells;
+            for (std::size_t k = 2; k < fields.size(); ++k) {
+                bool unchecked = fields[k].key == "wrong" && wrong < 0;
+                cells.push_back(unchecked ? perf::value() : fields[k].v);
+            }
+            out->row(fields, cells);
         }
     }
+    if (out) out->finish();
 }
 
 cc::task<> bench(cc::io::reactor& r, const config& c) {
@@ -275,13 +291,7 @@ cc::task<> bench(cc::io::reactor& r, const config& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    config c;
-    try {
-        c = parse(argc, argv);
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "gpu_coll_perf: %s\n", e.what());
-        return 2;
-    }
+    config c = parse(argc, argv);
     if (gpu::device_count() == 0) {
         std::printf("SKIP: no CUDA device: %s\n", gpu::no_device_reason().c_str());
         return 77;

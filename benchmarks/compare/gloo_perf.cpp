@@ -1,18 +1,19 @@
 // gloo_perf: coll_perf's measurements (benchmarks/coll_perf.cpp) made through Gloo's C++ API,
 // so that run_compare.py can set Gloo beside corocoll without torch in between.
 //
-//   RANK=r WORLD_SIZE=n GLOO_PERF_STORE=DIR gloo_perf [-o OP] [-b MIN] [-e MAX] [-f FACTOR]
-//                                                   [-n ITERS] [-w WARMUP] [-c 0|1]
+//   RANK=r WORLD_SIZE=n GLOO_PERF_STORE=DIR gloo_perf [--coll COLL] [-b MIN] [-e MAX]
+//                                                   [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1]
 //
-//   -o  ping_pong (one-way time = round trip / 2, between ranks 0 and 1, through unbound
-//       buffers), all_reduce (sum, in place), broadcast (root 0, in place) or all_gather
-//       (out of place)
-//   -b, -e, -f, -n, -w, -c  as coll_perf's; the type is float
+//   --coll  ping_pong (one-way time = round trip / 2, between ranks 0 and 1, through unbound
+//           buffers), all_reduce (sum, in place), broadcast (root 0, in place) or all_gather
+//           (out of place)
+//   -b, -e, -f, -n, -w, -c  as coll_perf's (benchmarks/common/args.hpp); the type is float
 //
 // Ranks meet through a gloo::rendezvous::FileStore in DIR (empty, one per run) and talk over
 // Gloo's TCP transport on 127.0.0.1. Sizes, element counts, timing (warm-up, barrier, timed
 // loop, mean per iteration, largest over the ranks), checked values and the JSON rows on rank
-// 0's stdout are coll_perf's with -t float -R sum -F json.
+// 0's stdout are coll_perf's with -d float -o sum -F json, written by the same code
+// (benchmarks/common/, which is standard C++17 and needs no include path).
 //
 // Built with: g++ -std=c++17 -O2 gloo_perf.cpp -lgloo -pthread (Debian's libgloo-dev has no
 // pkg-config file; its CMake config names only /usr/lib/libgloo.so).
@@ -27,6 +28,10 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 
+#include "../common/args.hpp"
+#include "../common/bandwidth.hpp"
+#include "../common/report.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -35,6 +40,7 @@
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -50,12 +56,7 @@ enum class op { ping_pong, all_reduce, broadcast, all_gather };
 struct config {
     op what = op::all_reduce;
     std::string name = "all_reduce";
-    std::size_t min_bytes = 32;
-    std::size_t max_bytes = std::size_t{32} << 20;
-    double factor = 2;
-    int iters = 20;
-    int warmup = 5;
-    bool check = false;
+    perf::sweep sweep;
 };
 
 // Tags keep the bookkeeping collectives apart from the measured ones.
@@ -64,87 +65,22 @@ constexpr std::uint32_t bookkeeping_tag = 1;
 // A slot prefix that none of Gloo's algorithms uses (theirs are 0x01..0x08, gloo/types.h).
 constexpr std::uint8_t ping_pong_slot_prefix = 0x10;
 
-std::size_t parse_size(const std::string& flag, const std::string& s) {
-    std::size_t used = 0;
-    double v = -1;
-    try {
-        v = std::stod(s, &used);
-    } catch (const std::exception&) {
-        used = 0;
-    }
-    double mult = 1;
-    if (used > 0 && used + 1 == s.size()) {
-        char u = s.back();
-        mult = u == 'K' || u == 'k'   ? 1024.0
-               : u == 'M' || u == 'm' ? 1048576.0
-               : u == 'G' || u == 'g' ? 1073741824.0
-                                      : 0;
-        if (mult != 0) ++used;
-    }
-    if (used != s.size() || s.empty() || !(v >= 0)) {
-        throw std::invalid_argument(flag + " " + s +
-                                    ": expected a size in bytes (K, M, G allowed)");
-    }
-    return static_cast<std::size_t>(v * mult);
-}
-
-int parse_int(const std::string& flag, const std::string& s, int lo) {
-    std::size_t used = 0;
-    int v = lo - 1;
-    try {
-        v = std::stoi(s, &used);
-    } catch (const std::exception&) {
-        used = 0;
-    }
-    if (used != s.size() || v < lo) {
-        throw std::invalid_argument(flag + " " + s +
-                                    ": expected a whole number >= " + std::to_string(lo));
-    }
-    return v;
-}
-
 config parse(int argc, char** argv) {
     config c;
-    for (int i = 1; i < argc; i += 2) {
-        std::string flag = argv[i];
-        if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
-        std::string v = argv[i + 1];
-        if (flag == "-o") {
-            const std::pair<const char*, op> names[] = {{"ping_pong", op::ping_pong},
-                                                        {"all_reduce", op::all_reduce},
-                                                        {"broadcast", op::broadcast},
-                                                        {"all_gather", op::all_gather}};
-            bool found = false;
-            for (const auto& [name, o] : names) {
-                if (v == name) {
-                    c.what = o;
-                    c.name = name;
-                    found = true;
-                }
-            }
-            if (!found) {
-                throw std::invalid_argument(
-                    "-o " + v + ": expected ping_pong, all_reduce, broadcast or all_gather");
-            }
-        } else if (flag == "-b") {
-            c.min_bytes = parse_size(flag, v);
-        } else if (flag == "-e") {
-            c.max_bytes = parse_size(flag, v);
-        } else if (flag == "-f") {
-            c.factor = std::atof(v.c_str());
-            if (!(c.factor > 1)) throw std::invalid_argument("-f " + v + ": must be above 1");
-        } else if (flag == "-n") {
-            c.iters = parse_int(flag, v, 1);
-        } else if (flag == "-w") {
-            c.warmup = parse_int(flag, v, 0);
-        } else if (flag == "-c") {
-            c.check = parse_int(flag, v, 0) != 0;
-        } else {
-            throw std::invalid_argument("unknown option " + flag);
-        }
+    perf::args a("gloo_perf",
+                 "coll_perf's measurements through Gloo's C++ API, for run_compare.py.\nRanks "
+                 "come from RANK, WORLD_SIZE and GLOO_PERF_STORE (an empty directory).");
+    a.one_of("--coll", c.name, {"ping_pong", "all_reduce", "broadcast", "all_gather"},
+             "the collective");
+    c.sweep.declare(a);
+    perf::parse_or_exit(a, argc, argv);
+    const std::pair<const char*, op> names[] = {{"ping_pong", op::ping_pong},
+                                                {"all_reduce", op::all_reduce},
+                                                {"broadcast", op::broadcast},
+                                                {"all_gather", op::all_gather}};
+    for (const auto& [name, o] : names) {
+        if (c.name == name) c.what = o;
     }
-    if (c.min_bytes == 0) c.min_bytes = 1;
-    if (c.max_bytes < c.min_bytes) throw std::invalid_argument("-e is below -b");
     return c;
 }
 
@@ -152,7 +88,7 @@ int env_int(const char* name) {
     const char* v = std::getenv(name);
     if (v == nullptr)
         throw std::invalid_argument(std::string("environment variable ") + name + " is not set");
-    return parse_int(name, v, 0);
+    return static_cast<int>(perf::parse_int(name, v, 0, 1 << 20));
 }
 
 // What rank r holds at element i: small integers, so sums are exact (coll_perf's value()).
@@ -224,7 +160,7 @@ public:
     }
 
     // Mean time per operation on this rank, in microseconds.
-    double time(const config& c) {
+    double time(const perf::sweep& c) {
         for (int i = 0; i < c.warmup; ++i) run_once();
         gloo::BarrierOptions barrier(context_);
         barrier.setTag(bookkeeping_tag);
@@ -293,13 +229,6 @@ private:
     std::unique_ptr<gloo::transport::UnboundBuffer> ping_pong_;
 };
 
-double bus_factor(op what, int n) {
-    double d = n;
-    if (what == op::all_reduce) return 2 * (d - 1) / d;
-    if (what == op::all_gather) return (d - 1) / d;
-    return 1;
-}
-
 int benchmark(const config& c) {
     const int rank = env_int("RANK");
     const int n = env_int("WORLD_SIZE");
@@ -314,60 +243,48 @@ int benchmark(const config& c) {
     context->connectFullMesh(store, device);
 
     long long wrong_total = 0;
-    int rows = 0;
-    if (rank == 0) std::printf("[\n");
-    for (std::size_t bytes = c.min_bytes; bytes <= c.max_bytes;) {
-        auto next = static_cast<std::size_t>(static_cast<double>(bytes) * c.factor);
+    std::optional<perf::report> out;
+    if (rank == 0) out.emplace(perf::format::json);
+    for (std::size_t bytes : c.sweep.sizes()) {
         std::size_t parts = c.what == op::all_gather ? static_cast<std::size_t>(n) : 1;
         std::size_t count = bytes / sizeof(float) / parts;
-        if (count > 0) {
-            bench b(context, c.what, count);
-            // The bytes actually moved, as coll_perf reports them.
-            std::size_t moved = count * sizeof(float) * parts;
-            double time_us =
-                all_reduce_one(context, b.time(c), static_cast<reduce_fn>(&gloo::max<double>));
-            long long wrong = -1;
-            if (c.check) {
-                wrong = all_reduce_one(context, b.check(),
-                                       static_cast<reduce_fn>(&gloo::sum<long long>));
-                wrong_total += wrong;
-            }
-            double algbw = time_us > 0 ? static_cast<double>(moved) / time_us / 1e3 : 0;
-            if (rank == 0) {
-                bool in_place = c.what == op::all_reduce || c.what == op::broadcast;
-                std::printf(
-                    "%s  {\"op\": \"%s\", \"ranks\": %d, \"size\": %zu, \"count\": %zu, "
-                    "\"type\": \"float\", \"redop\": \"%s\", \"root\": %d, "
-                    "\"placement\": \"%s\", \"time_us\": %.3f, \"algbw_gbs\": %.4f, "
-                    "\"busbw_gbs\": %.4f, \"wrong\": %lld}",
-                    rows > 0 ? ",\n" : "", c.name.c_str(), n, moved, count,
-                    c.what == op::all_reduce ? "sum" : "none", c.what == op::broadcast ? 0 : -1,
-                    in_place ? "in-place" : "out-of-place", time_us, algbw,
-                    algbw * bus_factor(c.what, n), wrong);
-                std::fflush(stdout);
-            }
-            ++rows;
+        if (count == 0) continue;
+        bench b(context, c.what, count);
+        // The bytes actually moved, as coll_perf reports them.
+        std::size_t moved = count * sizeof(float) * parts;
+        double time_us =
+            all_reduce_one(context, b.time(c.sweep), static_cast<reduce_fn>(&gloo::max<double>));
+        long long wrong = -1;
+        if (c.sweep.check) {
+            wrong =
+                all_reduce_one(context, b.check(), static_cast<reduce_fn>(&gloo::sum<long long>));
+            wrong_total += wrong;
         }
-        if (next <= bytes) break;
-        bytes = next;
+        double algbw = perf::algbw_gbs(moved, time_us);
+        if (out) {
+            bool in_place = c.what == op::all_reduce || c.what == op::broadcast;
+            out->row({{"op", c.name},
+                      {"ranks", n},
+                      {"size", moved},
+                      {"count", count},
+                      {"type", "float"},
+                      {"redop", c.what == op::all_reduce ? "sum" : "none"},
+                      {"root", c.what == op::broadcast ? 0 : -1},
+                      {"placement", in_place ? "in-place" : "out-of-place"},
+                      {"time_us", {time_us, 3}},
+                      {"algbw_gbs", {algbw, 4}},
+                      {"busbw_gbs", {algbw * perf::bus_factor(c.name, n), 4}},
+                      {"wrong", wrong}});
+        }
     }
-    if (rank == 0) {
-        std::printf("%s]\n", rows > 0 ? "\n" : "");
-        std::fflush(stdout);
-    }
+    if (out) out->finish();
     return wrong_total > 0 ? 1 : 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-    config c;
-    try {
-        c = parse(argc, argv);
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "gloo_perf: %s\n", e.what());
-        return 2;
-    }
+    config c = parse(argc, argv);
     try {
         return benchmark(c);
     } catch (const std::exception& e) {

@@ -1,15 +1,16 @@
 /* mpi_perf: coll_perf's measurements (benchmarks/coll_perf.cpp) made through MPI, so that
  * run_compare.py can set Open MPI and MPICH beside corocoll.
  *
- *   mpi_perf [-o OP] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1]
+ *   mpi_perf [--coll COLL] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1]
  *
- *   -o  ping_pong (one-way time = round trip / 2, between ranks 0 and 1), all_reduce (sum,
- *       in place), broadcast (root 0, in place) or all_gather (out of place)
+ *   --coll  ping_pong (one-way time = round trip / 2, between ranks 0 and 1), all_reduce (sum,
+ *           in place), broadcast (root 0, in place) or all_gather (out of place)
  *   -b, -e, -f, -n, -w, -c  as coll_perf's; the type is float
  *
  * Sizes, element counts, timing (warm-up, barrier, timed loop, mean per iteration, largest
  * over the ranks), checked values and the JSON rows on rank 0's stdout are coll_perf's with
- * -t float -R sum -F json, so that the runner can put the rows side by side.
+ * -d float -o sum -F json, so that the runner can put the rows side by side. (C, so it cannot
+ * share benchmarks/common/ with the C++ programs; it reads the same flags and sizes.)
  *
  * Built once with mpicc.openmpi and once with mpicc.mpich.
  */
@@ -40,7 +41,10 @@ static void usage_error(const char* flag, const char* value, const char* why) {
     exit(2);
 }
 
-/* A size in bytes with an optional K, M or G suffix (powers of 1024, as coll_perf reads). */
+/* A size in bytes with an optional K, M or G suffix (powers of 1024, as coll_perf reads); a
+ * fraction must come out a whole number of bytes (1.5M, not 1.3M). A decimal fraction times a
+ * power of two is whole only if it is a multiple of a power of two's inverse, which a double
+ * holds exactly, so the test below is exact. */
 static size_t parse_size(const char* flag, const char* s) {
     char* end = NULL;
     double v = strtod(s, &end);
@@ -52,9 +56,10 @@ static size_t parse_size(const char* flag, const char* s) {
             ++end;
         }
     }
-    if (end == s || *end != '\0' || !(v >= 0)) {
+    if (end == s || *end != '\0' || !(v >= 0) || strpbrk(s, "eExXpPnNiI") != NULL) {
         usage_error(flag, s, "expected a size in bytes (K, M, G allowed)");
     }
+    if (v != (double)(size_t)v) usage_error(flag, s, "not a whole number of bytes");
     return (size_t)v;
 }
 
@@ -73,7 +78,7 @@ static struct config parse(int argc, char** argv) {
         const char* flag = argv[i];
         if (i + 1 >= argc) usage_error(flag, "", "needs a value");
         const char* v = argv[i + 1];
-        if (strcmp(flag, "-o") == 0) {
+        if (strcmp(flag, "--coll") == 0) {
             int found = 0;
             for (int k = 0; k < 4; ++k) {
                 if (strcmp(v, op_names[k]) == 0) {

@@ -25,6 +25,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import shlex
 import signal
 import socket
@@ -34,6 +35,7 @@ import tempfile
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -67,14 +69,15 @@ NICE_ITERS = sorted({m * 10**e for e in range(5) for m in (1, 2, 5)} | {MAX_ITER
 
 
 def parse_size(text):
-    """A size in bytes with an optional K, M or G suffix (powers of 1024, as coll_perf reads)."""
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    mult = units.get(text[-1:].lower(), 1)
-    try:
-        value = float(text[:-1] if mult != 1 else text)
-    except ValueError:
+    """A size in bytes with an optional K, M or G suffix (powers of 1024, as coll_perf reads);
+    a fraction must come out a whole number of bytes (1.5M, not 1.3M), as coll_perf requires."""
+    m = re.fullmatch(r"(\d+\.?\d*|\.\d+)([kKmMgG]?)", text)
+    if not m:
         raise argparse.ArgumentTypeError(f"{text}: expected a size in bytes (K, M, G allowed)")
-    return max(1, int(value * mult))
+    value = Fraction(m[1]) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m[2].lower()]
+    if value.denominator != 1:
+        raise argparse.ArgumentTypeError(f"{text}: not a whole number of bytes")
+    return max(1, int(value))
 
 
 def parse_list(known):
@@ -221,7 +224,7 @@ def launches(a, system, ranks, perf_args, scratch):
     """The processes that run `system` on `ranks` ranks: a list of (argv, extra environment)."""
     n = str(ranks)
     if system == "corocoll":
-        return [([str(a.coll_perf), "--nproc", n, "-t", "float", "-R", "sum", "-F", "json",
+        return [([str(a.coll_perf), "--nproc", n, "-d", "float", "-o", "sum", "-F", "json",
                   *perf_args], {})]
     if system == "torch_gloo":
         torch_perf = [a.python, str(HERE / "torch_perf.py"), *perf_args]
@@ -350,7 +353,7 @@ def measure(a, system, op, ranks, build_error):
     if out.error:
         return out
     for first, last, n, w in segments(a, ranks):
-        perf_args = ["-o", op, "-b", str(first), "-e", str(last), "-f", repr(a.factor),
+        perf_args = ["--coll", op, "-b", str(first), "-e", str(last), "-f", repr(a.factor),
                      "-n", str(n), "-w", str(w), "-c", "1"]
         with tempfile.TemporaryDirectory(prefix=f"run_compare.{system}.") as scratch:
             commands = launches(a, system, ranks, perf_args, scratch)

@@ -1,19 +1,19 @@
 """torch_perf: coll_perf's measurements (benchmarks/coll_perf.cpp) made through torch.distributed
 with the Gloo backend, so that run_compare.py can set torch beside corocoll.
 
-    corocollrun --nproc_per_node=N python3 torch_perf.py [-o OP] [-b MIN] [-e MAX] [-f FACTOR]
-                                                         [-n ITERS] [-w WARMUP] [-c 0|1]
+    corocollrun --nproc_per_node=N python3 torch_perf.py [--coll COLL] [-b MIN] [-e MAX]
+        [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1]
 
-  -o  ping_pong (one-way time = round trip / 2, between ranks 0 and 1, dist.send/recv),
-      all_reduce (sum, in place), broadcast (root 0, in place) or all_gather (into views of one
-      flat tensor: torch 1.13's Gloo backend has no all_gather_into_tensor)
+  --coll  ping_pong (one-way time = round trip / 2, between ranks 0 and 1, dist.send/recv),
+          all_reduce (sum, in place), broadcast (root 0, in place) or all_gather (into views of
+          one flat tensor: torch 1.13's Gloo backend has no all_gather_into_tensor)
   -b, -e, -f, -n, -w, -c  as coll_perf's; the type is float32
 
 Joins with init_method env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE from the launcher:
 corocollrun, torchrun, or run_compare.py itself). Gloo's sockets stay on loopback
 (GLOO_SOCKET_IFNAME=lo unless set). Sizes, element counts, timing (warm-up, barrier, timed loop,
 mean per iteration, largest over the ranks), checked values and the JSON rows on rank 0's stdout
-are coll_perf's with -t float -R sum -F json.
+are coll_perf's with -d float -o sum -F json.
 """
 
 import argparse
@@ -24,26 +24,14 @@ import time
 import torch
 import torch.distributed as dist
 
+from run_compare import parse_size  # the runner's, beside this file: sizes read alike
+
 OPS = ("ping_pong", "all_reduce", "broadcast", "all_gather")
-
-
-def parse_size(text):
-    """A size in bytes with an optional K, M or G suffix (powers of 1024, as coll_perf reads)."""
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    mult = units.get(text[-1:].lower(), 1)
-    number = text[:-1] if mult != 1 else text
-    try:
-        value = float(number)
-    except ValueError:
-        value = -1
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text}: expected a size in bytes (K, M, G allowed)")
-    return int(value * mult)
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("-o", dest="op", choices=OPS, default="all_reduce")
+    p.add_argument("--coll", dest="op", choices=OPS, default="all_reduce")
     p.add_argument("-b", dest="min_bytes", type=parse_size, default=32)
     p.add_argument("-e", dest="max_bytes", type=parse_size, default=32 << 20)
     p.add_argument("-f", dest="factor", type=float, default=2)
