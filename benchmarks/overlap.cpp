@@ -1,6 +1,11 @@
 // overlap: how much of an all_reduce hides behind computation that runs while it is in flight.
 //
-//   overlap [--nproc N] [-s BYTES] [-r REPS] [-F text|json]
+//   overlap [--nproc N] [-s SIZE] [-n REPS] [-F text|json] [-J FILE]
+//
+// SIZE takes K, M and G and must be a whole number of floats (1.5M is 1572864 bytes; 1.3M is
+// refused). -n is the repetitions, as coll_perf's iterations (it was -r, which is the root
+// there). -F json writes the figures as one JSON row (benchmarks/common/report.hpp); -J FILE
+// writes that row to FILE as well. --help lists the options.
 //
 // On every rank, each repetition times, after a barrier each:
 //   comm     the all_reduce (avg) of BYTES of floats (default 16 MiB) alone;
@@ -18,6 +23,9 @@
 // (default 2).
 
 #include <corocoll/corocoll.hpp>
+
+#include "common/args.hpp"
+#include "common/report.hpp"
 
 #include <sys/resource.h>
 
@@ -40,6 +48,7 @@ struct config {
     std::size_t bytes = std::size_t{16} << 20;
     int reps = 10;
     std::string format = "text";
+    std::string json_path;
 };
 
 // Arithmetic that stays in the core's L1 cache, so that it competes with the all_reduce for
@@ -139,13 +148,21 @@ cc::task<> run(cc::process_group& pg, const config& c) {
     double sum = m_comm + m_work, larger = std::max(m_comm, m_work);
     double overlap = (sum - m_both) / std::min(m_comm, m_work);
     if (pg.rank() == 0) {
-        if (c.format == "json") {
-            std::printf(
-                "{\"ranks\": %d, \"bytes\": %zu, \"reps\": %d, \"comm_ms\": %.3f, "
-                "\"compute_ms\": %.3f, \"both_ms\": %.3f, \"sum_ms\": %.3f, \"max_ms\": %.3f, "
-                "\"overlap\": %.3f, \"comm_cpu_cores\": %.2f}\n",
-                pg.size(), c.bytes, c.reps, m_comm, m_work, m_both, sum, larger, overlap, m_busy);
-        } else {
+        // The JSON row (stdout with -F json, the file with -J); the text is written below.
+        bool json = c.format == "json";
+        perf::report out(perf::format::json, c.json_path, json ? stdout : nullptr);
+        out.row({{"ranks", pg.size()},
+                 {"bytes", c.bytes},
+                 {"reps", c.reps},
+                 {"comm_ms", {m_comm, 3}},
+                 {"compute_ms", {m_work, 3}},
+                 {"both_ms", {m_both, 3}},
+                 {"sum_ms", {sum, 3}},
+                 {"max_ms", {larger, 3}},
+                 {"overlap", {overlap, 3}},
+                 {"comm_cpu_cores", {m_busy, 2}}});
+        out.finish();
+        if (!json) {
             std::printf(
                 "# corocoll overlap: all_reduce of %zu bytes on %d ranks, %d repetitions "
                 "(medians of the slowest rank)\n",
@@ -168,43 +185,28 @@ cc::task<> run(cc::process_group& pg, const config& c) {
 
 config parse(int argc, char** argv) {
     config c;
-    for (int i = 1; i < argc; ++i) {
-        std::string a = argv[i];
-        if (i + 1 >= argc) throw std::invalid_argument(a + ": needs a value");
-        std::string v = argv[++i];
-        if (a == "--nproc") {
-            c.nproc = std::stoi(v);
-        } else if (a == "-s") {
-            c.bytes = static_cast<std::size_t>(std::stoull(v));
-            if (v.back() == 'K') c.bytes <<= 10;
-            if (v.back() == 'M') c.bytes <<= 20;
-        } else if (a == "-r") {
-            c.reps = std::stoi(v);
-        } else if (a == "-F") {
-            if (v != "text" && v != "json") throw std::invalid_argument("-F: text or json");
-            c.format = v;
-        } else {
-            throw std::invalid_argument("unknown option " + a);
-        }
-    }
-    if (c.nproc < 1 || c.reps < 1 || c.bytes < sizeof(float)) {
-        throw std::invalid_argument("--nproc, -r and -s must be positive");
-    }
+    perf::args a("overlap",
+                 "How much of an all_reduce hides behind computation that runs while it is in "
+                 "flight.\nRuns under corocollrun, torchrun or mpirun, or spawns --nproc ranks.");
+    a.size("-s,--size", c.bytes, "the all_reduce's buffer of floats", sizeof(float))
+        .integer("-n,--iters", c.reps, 1, 1000000, "repetitions (medians are reported)")
+        .one_of("-F,--format", c.format, {"text", "json"}, "what stdout carries")
+        .text("-J,--output_file", c.json_path, "FILE", "also write the figures to FILE as JSON")
+        .integer("--nproc", c.nproc, 1, 4096, "ranks to spawn where no launcher started it")
+        .moved("-r", "the repetitions are -n now, as coll_perf's iterations")
+        .validate([&c] {
+            if (c.bytes % sizeof(float) != 0) {
+                throw perf::usage_error("-s " + std::to_string(c.bytes) +
+                                        ": not a whole number of floats (4 bytes each)");
+            }
+        });
+    perf::parse_or_exit(a, argc, argv);
     return c;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-    config c;
-    try {
-        c = parse(argc, argv);
-    } catch (const std::exception& e) {
-        std::fprintf(stderr,
-                     "overlap: %s\nusage: overlap [--nproc N] [-s BYTES[K|M]] [-r REPS] "
-                     "[-F text|json]\n",
-                     e.what());
-        return 2;
-    }
+    config c = parse(argc, argv);
     return cc::run_or_spawn(c.nproc, [&c](cc::process_group& pg) { return run(pg, c); });
 }

@@ -5,10 +5,10 @@
 
 #include <corocoll/corocoll.hpp>
 
+#include "common/args.hpp"
+
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <stdexcept>
 #include <vector>
 
@@ -33,10 +33,9 @@ cc::task<> probe(cc::process_group& pg) {
 
 int main(int argc, char** argv) {
     int n = 4;
-    if (argc == 3 && std::strcmp(argv[1], "--nproc") == 0) n = std::atoi(argv[2]);
-    if (n < 1) {
-        std::fprintf(stderr, "usage: startup_probe [--nproc N]\n");
-        return 2;
-    }
+    perf::args a("startup_probe",
+                 "One rank of the start-up benchmark (benchmarks/compare/startup.py).");
+    a.integer("--nproc", n, 1, 4096, "ranks to spawn where no launcher started it");
+    perf::parse_or_exit(a, argc, argv);
     return cc::run_or_spawn(n, probe);
 }
