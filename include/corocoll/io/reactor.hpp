@@ -79,6 +79,25 @@ struct reactor_features {
     bool submit_all = false;     ///< IORING_SETUP_SUBMIT_ALL (Linux 5.18)
 };
 
+/// What a reactor's loop has done since the reactor was made, for tests and diagnostics: busy
+/// polling shows as polls and yields, sleeping as kernel waits. Each count is a plain
+/// increment (no atomic, no system call) on the reactor's thread; read them there.
+struct reactor_stats {
+    /// Turns of the loop (`run_until`): each runs posted work, reaps and maybe waits once.
+    std::uint64_t turns = 0;
+    /// Looks at the completion queue that did not sleep: each step of busy polling, each turn
+    /// of a spinning reactor, each busy turn while a `poll_entry` is watched.
+    std::uint64_t polls = 0;
+    /// sched_yield calls between polls, made where this host is `reactor::crowded`.
+    std::uint64_t yields = 0;
+    /// io_uring_enter calls that may sleep until a completion or a time: waits with nothing to
+    /// poll for, after busy polling, and the pauses while entries are watched.
+    std::uint64_t kernel_waits = 0;
+    /// Completed reads of the eventfd that `post` from another thread writes to: how often
+    /// other threads woke the loop (posts that come before the loop reads it count once).
+    std::uint64_t wakeups = 0;
+};
+
 struct op_options;
 
 /// A deadline the reactor watches without a kernel operation, for code that must act when a
@@ -188,6 +207,9 @@ public:
     /// Operations submitted and not yet completed, not counting the reactor's own eventfd read.
     std::size_t in_flight() const noexcept { return in_flight_ - 1; }
 
+    /// What the loop has done so far (see `reactor_stats`). Only on this reactor's thread.
+    const reactor_stats& stats() const noexcept { return stats_; }
+
     void post(corocoll::detail::work_item& item) noexcept override {
         if (current_ref() == this) {
             // The loop drains the queue before it sleeps: no wake, no lifetime guard needed.
@@ -204,6 +226,7 @@ public:
 
     void run_until(const std::atomic<bool>& done) override {
         while (!done.load(std::memory_order_acquire)) {
+            ++stats_.turns;
             run_posted();
             if (done.load(std::memory_order_acquire)) break;
             submit_backlog();
@@ -517,6 +540,7 @@ private:
 
     void wait_for_completion() noexcept {
         if (options_.spin) {
+            ++stats_.polls;
             flush();
             if (features_.defer_taskrun) io_uring_get_events(&ring_);
             return;
@@ -530,6 +554,7 @@ private:
             return;
         }
         if (timers_.empty()) {
+            ++stats_.kernel_waits;
             int rc = io_uring_submit_and_wait(&ring_, 1);
             // EINTR: a signal; EBUSY/EAGAIN: completions to reap first. The loop comes back.
             (void)rc;
@@ -544,6 +569,7 @@ private:
         auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
         __kernel_timespec ts{ns / 1'000'000'000, ns % 1'000'000'000};
         io_uring_cqe* cqe = nullptr;
+        ++stats_.kernel_waits;
         // -ETIME when the time is up first. Kernels without IORING_FEAT_EXT_ARG get a timeout
         // SQE from liburing instead, whose CQE `reap` skips.
         int rc = io_uring_submit_and_wait_timeout(&ring_, &cqe, 1, &ts, nullptr);
@@ -577,8 +603,12 @@ private:
         auto now = std::chrono::steady_clock::now();
         auto idle = now - watch_progress_;
         if (idle < options_.busy_poll) {
+            ++stats_.polls;
             submit_and_collect();
-            if (!options_.busy_poll_when_crowded && crowded()) sched_yield();
+            if (!options_.busy_poll_when_crowded && crowded()) {
+                ++stats_.yields;
+                sched_yield();
+            }
             return;
         }
         auto pause = std::min<std::chrono::steady_clock::duration>(idle / 32,
@@ -596,13 +626,17 @@ private:
         submit_and_collect();
         auto until = std::chrono::steady_clock::now() + options_.busy_poll;
         for (;;) {
+            ++stats_.polls;
             if (io_uring_cq_ready(&ring_) > 0) return true;
             if (posted_.load(std::memory_order_acquire) != nullptr) return true;
             auto now = std::chrono::steady_clock::now();
             if (!timers_.empty() && timers_.front()->when <= now) return true;
             if (now >= until) return false;
             if (enter) io_uring_get_events(&ring_);
-            if (yield) sched_yield();
+            if (yield) {
+                ++stats_.yields;
+                sched_yield();
+            }
         }
     }
 
@@ -619,6 +653,7 @@ private:
     }
     static void complete_wake_read(detail::io_op* op, int /*res*/) noexcept {
         reactor* self = static_cast<wake_op*>(op)->self_;
+        ++self->stats_.wakeups;
         self->submit(self->wake_op_);
     }
 
@@ -637,6 +672,7 @@ private:
     poll_entry* watched_ = nullptr;
     poll_entry* polling_next_ = nullptr;
     std::chrono::steady_clock::time_point watch_progress_{};
+    reactor_stats stats_;
 };
 
 }  // namespace io
