@@ -249,14 +249,13 @@ public:
                 name = a.substr(0, a.find('='));
                 value = a.substr(a.find('=') + 1);
                 has_value = true;
-            } else if (a.size() > 2 && a[0] == '-' && a[1] != '-' && find(a.substr(0, 2))) {
+            } else if (a.size() > 2 && a[0] == '-' && a[1] != '-' &&
+                       (find(a.substr(0, 2)) || moved_hint(a.substr(0, 2)))) {
                 name = a.substr(0, 2);  // -b4, as getopt reads it
                 value = a.substr(2);
                 has_value = true;
             }
-            for (const auto& [old, hint] : moved_) {
-                if (name == old) throw usage_error(name + ": " + hint);
-            }
+            if (const std::string* hint = moved_hint(name)) throw usage_error(name + ": " + *hint);
             const option* o = find(name);
             if (o == nullptr) {
                 throw usage_error(a.empty() || a[0] != '-' ? "unexpected argument '" + a + "'"
@@ -314,6 +313,14 @@ private:
                  std::move(set)};
         options_.push_back(std::move(o));
         return *this;
+    }
+
+    // The hint for an option that moved, or nullptr.
+    const std::string* moved_hint(const std::string& name) const {
+        for (const auto& [old, hint] : moved_) {
+            if (name == old) return &hint;
+        }
+        return nullptr;
     }
 
     const option* find(const std::string& name) const {

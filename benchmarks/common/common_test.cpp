@@ -95,7 +95,7 @@ TEST_CASE("format_size writes what parse_size reads back") {
 }
 
 TEST_CASE("options are read as -b 4, -b4, --minbytes 4 and --minbytes=4 alike") {
-    for (auto words : std::vector<std::vector<const char*>>{
+    for (const auto& words : std::vector<std::vector<const char*>>{
              {"-b", "4"}, {"-b4"}, {"--minbytes", "4"}, {"--minbytes=4"}}) {
         perf::sweep s;
         perf::args a("prog", "test");
@@ -129,6 +129,7 @@ TEST_CASE("a flag that moved is refused with the hint that names its new letter"
     perf::args a("prog", "test");
     a.one_of("-d,--datatype", type, {"float", "double"}, "the type").moved("-t", "use -d");
     CHECK(error_of([&] { parse(a, {"-t", "float"}); }) == "-t: use -d");
+    CHECK(error_of([&] { parse(a, {"-tfloat"}); }) == "-t: use -d");
     CHECK(parse(a, {"-d", "double"}));
     CHECK(type == "double");
     CHECK(error_of([&] { parse(a, {"-d", "int"}); }) == "-d int: expected one of float, double");

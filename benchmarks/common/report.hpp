@@ -143,6 +143,7 @@ public:
             }
             json_.push_back({file, false});
             file_ = file;
+            path_ = json_path;
         }
     }
     report(const report&) = delete;
@@ -239,7 +240,7 @@ public:
         }
     }
 
-    /// Ends the JSON arrays and closes the file; later rows are not written. Called by the
+    /// Ends the JSON arrays and closes the file (later rows reach no JSON). Called by the
     /// destructor; call it first to learn of a failed write (throws std::runtime_error).
     void finish() {
         for (auto& j : json_) std::fprintf(j.out, "%s", j.rows ? "\n]\n" : "[]\n");
@@ -249,7 +250,7 @@ public:
             bool failed = std::ferror(file_) != 0;
             failed = std::fclose(file_) != 0 || failed;
             file_ = nullptr;
-            if (failed) throw std::runtime_error("writing the JSON file failed");
+            if (failed) throw std::runtime_error("writing the JSON file " + path_ + " failed");
         }
     }
 
@@ -281,6 +282,7 @@ private:
     std::vector<column_group> groups_;
     std::vector<sink> json_;
     std::FILE* file_ = nullptr;
+    std::string path_;
     bool csv_header_ = false;
 };
 
