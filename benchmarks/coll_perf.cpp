@@ -153,8 +153,8 @@ double reduced(const std::string& redop, std::size_t i, int n) {
     if (redop == "avg") {
         if constexpr (std::is_integral_v<T>) {
             // Integer avg truncates, as corocoll's kernel (and torch's) does.
-            acc = static_cast<double>(static_cast<long long>(acc) /
-                                      n);  // NOLINT(bugprone-integer-division)
+            long long truncated = static_cast<long long>(acc) / n;
+            acc = static_cast<double>(truncated);
         } else {
             acc /= n;
         }
