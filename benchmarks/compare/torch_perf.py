@@ -24,7 +24,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from run_compare import parse_size  # the runner's, beside this file: sizes read alike
+sys.dont_write_bytecode = True  # no __pycache__ beside the sources for the import below
+from run_compare import parse_size  # noqa: E402 (the runner's, beside this file: sizes read alike)
 
 OPS = ("ping_pong", "all_reduce", "broadcast", "all_gather")
 
