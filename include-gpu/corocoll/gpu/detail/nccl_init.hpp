@@ -109,8 +109,9 @@ inline task<ncclUniqueId> share_unique_id(rendezvous::prefix_store& store, int r
 
 /// A non-blocking communicator (`config.blocking = 0`) named `name`, its set-up polled by
 /// the reactor (`comm_progress`) until ready, bounded by `timeout`; aborted if it fails.
+/// `name` and `config` stay in this frame until then: NCCL may read them while it sets up.
 inline task<ncclComm_t> init_comm(io::reactor& r, ncclUniqueId id, int rank, int size,
-                                  const std::string& name, std::chrono::milliseconds timeout) {
+                                  std::string name, std::chrono::milliseconds timeout) {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     config.commName = name.c_str();
