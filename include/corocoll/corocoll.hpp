@@ -29,6 +29,12 @@
 #include <corocoll/transport/engine.hpp>
 #include <corocoll/transport/frame.hpp>
 #include <corocoll/transport/mesh.hpp>
+#include <corocoll/transport/peer.hpp>
+#include <corocoll/transport/posted_recv.hpp>
 
+#include <corocoll/process_group/buffer.hpp>
+#include <corocoll/process_group/default_group.hpp>
+#include <corocoll/process_group/init.hpp>
 #include <corocoll/process_group/process_group.hpp>
 #include <corocoll/process_group/run.hpp>
+#include <corocoll/process_group/spawn.hpp>

@@ -8,6 +8,8 @@
 #include <corocoll/collectives/ring.hpp>
 #include <corocoll/version.hpp>
 
+#include <cstring>
+
 COROCOLL_BEGIN_NAMESPACE
 
 namespace collectives {
@@ -28,6 +30,17 @@ inline task<> all_gather_ring(context& c, std::span<std::byte> data, std::size_t
                                     (r - 1 + n) % n, first_round + static_cast<std::uint32_t>(s),
                                     nullptr, elem);
     }
+}
+
+/// all_gather_into's form: rank r's `in` goes to block r of `out` (blocks of in.size() bytes,
+/// so equal on every rank), then the ring fills the others.
+inline task<> all_gather_ring(context& c, std::span<std::byte> out, std::span<const std::byte> in,
+                              std::size_t elem) {
+    if (!in.empty()) {
+        std::memcpy(out.data() + in.size() * static_cast<std::size_t>(c.rank()), in.data(),
+                    in.size());
+    }
+    return all_gather_ring(c, out, elem);
 }
 
 }  // namespace collectives

@@ -47,11 +47,14 @@ inline task<> all_reduce_recursive_doubling(context& c, std::span<std::byte> dat
         }
         red.finish(data.data(), count, n);
     }
+    // The result goes back to the ranks that sat out in a round no doubling round can have:
+    // rounds 1..log2(p2) are at most 30 for any int world size, so 31 never meets one.
+    constexpr std::uint32_t hand_back_round = 31;
     if (r < 2 * rem) {
         if (r % 2 == 1) {
-            co_await c.send(data, r - 1, 31);
+            co_await c.send(data, r - 1, hand_back_round);
         } else {
-            co_await c.recv(data, r + 1, 31);
+            co_await c.recv(data, r + 1, hand_back_round);
         }
     }
 }

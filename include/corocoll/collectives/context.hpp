@@ -69,12 +69,15 @@ private:
 /// are cut into. Algorithms address their messages by (round, chunk), which become the
 /// frame's step; within one collective no two messages between the same pair share a step.
 struct context {
+    /// What `recv` returns: the posted receive, awaited for its length.
+    using recv_awaiter = transport::recv_op<transport::recv_yields::length>;
+
     transport::engine& net;
     transport::collective_meta meta;
     std::chrono::steady_clock::time_point deadline;
     std::size_t chunk_bytes = std::size_t{1} << 20;
     /// The group's reusable buffers; null gives the call (and its copies) buffers of its own.
-    scratch_buffers* reuse = nullptr;
+    scratch_buffers* scratch_pool = nullptr;
     std::shared_ptr<scratch_buffers> own_scratch{};
 
     /// Slots of `scratch`: the ring steps use `ring_slot` and `ring_slot + 1`; an algorithm
@@ -84,16 +87,22 @@ struct context {
 
     /// A temporary of `bytes` (contents unspecified) that later calls reuse.
     std::span<std::byte> scratch(std::size_t slot, std::size_t bytes) {
-        if (reuse == nullptr) {
+        if (scratch_pool == nullptr) {
             own_scratch = std::make_shared<scratch_buffers>();
-            reuse = own_scratch.get();
+            scratch_pool = own_scratch.get();
         }
-        return reuse->get(slot, bytes);
+        return scratch_pool->get(slot, bytes);
     }
 
     int rank() const noexcept { return net.rank(); }
     int size() const noexcept { return net.size(); }
 
+    /// The frame's step (its tag) for (round, chunk): the round in the top 12 bits, the chunk
+    /// in the low 20. 2^20 chunks of the 1 MiB default are 1 TiB in one round, the engine's
+    /// largest message. A round past 4095 (a ring over more than 2048 ranks) loses its top
+    /// bits and may share a step with an earlier round of the same pair; that stays correct
+    /// because one pair's messages with one step are matched in the order they were sent, and
+    /// every algorithm posts its rounds' receives in round order.
     static std::uint32_t step(std::uint32_t round, std::uint32_t chunk = 0) noexcept {
         return (round << 20) | (chunk & 0xfffffu);
     }
@@ -102,8 +111,10 @@ struct context {
                 std::uint32_t chunk = 0) {
         return net.send_coll(data, dst, meta, step(round, chunk), deadline);
     }
-    task<std::size_t> recv(std::span<std::byte> buf, int src, std::uint32_t round,
-                           std::uint32_t chunk = 0) {
+    /// Receives one message of this call; awaiting it yields the length. `start()` on the
+    /// result posts the receive before it is awaited (see `transport::recv_op`).
+    recv_awaiter recv(std::span<std::byte> buf, int src, std::uint32_t round,
+                      std::uint32_t chunk = 0) {
         return net.recv_coll(buf, src, meta, step(round, chunk), deadline);
     }
     /// Sends and receives at once (both directions of one exchange).

@@ -10,6 +10,8 @@
 #include <corocoll/collectives/ring.hpp>
 #include <corocoll/version.hpp>
 
+#include <cstring>
+
 COROCOLL_BEGIN_NAMESPACE
 
 namespace collectives {
@@ -31,6 +33,22 @@ inline task<> reduce_scatter_ring(context& c, std::span<std::byte> data, const r
                                     (r - 1 + n) % n, first_round + static_cast<std::uint32_t>(s),
                                     &red, elem);
     }
+}
+
+/// reduce_scatter_into's form: `in` (n equal blocks) is left as it was; rank r's reduced
+/// block (finished: avg divides) lands in `out`. Works on a copy of `in` in the group's
+/// scratch (one memcpy of the input, one of the block).
+inline task<> reduce_scatter_ring(context& c, std::span<std::byte> out,
+                                  std::span<const std::byte> in, const reduction& red) {
+    std::span<std::byte> work = c.scratch(context::group_slot, in.size());
+    if (!in.empty()) std::memcpy(work.data(), in.data(), in.size());
+    co_await reduce_scatter_ring(c, work, red);
+    int n = c.size();
+    std::size_t count = work.size() / red.elem();
+    auto [first, last] =
+        block_range(count, static_cast<std::size_t>(n), static_cast<std::size_t>(c.rank()));
+    red.finish(work.data() + first * red.elem(), last - first, n);
+    if (!out.empty()) std::memcpy(out.data(), work.data() + first * red.elem(), out.size());
 }
 
 }  // namespace collectives

@@ -6,10 +6,10 @@
 
 #include <corocoll/collectives/context.hpp>
 #include <corocoll/collectives/reduction.hpp>
-#include <corocoll/core/work.hpp>
 #include <corocoll/version.hpp>
 
 #include <algorithm>
+#include <optional>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -63,12 +63,18 @@ inline task<> ring_round(context& c, std::span<const std::byte> out, int dst,
         std::span<std::byte> bufs[2] = {c.scratch(context::ring_slot, room),
                                         c.scratch(context::ring_slot + 1, room)};
         auto target = [&](std::size_t k) { return bufs[k % 2].first(recv_side.piece(k).size()); };
-        work<std::size_t> pending = start(c.recv(target(0), src, round, 0));
+        // The receive of chunk k + 1 is posted (no coroutine, no allocation) before chunk k
+        // is reduced, so its bytes land in the other buffer meanwhile.
+        std::optional<context::recv_awaiter> pending[2];
+        pending[0].emplace(c.recv(target(0), src, round, 0));
+        pending[0]->start();
         for (std::size_t k = 0; k < n; ++k) {
-            co_await pending;
+            co_await *pending[k % 2];
             if (k + 1 < n) {
-                pending =
-                    start(c.recv(target(k + 1), src, round, static_cast<std::uint32_t>(k + 1)));
+                auto& next = pending[(k + 1) % 2];
+                next.reset();
+                next.emplace(c.recv(target(k + 1), src, round, static_cast<std::uint32_t>(k + 1)));
+                next->start();
             }
             auto dest = recv_side.piece(k);
             (*red)(dest.data(), bufs[k % 2].data(), dest.size() / elem);

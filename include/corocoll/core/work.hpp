@@ -121,4 +121,18 @@ work<T> start(task<T> t) {
     return work<T>(std::move(t));
 }
 
+namespace detail {
+template <class A>
+task<await_result_t<A>> await_in_task(A a) {
+    co_return co_await std::move(a);
+}
+}  // namespace detail
+
+/// Starts any other awaitable now (through one coroutine that awaits it) and returns the
+/// handle to its completion.
+template <awaitable A>
+work<await_result_t<A>> start(A a) {
+    return work<await_result_t<A>>(detail::await_in_task(std::move(a)));
+}
+
 COROCOLL_END_NAMESPACE

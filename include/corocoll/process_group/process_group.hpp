@@ -8,43 +8,42 @@
 #include <corocoll/collectives/barrier_dissemination.hpp>
 #include <corocoll/collectives/broadcast_binomial.hpp>
 #include <corocoll/collectives/broadcast_chain.hpp>
+#include <corocoll/collectives/broadcast_object_binomial.hpp>
+#include <corocoll/collectives/checks.hpp>
 #include <corocoll/collectives/context.hpp>
 #include <corocoll/collectives/dtype.hpp>
 #include <corocoll/collectives/gather_binomial.hpp>
-#include <corocoll/collectives/linear.hpp>
+#include <corocoll/collectives/gather_linear.hpp>
+#include <corocoll/collectives/gather_object_direct.hpp>
+#include <corocoll/collectives/monitored_barrier_star.hpp>
 #include <corocoll/collectives/object.hpp>
 #include <corocoll/collectives/reduce_binomial.hpp>
 #include <corocoll/collectives/reduce_op.hpp>
 #include <corocoll/collectives/reduce_scatter_ring.hpp>
 #include <corocoll/collectives/reduction.hpp>
 #include <corocoll/collectives/scatter_binomial.hpp>
+#include <corocoll/collectives/scatter_linear.hpp>
+#include <corocoll/collectives/scatter_object_direct.hpp>
 #include <corocoll/collectives/select.hpp>
 #include <corocoll/core/async_mutex.hpp>
 #include <corocoll/core/error.hpp>
-#include <corocoll/core/log.hpp>
 #include <corocoll/core/task.hpp>
-#include <corocoll/core/when_all.hpp>
 #include <corocoll/core/work.hpp>
 #include <corocoll/io/endpoint.hpp>
 #include <corocoll/io/reactor.hpp>
-#include <corocoll/rendezvous/file_store.hpp>
-#include <corocoll/rendezvous/launch_env.hpp>
-#include <corocoll/rendezvous/prefix_store.hpp>
+#include <corocoll/process_group/buffer.hpp>
 #include <corocoll/rendezvous/store.hpp>
 #include <corocoll/rendezvous/tcp_store.hpp>
 #include <corocoll/transport/engine.hpp>
-#include <corocoll/transport/mesh.hpp>
 #include <corocoll/version.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <map>
 #include <memory>
-#include <optional>
+#include <numeric>
 #include <ranges>
 #include <span>
 #include <stdexcept>
@@ -57,66 +56,6 @@ COROCOLL_BEGIN_NAMESPACE
 
 /// `recv`/`irecv` from whichever rank sends first.
 inline constexpr int any_source = transport::any_source;
-
-/// A contiguous range of trivially copyable elements: what corocoll sends and receives
-/// (`std::vector<T>`, `std::array<T, N>`, `std::span<T>`, C arrays).
-template <class R>
-concept buffer = std::ranges::contiguous_range<R> && std::ranges::sized_range<R> &&
-    std::is_trivially_copyable_v<std::ranges::range_value_t<R>>;
-
-namespace detail {
-
-template <buffer R>
-std::span<const std::byte> bytes_of(const R& r) {
-    return std::as_bytes(std::span(std::ranges::data(r), std::ranges::size(r)));
-}
-
-template <buffer R>
-std::span<std::byte> writable_bytes_of(R& r) {
-    static_assert(!std::is_const_v<std::remove_reference_t<decltype(*std::ranges::data(r))>>,
-                  "corocoll: a receive buffer must be writable");
-    return std::as_writable_bytes(std::span(std::ranges::data(r), std::ranges::size(r)));
-}
-
-}  // namespace detail
-
-/// One operation of `batch_isend_irecv`, like torch's `P2POp`.
-struct p2p_op {
-    enum class kind { isend, irecv };
-    kind op;
-    std::span<std::byte> data;  // only read for isend
-    int peer;
-    std::int64_t tag = 0;
-
-    template <buffer R>
-    static p2p_op isend(const R& buf, int peer, std::int64_t tag = 0) {
-        auto b = detail::bytes_of(buf);
-        return {kind::isend, {const_cast<std::byte*>(b.data()), b.size()}, peer, tag};
-    }
-    template <buffer R>
-    static p2p_op irecv(R& buf, int peer, std::int64_t tag = 0) {
-        return {kind::irecv, detail::writable_bytes_of(buf), peer, tag};
-    }
-};
-
-/// How `init_process_group` sets a group up; every field has torch's default.
-struct init_options {
-    /// "tcp" (CPU tensors over TCP; "gloo" and "cpu" are accepted as names for it).
-    std::string backend = "tcp";
-    /// "env://" (launcher variables, MASTER_ADDR/MASTER_PORT), "tcp://host:port" or
-    /// "file:///path". Ignored when `store` is given.
-    std::string init_method = "env://";
-    /// -1: from the launcher's environment.
-    int world_size = -1;
-    int rank = -1;
-    /// Deadline of set-up and default deadline of every operation (c10d's 30 minutes).
-    std::chrono::milliseconds timeout = std::chrono::minutes(30);
-    /// A store to rendezvous through instead of `init_method` (rank and world_size required).
-    std::shared_ptr<rendezvous::store> store;
-    /// Groups with different names keep apart in one store.
-    std::string group_name = "default";
-    transport::engine_options limits;
-};
 
 /// A set of ranks that exchange messages, like torch's ProcessGroup: the public face of
 /// corocoll. Bound to the reactor of the thread that created it; its operations are
@@ -175,10 +114,14 @@ public:
     }
 
     /// Receives into `buf` from `src` (or `any_source`) with `tag`; yields the sender's rank,
-    /// as torch's `recv` returns it. The message may be shorter than `buf`, never longer.
+    /// as torch's `recv` returns it. The message may be shorter than `buf`, never longer. The
+    /// result is the receive operation itself (no coroutine frame, no allocation): await it
+    /// once, or `start()` it to post the receive before awaiting.
     template <buffer R>
-    task<int> recv(R& buf, int src = any_source, std::int64_t tag = 0) {
-        return recv_bytes(detail::writable_bytes_of(buf), src, tag);
+    transport::recv_op<transport::recv_yields::source> recv(R& buf, int src = any_source,
+                                                            std::int64_t tag = 0) {
+        return engine_.recv<transport::recv_yields::source>(detail::writable_bytes_of(buf), src,
+                                                            tag, deadline());
     }
 
     /// Starts a send now; `co_await` (or `.wait()`) the result. `buf` must stay alive and
@@ -200,10 +143,11 @@ public:
         std::vector<work<int>> out;
         out.reserve(ops.size());
         for (const auto& op : ops) {
-            if (op.op == p2p_op::kind::isend) {
+            if (op.action == p2p_op::kind::isend) {
                 out.push_back(start(send_then_peer(op.data, op.peer, op.tag)));
             } else {
-                out.push_back(start(recv_bytes(op.data, op.peer, op.tag)));
+                out.push_back(start(engine_.recv<transport::recv_yields::source>(
+                    op.data, op.peer, op.tag, deadline())));
             }
         }
         return out;
@@ -314,7 +258,7 @@ public:
                 if (algo == collectives::algorithm::bruck) {
                     return collectives::all_gather_bruck(c, out_bytes, in_bytes);
                 }
-                return ring_all_gather(c, out_bytes, in_bytes, elem);
+                return collectives::all_gather_ring(c, out_bytes, in_bytes, elem);
             },
             algo);
     }
@@ -325,7 +269,7 @@ public:
         check_size("all_gather", "output list", outs.size(), static_cast<std::size_t>(size()));
         std::vector<std::ranges::range_value_t<R>> flat(std::ranges::size(in) * size());
         co_await all_gather_into(flat, in);
-        unflatten(flat, outs, std::ranges::size(in));
+        detail::unflatten(rank(), "all_gather", flat, outs, std::ranges::size(in));
     }
 
     /// Gathers every rank's `in` into `out` (size() blocks, rank order) on rank `dst`; `out`
@@ -361,7 +305,8 @@ public:
             check_size("gather", "gather_list", gather_list.size(),
                        static_cast<std::size_t>(size()));
         co_await gather_into(in, flat, dst);
-        if (rank() == dst) unflatten(flat, gather_list, std::ranges::size(in));
+        if (rank() == dst)
+            detail::unflatten(rank(), "gather", flat, gather_list, std::ranges::size(in));
     }
 
     /// Scatters `in` of rank `src` (size() blocks of out.size() elements) so that rank r gets
@@ -394,11 +339,7 @@ public:
         if (rank() == src) {
             check_size("scatter", "scatter_list", scatter_list.size(),
                        static_cast<std::size_t>(size()));
-            for (const auto& b : scatter_list) {
-                check_size("scatter", "scatter_list entry", std::ranges::size(b),
-                           std::ranges::size(out));
-                flat.insert(flat.end(), std::ranges::begin(b), std::ranges::end(b));
-            }
+            flat = detail::concat(rank(), "scatter", scatter_list, std::ranges::size(out));
         }
         co_await scatter_from(out, flat, src);
     }
@@ -415,24 +356,11 @@ public:
                    std::ranges::size(out) * size());
         auto out_bytes = detail::writable_bytes_of(out);
         auto in_bytes = detail::bytes_of(in);
-        int n = size(), r = rank();
         return collective(
             collectives::collective_kind::reduce_scatter, red.type, std::ranges::size(out),
             static_cast<std::uint8_t>(op), 0,
-            [out_bytes, in_bytes, red, n, r](collectives::context& c) -> task<> {
-                // Equal blocks; work on a copy so the input stays as it was.
-                std::span<std::byte> work =
-                    c.scratch(collectives::context::group_slot, in_bytes.size());
-                if (!in_bytes.empty()) std::memcpy(work.data(), in_bytes.data(), in_bytes.size());
-                co_await collectives::reduce_scatter_ring(c, work, red);
-                std::size_t count = work.size() / red.elem();
-                auto [first, last] = collectives::block_range(count, static_cast<std::size_t>(n),
-                                                              static_cast<std::size_t>(r));
-                red.finish(work.data() + first * red.elem(), last - first, n);
-                if (!out_bytes.empty()) {
-                    std::memcpy(out_bytes.data(), work.data() + first * red.elem(),
-                                out_bytes.size());
-                }
+            [out_bytes, in_bytes, red](collectives::context& c) {
+                return collectives::reduce_scatter_ring(c, out_bytes, in_bytes, red);
             },
             collectives::algorithm::ring);
     }
@@ -443,12 +371,7 @@ public:
     task<> reduce_scatter(R& out, const std::vector<R>& in_list, reduce_op op = reduce_op::sum) {
         check_size("reduce_scatter", "input list", in_list.size(),
                    static_cast<std::size_t>(size()));
-        std::vector<std::ranges::range_value_t<R>> flat;
-        for (const auto& b : in_list) {
-            check_size("reduce_scatter", "input list entry", std::ranges::size(b),
-                       std::ranges::size(out));
-            flat.insert(flat.end(), std::ranges::begin(b), std::ranges::end(b));
-        }
+        auto flat = detail::concat(rank(), "reduce_scatter", in_list, std::ranges::size(out));
         co_await reduce_scatter_into(out, flat, op);
     }
 
@@ -461,24 +384,10 @@ public:
         static_assert(std::is_same_v<std::ranges::range_value_t<O>, std::ranges::range_value_t<I>>,
                       "corocoll: all_to_all: input and output must hold the same type");
         std::size_t elem = sizeof(std::ranges::range_value_t<I>);
-        auto n = static_cast<std::size_t>(size());
-        auto offsets = [&](std::vector<std::size_t>& splits, std::size_t total, const char* what) {
-            if (splits.empty()) {
-                if (total % n != 0) {
-                    throw std::invalid_argument(
-                        prefix("all_to_all") + std::string(what) + " of " + std::to_string(total) +
-                        " elements does not split evenly over " + std::to_string(n) + " ranks");
-                }
-                splits.assign(n, total / n);
-            }
-            check_size("all_to_all", (std::string(what) + " splits").c_str(), splits.size(), n);
-            std::vector<std::size_t> off(n + 1, 0);
-            for (std::size_t p = 0; p < n; ++p) off[p + 1] = off[p] + splits[p] * elem;
-            check_size("all_to_all", what, total, off[n] / elem);
-            return off;
-        };
-        auto out_off = offsets(out_splits, std::ranges::size(out), "output");
-        auto in_off = offsets(in_splits, std::ranges::size(in), "input");
+        auto out_off = collectives::all_to_all_offsets(rank(), size(), "output", out_splits,
+                                                       std::ranges::size(out), elem);
+        auto in_off = collectives::all_to_all_offsets(rank(), size(), "input", in_splits,
+                                                      std::ranges::size(in), elem);
         bool even = std::adjacent_find(in_splits.begin(), in_splits.end(), std::not_equal_to<>()) ==
                         in_splits.end() &&
                     in_splits == out_splits;
@@ -498,34 +407,23 @@ public:
     task<> all_to_all(std::vector<R>& outs, const std::vector<R>& ins) {
         check_size("all_to_all", "input list", ins.size(), static_cast<std::size_t>(size()));
         check_size("all_to_all", "output list", outs.size(), static_cast<std::size_t>(size()));
-        std::vector<std::ranges::range_value_t<R>> in_flat, out_flat;
-        std::vector<std::size_t> in_splits, out_splits;
-        for (const auto& b : ins) {
-            in_splits.push_back(std::ranges::size(b));
-            in_flat.insert(in_flat.end(), std::ranges::begin(b), std::ranges::end(b));
-        }
-        std::size_t total = 0;
-        for (const auto& b : outs) {
-            out_splits.push_back(std::ranges::size(b));
-            total += std::ranges::size(b);
-        }
-        out_flat.resize(total);
+        std::vector<std::size_t> in_splits = detail::sizes_of(ins);
+        std::vector<std::size_t> out_splits = detail::sizes_of(outs);
+        auto in_flat = detail::concat(rank(), "all_to_all", ins);
+        std::vector<std::ranges::range_value_t<R>> out_flat(
+            std::accumulate(out_splits.begin(), out_splits.end(), std::size_t{0}));
         co_await all_to_all_single(out_flat, in_flat, out_splits, in_splits);
-        std::size_t at = 0;
-        for (auto& b : outs) {
-            std::copy_n(out_flat.begin() + static_cast<std::ptrdiff_t>(at), std::ranges::size(b),
-                        std::ranges::begin(b));
-            at += std::ranges::size(b);
-        }
+        detail::split_into(out_flat, outs);
     }
 
     /// A barrier that rank 0 watches: every rank reports to rank 0, which waits up to
     /// `timeout` and then names every rank that did not arrive (all of them, not just the
     /// first); every rank that arrived gets the same error. Like torch's monitored_barrier.
     task<> monitored_barrier(std::chrono::milliseconds timeout) {
-        return collective(
-            collectives::collective_kind::monitored_barrier, {}, 0, 0, 0,
-            [this, timeout](collectives::context& c) { return monitored(c, timeout); });
+        return collective(collectives::collective_kind::monitored_barrier, {}, 0, 0, 0,
+                          [timeout](collectives::context& c) {
+                              return collectives::monitored_barrier_star(c, timeout);
+                          });
     }
 
     // ---- object collectives: any serializable type (see collectives/object.hpp) ----
@@ -536,16 +434,10 @@ public:
     task<> broadcast_object_list(std::vector<T>& objects, int src = 0) {
         check_root("broadcast_object_list", src);
         std::string bytes = rank() == src ? to_bytes(objects) : std::string{};
-        co_await object_collective(
-            collectives::collective_kind::broadcast_object, objects.size(), src,
-            [&](collectives::context& c) -> task<> {
-                std::int64_t len = static_cast<std::int64_t>(bytes.size());
-                auto len_bytes = std::as_writable_bytes(std::span(&len, 1));
-                co_await collectives::broadcast_binomial(c, len_bytes, src);
-                bytes.resize(static_cast<std::size_t>(len));
-                auto body = std::as_writable_bytes(std::span(bytes.data(), bytes.size()));
-                co_await broadcast_payload(c, body, src);
-            });
+        co_await object_collective(collectives::collective_kind::broadcast_object, objects.size(),
+                                   src, [&](collectives::context& c) {
+                                       return collectives::broadcast_object_binomial(c, bytes, src);
+                                   });
         if (rank() != src) {
             auto got = from_bytes<std::vector<T>>(bytes);
             check_size("broadcast_object_list", "object list", objects.size(), got.size());
@@ -558,18 +450,22 @@ public:
     task<> gather_object(const T& object, std::vector<T>& out, int dst = 0) {
         check_root("gather_object", dst);
         std::vector<std::string> all;
-        co_await object_exchange(collectives::collective_kind::gather_object, to_bytes(object), dst,
-                                 false, all);
-        if (rank() == dst) decode_all(all, out);
+        co_await object_collective(
+            collectives::collective_kind::gather_object, 1, dst, [&](collectives::context& c) {
+                return collectives::gather_object_direct(c, to_bytes(object), dst, false, all);
+            });
+        if (rank() == dst) out = detail::decode_all<T>(all);
     }
 
     /// Gathers one object from every rank into `out` (resized to size()) on every rank.
     template <class T>
     task<> all_gather_object(std::vector<T>& out, const T& object) {
         std::vector<std::string> all;
-        co_await object_exchange(collectives::collective_kind::all_gather_object, to_bytes(object),
-                                 0, true, all);
-        decode_all(all, out);
+        co_await object_collective(
+            collectives::collective_kind::all_gather_object, 1, 0, [&](collectives::context& c) {
+                return collectives::gather_object_direct(c, to_bytes(object), 0, true, all);
+            });
+        out = detail::decode_all<T>(all);
     }
 
     /// Rank r gets `in[r]` of rank `src` in `out` (torch's scatter_object_list).
@@ -579,36 +475,14 @@ public:
         if (rank() == src)
             check_size("scatter_object_list", "input list", in.size(),
                        static_cast<std::size_t>(size()));
+        std::vector<std::string> parts;
+        if (rank() == src) {
+            for (const auto& object : in) parts.push_back(to_bytes(object));
+        }
         std::string mine;
         co_await object_collective(
-            collectives::collective_kind::scatter_object, 1, src,
-            [&](collectives::context& c) -> task<> {
-                if (rank() == src) {
-                    std::vector<task<>> sends;
-                    std::vector<std::string> parts(in.size());
-                    std::vector<std::int64_t> lens(in.size());
-                    for (int p = 0; p < size(); ++p) {
-                        parts[p] = to_bytes(in[p]);
-                        lens[p] = static_cast<std::int64_t>(parts[p].size());
-                        if (p == src) {
-                            mine = parts[p];
-                            continue;
-                        }
-                        sends.push_back([](collectives::context& cc, const std::int64_t& len,
-                                           const std::string& part, int to) -> task<> {
-                            co_await cc.send(std::as_bytes(std::span(&len, 1)), to, 0);
-                            co_await cc.send(std::as_bytes(std::span(part.data(), part.size())), to,
-                                             1);
-                        }(c, lens[p], parts[p], p));
-                    }
-                    co_await when_all(std::move(sends));
-                } else {
-                    std::int64_t len = 0;
-                    co_await c.recv(std::as_writable_bytes(std::span(&len, 1)), src, 0);
-                    mine.resize(static_cast<std::size_t>(len));
-                    co_await c.recv(std::as_writable_bytes(std::span(mine.data(), mine.size())),
-                                    src, 1);
-                }
+            collectives::collective_kind::scatter_object, 1, src, [&](collectives::context& c) {
+                return collectives::scatter_object_direct(c, parts, mine, src);
             });
         out = from_bytes<T>(mine);
     }
@@ -641,39 +515,16 @@ private:
         return dtype_of<T>;
     }
 
-    std::string prefix(const char* what) const {
-        return "corocoll: rank " + std::to_string(rank()) + ": " + what + ": ";
-    }
+    std::string prefix(const char* what) const { return collectives::error_prefix(rank(), what); }
     void check_root(const char* what, int root) const {
-        if (root < 0 || root >= size()) {
-            throw std::invalid_argument(prefix(what) + "root " + std::to_string(root) +
-                                        " is outside [0, " + std::to_string(size()) + ")");
-        }
+        collectives::check_root(rank(), size(), what, root);
     }
     void check_op(const char* what, const collectives::reduction& red) const {
-        if (!op_supported(red.op, red.type)) {
-            throw std::invalid_argument(prefix(what) + unsupported_reason(red.op, red.type));
-        }
+        collectives::check_op(rank(), what, red.op, red.type);
     }
     void check_size(const char* what, const char* name, std::size_t got,
                     std::size_t expected) const {
-        if (got != expected) {
-            throw std::invalid_argument(prefix(what) + name + " has " + std::to_string(got) +
-                                        " elements, " + std::to_string(expected) + " expected");
-        }
-    }
-
-    template <class T>
-    static void unflatten(const std::vector<T>& flat, auto& outs, std::size_t count) {
-        for (std::size_t p = 0; p < outs.size(); ++p) {
-            if (std::ranges::size(outs[p]) != count) {
-                throw std::invalid_argument("corocoll: an output list entry has " +
-                                            std::to_string(std::ranges::size(outs[p])) +
-                                            " elements, " + std::to_string(count) + " expected");
-            }
-            std::copy_n(flat.begin() + static_cast<std::ptrdiff_t>(p * count), count,
-                        std::ranges::begin(outs[p]));
-        }
+        collectives::check_size(rank(), what, name, got, expected);
     }
 
     // Runs one collective: in issue order on this group (a FIFO lock), numbered, with the
@@ -713,132 +564,8 @@ private:
         return collective(kind, dtype::uint8, count, 0, root, std::move(body));
     }
 
-    static task<> ring_all_gather(collectives::context& c, std::span<std::byte> out,
-                                  std::span<const std::byte> in, std::size_t elem) {
-        if (!in.empty()) {
-            std::memcpy(out.data() + in.size() * static_cast<std::size_t>(c.rank()), in.data(),
-                        in.size());
-        }
-        return collectives::all_gather_ring(c, out, elem);
-    }
-
-    // Broadcasts an object payload after its length went out in round 0.
-    task<> broadcast_payload(collectives::context& c, std::span<std::byte> body, int src) {
-        if (body.size() >= collectives::thresholds{}.broadcast_chain_bytes && size() > 2) {
-            return collectives::broadcast_chain(c, body, src, 1);
-        }
-        return collectives::broadcast_binomial(c, body, src, 1);
-    }
-
-    // Gathers one byte string per rank: to `root` only, or to everyone (`all`). Lengths go
-    // in round 0, payloads in round 1.
-    task<> object_exchange(collectives::collective_kind kind, std::string mine, int root, bool all,
-                           std::vector<std::string>& out) {
-        out.assign(static_cast<std::size_t>(size()), {});
-        co_await object_collective(kind, 1, root, [&](collectives::context& c) -> task<> {
-            int me = rank();
-            bool receives = all || me == root;
-            std::int64_t my_len = static_cast<std::int64_t>(mine.size());
-            std::vector<task<>> ops;
-            for (int p = 0; p < size(); ++p) {
-                if (p == me) continue;
-                if (all || p == root) {
-                    ops.push_back([](collectives::context& cc, const std::int64_t& len,
-                                     const std::string& s, int to) -> task<> {
-                        co_await cc.send(std::as_bytes(std::span(&len, 1)), to, 0);
-                        co_await cc.send(std::as_bytes(std::span(s.data(), s.size())), to, 1);
-                    }(c, my_len, mine, p));
-                }
-                if (receives) {
-                    ops.push_back([](collectives::context& cc, std::string& into,
-                                     int from) -> task<> {
-                        std::int64_t len = 0;
-                        co_await cc.recv(std::as_writable_bytes(std::span(&len, 1)), from, 0);
-                        into.resize(static_cast<std::size_t>(len));
-                        co_await cc.recv(
-                            std::as_writable_bytes(std::span(into.data(), into.size())), from, 1);
-                    }(c, out[static_cast<std::size_t>(p)], p));
-                }
-            }
-            co_await when_all(std::move(ops));
-        });
-        out[static_cast<std::size_t>(rank())] = std::move(mine);
-    }
-
-    template <class T>
-    static void decode_all(const std::vector<std::string>& all, std::vector<T>& out) {
-        out.clear();
-        out.reserve(all.size());
-        for (const auto& bytes : all) out.push_back(from_bytes<T>(bytes));
-    }
-
-    // Rank 0 waits up to `timeout` for every other rank's report, then sends each its verdict
-    // (empty: pass; otherwise the error text naming the missing ranks).
-    task<> monitored(collectives::context& c, std::chrono::milliseconds timeout) {
-        int n = size();
-        if (rank() != 0) {
-            // The verdict may already be here (a late rank's rank 0 may have left meanwhile):
-            // post its receive first, and let a failed report not hide it.
-            std::int64_t len = 0;
-            auto verdict = start(c.recv(std::as_writable_bytes(std::span(&len, 1)), 0, 1));
-            try {
-                co_await c.send({}, 0, 0);
-            } catch (const std::system_error&) {
-                if (!verdict.is_completed()) throw;
-            }
-            co_await verdict;
-            if (len == 0) co_return;
-            std::string text(static_cast<std::size_t>(len), '\0');
-            co_await c.recv(std::as_writable_bytes(std::span(text.data(), text.size())), 0, 2);
-            corocoll::detail::throw_error(std::make_error_code(std::errc::timed_out), text);
-        }
-        collectives::context watch = c;
-        watch.deadline = std::min(c.deadline, io::deadline_after(timeout));
-        std::vector<char> arrived(static_cast<std::size_t>(n), 0);
-        arrived[0] = 1;
-        std::vector<task<>> reports;
-        for (int p = 1; p < n; ++p) {
-            reports.push_back([](collectives::context& w, char& flag, int from) -> task<> {
-                try {
-                    co_await w.recv({}, from, 0);
-                    flag = 1;
-                } catch (const std::system_error& e) {
-                    if (e.code() != std::errc::timed_out) throw;
-                }
-            }(watch, arrived[static_cast<std::size_t>(p)], p));
-        }
-        co_await when_all(std::move(reports));
-        std::string missing;
-        for (int p = 1; p < n; ++p) {
-            if (!arrived[static_cast<std::size_t>(p)])
-                missing += (missing.empty() ? "" : ", ") + std::to_string(p);
-        }
-        std::string text;
-        if (!missing.empty()) {
-            text = "corocoll: monitored_barrier: rank(s) " + missing + " did not arrive within " +
-                   std::to_string(timeout.count()) + " ms";
-        }
-        std::int64_t len = static_cast<std::int64_t>(text.size());
-        std::vector<task<>> verdicts;
-        for (int p = 1; p < n; ++p) {
-            // Late ranks get the verdict when they arrive (it waits in their buffers).
-            verdicts.push_back([](collectives::context& cc, const std::int64_t& l,
-                                  const std::string& t, int to) -> task<> {
-                co_await cc.send(std::as_bytes(std::span(&l, 1)), to, 1);
-                if (l > 0) co_await cc.send(std::as_bytes(std::span(t.data(), t.size())), to, 2);
-            }(c, len, text, p));
-        }
-        co_await when_all(std::move(verdicts));
-        if (!text.empty())
-            corocoll::detail::throw_error(std::make_error_code(std::errc::timed_out), text);
-    }
-
     std::chrono::steady_clock::time_point deadline() const { return io::deadline_after(timeout_); }
 
-    task<int> recv_bytes(std::span<std::byte> buf, int src, std::int64_t tag) {
-        auto r = co_await engine_.recv(buf, src, tag, deadline());
-        co_return r.source;
-    }
     task<int> send_then_peer(std::span<const std::byte> buf, int dst, std::int64_t tag) {
         co_await engine_.send(buf, dst, tag, deadline());
         co_return dst;
@@ -864,246 +591,7 @@ private:
     collectives::scratch_buffers scratch_;
 };
 
-namespace detail {
-
-inline std::string init_error(const std::string& what) {
-    return "corocoll: init_process_group: " + what;
-}
-
-struct init_store {
-    std::shared_ptr<rendezvous::store> store;
-    std::shared_ptr<rendezvous::tcp_store_server> hosted;
-    std::optional<io::endpoint> master;
-};
-
-// Rank 0 serves the store at host:port; everyone connects to it.
-inline task<init_store> tcp_rendezvous(io::reactor& r, const std::string& host, std::uint16_t port,
-                                       int rank, std::chrono::milliseconds timeout) {
-    init_store out;
-    io::endpoint master = io::endpoint::resolve(host, port);
-    out.master = master;
-    if (rank == 0) {
-        try {
-            out.hosted = std::make_shared<rendezvous::tcp_store_server>(master);
-        } catch (const std::system_error& e) {
-            corocoll::detail::throw_error(
-                e.code(), init_error("rank 0 cannot serve the store on " + master.to_string() +
-                                     (e.code() == std::errc::address_in_use
-                                          ? " (port " + std::to_string(port) +
-                                                " is already in use: pick another MASTER_PORT)"
-                                          : "") +
-                                     ": " + corocoll::detail::context_of(e)));
-        }
-    }
-    out.store = co_await rendezvous::tcp_store::connect(r, master, timeout);
-    co_return out;
-}
-
-}  // namespace detail
-
-namespace detail {
-
-// The part of set-up every group shares, the world and subgroups alike: the mesh under the
-// group's own store namespace, then a store-based barrier, as torch's init ends with: nobody
-// returns (and perhaps finishes and exits, taking a hosted store along) before every rank
-// has its connections.
-inline task<std::shared_ptr<process_group>> build_group(
-    io::reactor& r, std::shared_ptr<rendezvous::prefix_store> group_store, int rank, int size,
-    std::string name, std::chrono::milliseconds timeout, transport::engine_options limits,
-    io::endpoint listen_on, std::shared_ptr<rendezvous::tcp_store_server> hosted) {
-    auto deadline = io::deadline_after(timeout);
-    transport::mesh_options mesh;
-    mesh.deadline = deadline;
-    mesh.group_name = name;
-    if (const char* token = std::getenv("COROCOLL_JOB_TOKEN")) mesh.job_token = token;
-    mesh.listen_on = listen_on;
-    auto peers = co_await transport::connect_mesh(r, *group_store, rank, size, mesh);
-    if (co_await group_store->add("init/arrived", 1) == size) {
-        co_await group_store->set("init/complete", "1");
-    }
-    std::vector<std::string> complete{"init/complete"};
-    try {
-        co_await group_store->wait(complete,
-                                   std::chrono::duration_cast<std::chrono::milliseconds>(
-                                       std::max(deadline - std::chrono::steady_clock::now(),
-                                                std::chrono::steady_clock::duration{})));
-    } catch (const std::system_error& e) {
-        corocoll::detail::throw_error(
-            e.code(), init_error("rank " + std::to_string(rank) + " of group '" + name +
-                                 "' connected, but not every rank finished set-up in time: " +
-                                 corocoll::detail::context_of(e)));
-    }
-    COROCOLL_LOG(info, "INIT", "group '", name, "' ready: rank ", rank, " of ", size);
-    co_return std::make_shared<process_group>(r, rank, size, std::move(name), timeout,
-                                              std::move(group_store), std::move(peers), limits,
-                                              std::move(hosted), listen_on);
-}
-
-}  // namespace detail
-
-namespace detail {
-
-/// What every backend's set-up starts from: rank, world size and local rank worked out, and
-/// the group's own namespace in the rendezvous store.
-struct rendezvous_result {
-    int rank = -1;
-    int world_size = -1;
-    int local_rank = -1;  ///< -1 when neither the options nor the launcher say
-    std::shared_ptr<rendezvous::prefix_store> group_store;
-    std::shared_ptr<rendezvous::tcp_store_server> hosted;
-    std::optional<io::endpoint> master;
-};
-
-/// The part of `init_process_group` that does not depend on the backend: works out rank and
-/// world size (explicit, else from the launcher's environment), reaches the store, and opens
-/// a fresh namespace in it for this set-up of `o.group_name`.
-inline task<rendezvous_result> rendezvous_for(io::reactor& r, init_options& o) {
-    std::optional<rendezvous::launch_info> env;
-    if (o.rank < 0 || o.world_size < 0) {
-        if (o.store) {
-            throw std::invalid_argument(
-                detail::init_error("rank and world_size must be given with an explicit store"));
-        }
-        env = rendezvous::read_launch_env();
-        if (o.rank < 0) o.rank = env->rank;
-        if (o.world_size < 0) o.world_size = env->world_size;
-        // Ranks of this host that outnumber its processors must not busy-poll.
-        if (env->local_world_size > 0) io::reactor::set_local_processes(env->local_world_size);
-    }
-    if (o.world_size <= 0 || o.rank < 0 || o.rank >= o.world_size) {
-        throw std::invalid_argument(
-            detail::init_error("rank " + std::to_string(o.rank) +
-                               " is outside [0, world_size=" + std::to_string(o.world_size) + ")"));
-    }
-    detail::log_rank() = o.rank;
-
-    detail::init_store s;
-    if (o.store) {
-        s.store = o.store;
-    } else if (o.init_method == "env://") {
-        if (!env) {
-            env.emplace();
-            rendezvous::read_master_env(*env);
-        }
-        if (!env->master_addr || !env->master_port) {
-            throw std::invalid_argument(
-                detail::init_error(std::string("env:// needs MASTER_ADDR and MASTER_PORT; ") +
-                                   (env->master_addr ? "" : "MASTER_ADDR is not set") +
-                                   (!env->master_addr && !env->master_port ? ", " : "") +
-                                   (env->master_port ? "" : "MASTER_PORT is not set")));
-        }
-        if (env->agent_store) {
-            io::endpoint master = io::endpoint::resolve(*env->master_addr, *env->master_port);
-            s.master = master;
-            auto agent = co_await rendezvous::tcp_store::connect(r, master, o.timeout);
-            s.store = std::make_shared<rendezvous::prefix_store>(env->agent_store_prefix(),
-                                                                 std::move(agent));
-        } else {
-            s = co_await detail::tcp_rendezvous(r, *env->master_addr, *env->master_port, o.rank,
-                                                o.timeout);
-        }
-    } else if (o.init_method.rfind("tcp://", 0) == 0) {
-        std::string hostport = o.init_method.substr(6);
-        auto colon = hostport.rfind(':');
-        if (colon == std::string::npos) {
-            throw std::invalid_argument(
-                detail::init_error("init_method '" + o.init_method + "' lacks a port"));
-        }
-        std::string host = hostport.substr(0, colon);
-        if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
-        int port = std::atoi(hostport.c_str() + colon + 1);
-        if (port <= 0 || port > 65535) {
-            throw std::invalid_argument(
-                detail::init_error("init_method '" + o.init_method + "' has a bad port"));
-        }
-        s = co_await detail::tcp_rendezvous(r, host, static_cast<std::uint16_t>(port), o.rank,
-                                            o.timeout);
-    } else if (o.init_method.rfind("file://", 0) == 0) {
-        s.store = std::make_shared<rendezvous::file_store>(o.init_method.substr(7), o.timeout);
-    } else {
-        throw std::invalid_argument(detail::init_error(
-            "init_method '" + o.init_method + "' is none of env://, tcp://host:port, file://path"));
-    }
-    s.store->set_timeout(o.timeout);
-
-    // Every set-up of a group name gets fresh keys: ranks set groups up in the same order (as
-    // torch requires too), so they agree on this count without asking each other. Per thread,
-    // because ranks may be threads.
-    thread_local std::map<std::string, int> generations;
-    int generation = generations[o.group_name]++;
-    rendezvous_result out;
-    out.rank = o.rank;
-    out.world_size = o.world_size;
-    if (env) out.local_rank = env->local_rank;
-    out.group_store = std::make_shared<rendezvous::prefix_store>(
-        "corocoll/" + o.group_name + "/" + std::to_string(generation), s.store);
-    out.hosted = std::move(s.hosted);
-    out.master = s.master;
-    co_return out;
-}
-
-}  // namespace detail
-
-/// Sets up a process group, like torch's `init_process_group`: works out rank and world size
-/// (explicit, else from the launcher's environment, see `rendezvous::read_launch_env`),
-/// reaches the rendezvous store (given; `env://` at MASTER_ADDR:MASTER_PORT, where rank 0
-/// serves it unless torchrun's agent already does (TORCHELASTIC_USE_AGENT_STORE); `tcp://`;
-/// `file://`), then connects the mesh. Everything is bounded by `o.timeout`; errors name what
-/// was missing or what failed. CUDA buffers: `corocoll::gpu::init_process_group` (the
-/// include-gpu root) sets up backend "nccl".
-inline task<std::shared_ptr<process_group>> init_process_group(io::reactor& r,
-                                                               init_options o = {}) {
-    if (o.backend != "tcp" && o.backend != "gloo" && o.backend != "cpu") {
-        throw std::invalid_argument(detail::init_error(
-            "backend '" + o.backend + "' is not available (CPU groups use \"tcp\"" +
-            (o.backend == "nccl" ? "; NCCL groups come from corocoll::gpu::init_process_group in "
-                                   "<corocoll/gpu/nccl_group.hpp>, a build with -Dnccl=enabled"
-                                 : "") +
-            ")"));
-    }
-    auto rv = co_await detail::rendezvous_for(r, o);
-    co_return co_await detail::build_group(
-        r, std::move(rv.group_store), rv.rank, rv.world_size, o.group_name, o.timeout, o.limits,
-        transport::choose_listen_address(rv.master), std::move(rv.hosted));
-}
-
-inline task<std::shared_ptr<process_group>> process_group::new_group(std::vector<int> ranks) {
-    std::sort(ranks.begin(), ranks.end());
-    if (ranks.empty() || std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() ||
-        ranks.front() < 0 || ranks.back() >= size()) {
-        throw std::invalid_argument(prefix("new_group") + "ranks must be distinct and within [0, " +
-                                    std::to_string(size()) + ")");
-    }
-    int k = ++subgroups_;
-    auto me = std::find(ranks.begin(), ranks.end(), rank());
-    if (me == ranks.end()) co_return nullptr;
-    auto store = std::make_shared<rendezvous::prefix_store>("sub/" + std::to_string(k), store_);
-    co_return co_await detail::build_group(
-        reactor_, std::move(store), static_cast<int>(me - ranks.begin()),
-        static_cast<int>(ranks.size()), name_ + "/sub" + std::to_string(k), timeout_, limits_,
-        listen_on_, nullptr);
-}
-
-inline task<std::shared_ptr<process_group>> process_group::split(int colour, int key) {
-    std::vector<std::pair<int, int>> all;
-    co_await all_gather_object(all, std::pair<int, int>{colour, key});
-    int k = ++subgroups_;
-    if (colour < 0) co_return nullptr;
-    std::vector<std::pair<int, int>> members;  // (key, rank) of my colour
-    for (int p = 0; p < size(); ++p) {
-        if (all[static_cast<std::size_t>(p)].first == colour) {
-            members.emplace_back(all[static_cast<std::size_t>(p)].second, p);
-        }
-    }
-    std::sort(members.begin(), members.end());
-    int index = 0;
-    while (members[static_cast<std::size_t>(index)].second != rank()) ++index;
-    auto store = std::make_shared<rendezvous::prefix_store>(
-        "split/" + std::to_string(k) + "/" + std::to_string(colour), store_);
-    co_return co_await detail::build_group(
-        reactor_, std::move(store), index, static_cast<int>(members.size()),
-        name_ + "/split" + std::to_string(k) + "." + std::to_string(colour), timeout_, limits_,
-        listen_on_, nullptr);
-}
-
 COROCOLL_END_NAMESPACE
+
+// Set-up (init_process_group, new_group, split) needs the class complete.
+#include <corocoll/process_group/init.hpp>

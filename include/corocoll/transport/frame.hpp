@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 
 COROCOLL_BEGIN_NAMESPACE
@@ -107,6 +108,46 @@ struct collective_meta {
                 h.seq};
     }
     friend bool operator==(const collective_meta&, const collective_meta&) = default;
+};
+
+/// The last words of a rank whose group failed: a goodbye frame with `goodbye_abort`, which
+/// names the rank it blames (`root`) and the error (value in `count`, `op` 1 for a corocoll
+/// code, 0 for an errno value), followed by `text_length` bytes of the error text. Peers
+/// report that cause instead of blaming the sender when its connection closes.
+struct abort_notice {
+    /// The longest error text a notice carries.
+    static constexpr std::size_t max_text = 4096;
+
+    std::uint32_t culprit = 0;
+    int code = 0;
+    bool corocoll_code = false;
+    std::uint64_t text_length = 0;
+
+    /// The sealed header from `src` to `dst` that carries this notice.
+    frame_header header(std::uint32_t src, std::uint32_t dst) const noexcept {
+        frame_header h;
+        h.kind = frame_kind::goodbye;
+        h.flags = goodbye_abort;
+        h.src = src;
+        h.dst = dst;
+        h.root = culprit;
+        h.count = static_cast<std::uint64_t>(static_cast<std::uint32_t>(code));
+        h.op = corocoll_code ? 1 : 0;
+        h.length = text_length;
+        h.seal();
+        return h;
+    }
+
+    /// The notice a goodbye header carries; nothing when it is a plain goodbye, or when the
+    /// culprit is not a rank of a group of `group_size`.
+    static std::optional<abort_notice> of(const frame_header& h, int group_size) noexcept {
+        if (h.kind != frame_kind::goodbye || (h.flags & goodbye_abort) == 0 ||
+            h.root >= static_cast<std::uint32_t>(group_size)) {
+            return std::nullopt;
+        }
+        return abort_notice{h.root, static_cast<int>(static_cast<std::uint32_t>(h.count)),
+                            h.op == 1, h.length};
+    }
 };
 
 /// A 64-bit FNV-1a hash: a group's name as it travels in hello frames.

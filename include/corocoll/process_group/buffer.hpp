@@ -1,0 +1,117 @@
+#pragma once
+
+// What the process group sends and receives: the `buffer` concept, the byte views of a
+// buffer, and `p2p_op`, one entry of batch_isend_irecv.
+
+#include <corocoll/version.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <ranges>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+COROCOLL_BEGIN_NAMESPACE
+
+/// A contiguous range of trivially copyable elements: what corocoll sends and receives
+/// (`std::vector<T>`, `std::array<T, N>`, `std::span<T>`, C arrays).
+template <class R>
+concept buffer = std::ranges::contiguous_range<R> && std::ranges::sized_range<R> &&
+    std::is_trivially_copyable_v<std::ranges::range_value_t<R>>;
+
+namespace detail {
+
+template <buffer R>
+std::span<const std::byte> bytes_of(const R& r) {
+    return std::as_bytes(std::span(std::ranges::data(r), std::ranges::size(r)));
+}
+
+template <buffer R>
+std::span<std::byte> writable_bytes_of(R& r) {
+    static_assert(!std::is_const_v<std::remove_reference_t<decltype(*std::ranges::data(r))>>,
+                  "corocoll: a receive buffer must be writable");
+    return std::as_writable_bytes(std::span(std::ranges::data(r), std::ranges::size(r)));
+}
+
+// The list forms of the collectives (torch's lists of tensors) run the flat forms: these
+// build the flat buffer and take it apart again.
+
+template <buffer R>
+std::vector<std::size_t> sizes_of(const std::vector<R>& list) {
+    std::vector<std::size_t> out;
+    out.reserve(list.size());
+    for (const auto& b : list) out.push_back(std::ranges::size(b));
+    return out;
+}
+
+// The entries of `list` one after another; with `each` != npos, every entry must have that
+// many elements (`what`: the operation, in the error).
+template <buffer R>
+std::vector<std::ranges::range_value_t<R>> concat(int rank, const char* what,
+                                                  const std::vector<R>& list,
+                                                  std::size_t each = std::size_t(-1)) {
+    std::vector<std::ranges::range_value_t<R>> flat;
+    for (const auto& b : list) {
+        if (each != std::size_t(-1) && std::ranges::size(b) != each) {
+            throw std::invalid_argument("corocoll: rank " + std::to_string(rank) + ": " + what +
+                                        ": a list entry has " +
+                                        std::to_string(std::ranges::size(b)) + " elements, " +
+                                        std::to_string(each) + " expected");
+        }
+        flat.insert(flat.end(), std::ranges::begin(b), std::ranges::end(b));
+    }
+    return flat;
+}
+
+// Copies consecutive pieces of `flat` into the entries of `list`, each as long as it is.
+template <class T, buffer R>
+void split_into(const std::vector<T>& flat, std::vector<R>& list) {
+    std::size_t at = 0;
+    for (auto& b : list) {
+        std::copy_n(flat.begin() + static_cast<std::ptrdiff_t>(at), std::ranges::size(b),
+                    std::ranges::begin(b));
+        at += std::ranges::size(b);
+    }
+}
+
+// `split_into` where every entry must hold `count` elements.
+template <class T, buffer R>
+void unflatten(int rank, const char* what, const std::vector<T>& flat, std::vector<R>& list,
+               std::size_t count) {
+    for (const auto& b : list) {
+        if (std::ranges::size(b) != count) {
+            throw std::invalid_argument("corocoll: rank " + std::to_string(rank) + ": " + what +
+                                        ": an output list entry has " +
+                                        std::to_string(std::ranges::size(b)) + " elements, " +
+                                        std::to_string(count) + " expected");
+        }
+    }
+    split_into(flat, list);
+}
+
+}  // namespace detail
+
+/// One operation of `batch_isend_irecv`, like torch's `P2POp`.
+struct p2p_op {
+    enum class kind { isend, irecv };
+    kind action;
+    std::span<std::byte> data;  // only read for isend
+    int peer;
+    std::int64_t tag = 0;
+
+    template <buffer R>
+    static p2p_op isend(const R& buf, int peer, std::int64_t tag = 0) {
+        auto b = detail::bytes_of(buf);
+        return {kind::isend, {const_cast<std::byte*>(b.data()), b.size()}, peer, tag};
+    }
+    template <buffer R>
+    static p2p_op irecv(R& buf, int peer, std::int64_t tag = 0) {
+        return {kind::irecv, detail::writable_bytes_of(buf), peer, tag};
+    }
+};
+
+COROCOLL_END_NAMESPACE

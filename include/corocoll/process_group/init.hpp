@@ -1,0 +1,283 @@
+#pragma once
+
+// Setting groups up: init_process_group's options, the rendezvous every backend starts from
+// (rank, world size, the store), the mesh and start-up barrier every group shares, and
+// new_group/split. Included at the end of process_group.hpp.
+
+#include <corocoll/core/log.hpp>
+#include <corocoll/core/task.hpp>
+#include <corocoll/io/endpoint.hpp>
+#include <corocoll/io/reactor.hpp>
+#include <corocoll/process_group/process_group.hpp>
+#include <corocoll/rendezvous/file_store.hpp>
+#include <corocoll/rendezvous/launch_env.hpp>
+#include <corocoll/rendezvous/prefix_store.hpp>
+#include <corocoll/rendezvous/store.hpp>
+#include <corocoll/rendezvous/tcp_store.hpp>
+#include <corocoll/transport/engine.hpp>
+#include <corocoll/transport/mesh.hpp>
+#include <corocoll/version.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+COROCOLL_BEGIN_NAMESPACE
+
+/// How `init_process_group` sets a group up; every field has torch's default.
+struct init_options {
+    /// "tcp" (CPU tensors over TCP; "gloo" and "cpu" are accepted as names for it).
+    std::string backend = "tcp";
+    /// "env://" (launcher variables, MASTER_ADDR/MASTER_PORT), "tcp://host:port" or
+    /// "file:///path". Ignored when `store` is given.
+    std::string init_method = "env://";
+    /// -1: from the launcher's environment.
+    int world_size = -1;
+    int rank = -1;
+    /// Deadline of set-up and default deadline of every operation (c10d's 30 minutes).
+    std::chrono::milliseconds timeout = std::chrono::minutes(30);
+    /// A store to rendezvous through instead of `init_method` (rank and world_size required).
+    std::shared_ptr<rendezvous::store> store;
+    /// Groups with different names keep apart in one store.
+    std::string group_name = "default";
+    transport::engine_options limits;
+};
+
+namespace detail {
+
+inline std::string init_error(const std::string& what) {
+    return "corocoll: init_process_group: " + what;
+}
+
+/// What every backend's set-up starts from: rank, world size and local rank worked out, and
+/// the group's own namespace in the rendezvous store.
+struct rendezvous_result {
+    int rank = -1;
+    int world_size = -1;
+    int local_rank = -1;  ///< -1 when neither the options nor the launcher say
+    /// The store reached (the whole job's keys).
+    std::shared_ptr<rendezvous::store> store;
+    /// This set-up's own namespace in it.
+    std::shared_ptr<rendezvous::prefix_store> group_store;
+    std::shared_ptr<rendezvous::tcp_store_server> hosted;
+    std::optional<io::endpoint> master;
+};
+
+// Rank 0 serves the store at host:port; everyone connects to it.
+inline task<rendezvous_result> tcp_rendezvous(io::reactor& r, const std::string& host,
+                                              std::uint16_t port, int rank,
+                                              std::chrono::milliseconds timeout) {
+    rendezvous_result out;
+    io::endpoint master = io::endpoint::resolve(host, port);
+    out.master = master;
+    if (rank == 0) {
+        try {
+            out.hosted = std::make_shared<rendezvous::tcp_store_server>(master);
+        } catch (const std::system_error& e) {
+            corocoll::detail::throw_error(
+                e.code(), init_error("rank 0 cannot serve the store on " + master.to_string() +
+                                     (e.code() == std::errc::address_in_use
+                                          ? " (port " + std::to_string(port) +
+                                                " is already in use: pick another MASTER_PORT)"
+                                          : "") +
+                                     ": " + corocoll::detail::context_of(e)));
+        }
+    }
+    out.store = co_await rendezvous::tcp_store::connect(r, master, timeout);
+    co_return out;
+}
+
+// The part of set-up every group shares, the world and subgroups alike: the mesh under the
+// group's own store namespace, then a store-based barrier, as torch's init ends with: nobody
+// returns (and perhaps finishes and exits, taking a hosted store along) before every rank
+// has its connections.
+inline task<std::shared_ptr<process_group>> build_group(
+    io::reactor& r, std::shared_ptr<rendezvous::prefix_store> group_store, int rank, int size,
+    std::string name, std::chrono::milliseconds timeout, transport::engine_options limits,
+    io::endpoint listen_on, std::shared_ptr<rendezvous::tcp_store_server> hosted) {
+    auto deadline = io::deadline_after(timeout);
+    transport::mesh_options mesh;
+    mesh.deadline = deadline;
+    mesh.group_name = name;
+    if (const char* token = std::getenv("COROCOLL_JOB_TOKEN")) mesh.job_token = token;
+    mesh.listen_on = listen_on;
+    auto peers = co_await transport::connect_mesh(r, *group_store, rank, size, mesh);
+    if (co_await group_store->add("init/arrived", 1) == size) {
+        co_await group_store->set("init/complete", "1");
+    }
+    std::vector<std::string> complete{"init/complete"};
+    try {
+        co_await group_store->wait(complete,
+                                   std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       std::max(deadline - std::chrono::steady_clock::now(),
+                                                std::chrono::steady_clock::duration{})));
+    } catch (const std::system_error& e) {
+        corocoll::detail::throw_error(
+            e.code(), init_error("rank " + std::to_string(rank) + " of group '" + name +
+                                 "' connected, but not every rank finished set-up in time: " +
+                                 corocoll::detail::context_of(e)));
+    }
+    COROCOLL_LOG(info, "INIT", "group '", name, "' ready: rank ", rank, " of ", size);
+    co_return std::make_shared<process_group>(r, rank, size, std::move(name), timeout,
+                                              std::move(group_store), std::move(peers), limits,
+                                              std::move(hosted), listen_on);
+}
+
+/// The part of `init_process_group` that does not depend on the backend: works out rank and
+/// world size (explicit, else from the launcher's environment), reaches the store, and opens
+/// a fresh namespace in it for this set-up of `o.group_name`.
+inline task<rendezvous_result> rendezvous_for(io::reactor& r, init_options& o) {
+    std::optional<rendezvous::launch_info> env;
+    if (o.rank < 0 || o.world_size < 0) {
+        if (o.store) {
+            throw std::invalid_argument(
+                detail::init_error("rank and world_size must be given with an explicit store"));
+        }
+        env = rendezvous::read_launch_env();
+        if (o.rank < 0) o.rank = env->rank;
+        if (o.world_size < 0) o.world_size = env->world_size;
+        // Ranks of this host that outnumber its processors must not busy-poll.
+        if (env->local_world_size > 0) io::reactor::set_local_processes(env->local_world_size);
+    }
+    if (o.world_size <= 0 || o.rank < 0 || o.rank >= o.world_size) {
+        throw std::invalid_argument(
+            detail::init_error("rank " + std::to_string(o.rank) +
+                               " is outside [0, world_size=" + std::to_string(o.world_size) + ")"));
+    }
+    detail::log_rank() = o.rank;
+
+    rendezvous_result s;
+    if (o.store) {
+        s.store = o.store;
+    } else if (o.init_method == "env://") {
+        if (!env) {
+            env.emplace();
+            rendezvous::read_master_env(*env);
+        }
+        if (!env->master_addr || !env->master_port) {
+            throw std::invalid_argument(
+                detail::init_error(std::string("env:// needs MASTER_ADDR and MASTER_PORT; ") +
+                                   (env->master_addr ? "" : "MASTER_ADDR is not set") +
+                                   (!env->master_addr && !env->master_port ? ", " : "") +
+                                   (env->master_port ? "" : "MASTER_PORT is not set")));
+        }
+        if (env->agent_store) {
+            io::endpoint master = io::endpoint::resolve(*env->master_addr, *env->master_port);
+            s.master = master;
+            auto agent = co_await rendezvous::tcp_store::connect(r, master, o.timeout);
+            s.store = std::make_shared<rendezvous::prefix_store>(env->agent_store_prefix(),
+                                                                 std::move(agent));
+        } else {
+            s = co_await detail::tcp_rendezvous(r, *env->master_addr, *env->master_port, o.rank,
+                                                o.timeout);
+        }
+    } else if (o.init_method.rfind("tcp://", 0) == 0) {
+        std::string hostport = o.init_method.substr(6);
+        auto colon = hostport.rfind(':');
+        if (colon == std::string::npos) {
+            throw std::invalid_argument(
+                detail::init_error("init_method '" + o.init_method + "' lacks a port"));
+        }
+        std::string host = hostport.substr(0, colon);
+        if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+        int port = std::atoi(hostport.c_str() + colon + 1);
+        if (port <= 0 || port > 65535) {
+            throw std::invalid_argument(
+                detail::init_error("init_method '" + o.init_method + "' has a bad port"));
+        }
+        s = co_await detail::tcp_rendezvous(r, host, static_cast<std::uint16_t>(port), o.rank,
+                                            o.timeout);
+    } else if (o.init_method.rfind("file://", 0) == 0) {
+        s.store = std::make_shared<rendezvous::file_store>(o.init_method.substr(7), o.timeout);
+    } else {
+        throw std::invalid_argument(detail::init_error(
+            "init_method '" + o.init_method + "' is none of env://, tcp://host:port, file://path"));
+    }
+    s.store->set_timeout(o.timeout);
+
+    // Every set-up of a group name gets fresh keys: ranks set groups up in the same order (as
+    // torch requires too), so they agree on this count without asking each other. Per thread,
+    // because ranks may be threads.
+    thread_local std::map<std::string, int> generations;
+    int generation = generations[o.group_name]++;
+    s.rank = o.rank;
+    s.world_size = o.world_size;
+    if (env) s.local_rank = env->local_rank;
+    s.group_store = std::make_shared<rendezvous::prefix_store>(
+        "corocoll/" + o.group_name + "/" + std::to_string(generation), s.store);
+    co_return s;
+}
+
+}  // namespace detail
+
+/// Sets up a process group, like torch's `init_process_group`: works out rank and world size
+/// (explicit, else from the launcher's environment, see `rendezvous::read_launch_env`),
+/// reaches the rendezvous store (given; `env://` at MASTER_ADDR:MASTER_PORT, where rank 0
+/// serves it unless torchrun's agent already does (TORCHELASTIC_USE_AGENT_STORE); `tcp://`;
+/// `file://`), then connects the mesh. Everything is bounded by `o.timeout`; errors name what
+/// was missing or what failed. CUDA buffers: `corocoll::gpu::init_process_group` (the
+/// include-gpu root) sets up backend "nccl".
+inline task<std::shared_ptr<process_group>> init_process_group(io::reactor& r,
+                                                               init_options o = {}) {
+    if (o.backend != "tcp" && o.backend != "gloo" && o.backend != "cpu") {
+        throw std::invalid_argument(detail::init_error(
+            "backend '" + o.backend + "' is not available (CPU groups use \"tcp\"" +
+            (o.backend == "nccl" ? "; NCCL groups come from corocoll::gpu::init_process_group in "
+                                   "<corocoll/gpu/nccl_group.hpp>, a build with -Dnccl=enabled"
+                                 : "") +
+            ")"));
+    }
+    auto rv = co_await detail::rendezvous_for(r, o);
+    co_return co_await detail::build_group(
+        r, std::move(rv.group_store), rv.rank, rv.world_size, o.group_name, o.timeout, o.limits,
+        transport::choose_listen_address(rv.master), std::move(rv.hosted));
+}
+
+inline task<std::shared_ptr<process_group>> process_group::new_group(std::vector<int> ranks) {
+    std::sort(ranks.begin(), ranks.end());
+    if (ranks.empty() || std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() ||
+        ranks.front() < 0 || ranks.back() >= size()) {
+        throw std::invalid_argument(prefix("new_group") + "ranks must be distinct and within [0, " +
+                                    std::to_string(size()) + ")");
+    }
+    int k = ++subgroups_;
+    auto me = std::find(ranks.begin(), ranks.end(), rank());
+    if (me == ranks.end()) co_return nullptr;
+    auto store = std::make_shared<rendezvous::prefix_store>("sub/" + std::to_string(k), store_);
+    co_return co_await detail::build_group(
+        reactor_, std::move(store), static_cast<int>(me - ranks.begin()),
+        static_cast<int>(ranks.size()), name_ + "/sub" + std::to_string(k), timeout_, limits_,
+        listen_on_, nullptr);
+}
+
+inline task<std::shared_ptr<process_group>> process_group::split(int colour, int key) {
+    std::vector<std::pair<int, int>> all;
+    co_await all_gather_object(all, std::pair<int, int>{colour, key});
+    int k = ++subgroups_;
+    if (colour < 0) co_return nullptr;
+    std::vector<std::pair<int, int>> members;  // (key, rank) of my colour
+    for (int p = 0; p < size(); ++p) {
+        if (all[static_cast<std::size_t>(p)].first == colour) {
+            members.emplace_back(all[static_cast<std::size_t>(p)].second, p);
+        }
+    }
+    std::sort(members.begin(), members.end());
+    int index = 0;
+    while (members[static_cast<std::size_t>(index)].second != rank()) ++index;
+    auto store = std::make_shared<rendezvous::prefix_store>(
+        "split/" + std::to_string(k) + "/" + std::to_string(colour), store_);
+    co_return co_await detail::build_group(
+        reactor_, std::move(store), index, static_cast<int>(members.size()),
+        name_ + "/split" + std::to_string(k) + "." + std::to_string(colour), timeout_, limits_,
+        listen_on_, nullptr);
+}
+
+COROCOLL_END_NAMESPACE

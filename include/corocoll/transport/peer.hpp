@@ -1,0 +1,202 @@
+#pragma once
+
+// One peer of the engine: its connection, what its reader has staged, the messages that
+// arrived before a receive wanted them, and the receives posted for it.
+
+#include <corocoll/core/async_mutex.hpp>
+#include <corocoll/core/error.hpp>
+#include <corocoll/core/task.hpp>
+#include <corocoll/core/when_all.hpp>
+#include <corocoll/io/reactor.hpp>
+#include <corocoll/io/socket.hpp>
+#include <corocoll/transport/frame.hpp>
+#include <corocoll/transport/posted_recv.hpp>
+#include <corocoll/version.hpp>
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <chrono>
+#include <coroutine>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport::detail {
+
+// A message that arrived before any receive matched it, kept whole (one copy).
+struct unexpected_msg {
+    frame_header header;
+    std::uint64_t arrival = 0;  // engine-wide arrival order, for any-source receives
+    std::vector<std::byte> data;
+};
+
+struct peer {
+    /// What one receive from the socket may bring at most: a small message (header and
+    /// payload) and the frames behind it cost one system call.
+    static constexpr std::size_t staging_bytes = std::size_t{16} << 10;
+
+    io::socket sock;
+    std::string address;
+    async_mutex send_lock;
+    // Receives posted for this peer by name, in posting order.
+    recv_queue posted;
+    std::deque<unexpected_msg> unexpected;
+    std::size_t unexpected_bytes = 0;
+    // A reader that holds a header it has nowhere to put (buffer full) waits here.
+    const frame_header* blocked = nullptr;
+    std::coroutine_handle<> blocked_reader;
+    posted_recv* handed = nullptr;
+    // The receive whose payload the reader is reading now; its owner clears this when it
+    // abandons the receive, and the reader then leaves it alone.
+    posted_recv* delivering = nullptr;
+    // The peer closed its group (a goodbye frame): its EOF is no failure.
+    bool departed = false;
+    bool reader_exited = false;
+    std::coroutine_handle<> exit_waiter;
+    // What the reader has received and not yet consumed.
+    std::unique_ptr<std::byte[]> staged;
+    std::size_t staged_begin = 0;
+    std::size_t staged_end = 0;
+
+    bool has_unexpected(frame_kind kind, std::uint64_t seq, std::int64_t tag) const noexcept {
+        for (const auto& m : unexpected) {
+            if (m.header.kind == kind && m.header.tag == tag &&
+                (kind != frame_kind::collective || m.header.seq == seq)) {
+                return true;
+            }
+        }
+        return false;
+    }
+
+    // Reads one frame header into `h`: from what is staged, receiving more when that is short.
+    task<> read_header(frame_header& h, std::stop_token stop) {
+        if (!staged) staged = std::make_unique_for_overwrite<std::byte[]>(staging_bytes);
+        while (staged_end - staged_begin < sizeof(h)) {
+            std::byte* base = staged.get();
+            if (staged_begin > 0) {
+                std::memmove(base, base + staged_begin, staged_end - staged_begin);
+                staged_end -= staged_begin;
+                staged_begin = 0;
+            }
+            std::size_t n = co_await sock.recv_some(
+                std::span(base + staged_end, staging_bytes - staged_end), stop);
+            if (n == 0) {
+                corocoll::detail::throw_error(
+                    corocoll::errc::connection_closed,
+                    "corocoll: recv from " + address + ": the connection closed");
+            }
+            staged_end += n;
+        }
+        std::memcpy(&h, staged.get() + staged_begin, sizeof(h));
+        staged_begin += sizeof(h);
+    }
+
+    // True when a whole header waits in the staging buffer (no system call needed).
+    bool header_staged() const noexcept {
+        return staged_end - staged_begin >= sizeof(frame_header);
+    }
+
+    // Takes a staged header without suspending; `header_staged()` must be true.
+    void take_header(frame_header& h) noexcept {
+        std::memcpy(&h, staged.get() + staged_begin, sizeof(h));
+        staged_begin += sizeof(h);
+    }
+
+    // Moves what is staged into the front of `out`; returns the rest of `out`, which the
+    // caller receives from the socket.
+    std::span<std::byte> take_staged(std::span<std::byte> out) noexcept {
+        std::size_t n = std::min(staged_end - staged_begin, out.size());
+        if (n > 0) std::memcpy(out.data(), staged.get() + staged_begin, n);
+        staged_begin += n;
+        if (staged_begin == staged_end) staged_begin = staged_end = 0;
+        return out.subspan(n);
+    }
+
+    // Reads the text that follows an abort notice (at most `abort_notice::max_text` bytes,
+    // within 5 s); empty when it does not come.
+    task<std::string> read_text(std::uint64_t length) {
+        std::string text(std::min<std::uint64_t>(length, abort_notice::max_text), '\0');
+        if (text.empty()) co_return text;
+        try {
+            co_await read_payload(std::as_writable_bytes(std::span(text.data(), text.size())),
+                                  io::deadline_after(std::chrono::seconds(5)));
+        } catch (const std::system_error&) {
+            text.clear();
+        }
+        co_return text;
+    }
+
+    // Writes `h` and `text` at once without waiting, where no frame is half-sent (the send
+    // lock is free); nothing otherwise. For last words: a header and a short text fit an idle
+    // socket's buffer, so the write does not come up short.
+    void send_now(const frame_header& h, const std::string& text) noexcept {
+        if (!send_lock.try_lock()) return;
+        iovec iov[2] = {{const_cast<frame_header*>(&h), sizeof(h)},
+                        {const_cast<char*>(text.data()), text.size()}};
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = 2;
+        [[maybe_unused]] auto n =
+            ::sendmsg(sock.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        send_lock.unlock();
+    }
+
+    // A send buffer of `bytes` where both ends have the same address (a peer on this host;
+    // see engine_options::same_host_send_buffer); 0 leaves the kernel's autotuning.
+    void size_send_buffer(std::size_t bytes) const {
+        if (bytes == 0 || sock.local_endpoint().host() != sock.peer().host()) return;
+        int n = static_cast<int>(std::min<std::size_t>(bytes, std::size_t{1} << 30));
+        // Best effort: a refusal leaves the kernel's autotuning, which works too.
+        ::setsockopt(sock.native_handle(), SOL_SOCKET, SO_SNDBUF, &n, sizeof(n));
+    }
+
+    // Waits until this peer's reader has ended (read the peer's last words or its EOF), or
+    // until `deadline`.
+    task<> reader_exit(io::reactor& reactor, std::chrono::steady_clock::time_point deadline) {
+        if (reader_exited) co_return;
+        struct exit_awaiter {
+            peer& ps;
+            bool await_ready() const noexcept { return ps.reader_exited; }
+            void await_suspend(std::coroutine_handle<> h) noexcept { ps.exit_waiter = h; }
+            void await_resume() const noexcept {}
+        };
+        std::stop_source timer_stop;
+        auto timer = [&]() -> task<> {
+            try {
+                co_await reactor.sleep_until(deadline, timer_stop.get_token());
+            } catch (const std::system_error&) {
+                co_return;
+            }
+            if (exit_waiter) std::exchange(exit_waiter, {}).resume();
+        };
+        auto waiter = [&]() -> task<> {
+            co_await exit_awaiter{*this};
+            timer_stop.request_stop();
+        };
+        co_await when_all(waiter(), timer());
+    }
+
+    // Fills `out` from the peer's stream: what is staged, then the socket (through the ring
+    // only for what is not already there).
+    task<> read_payload(std::span<std::byte> out, io::op_options o) {
+        std::span<std::byte> rest = take_staged(out);
+        o.try_now = true;  // usually the rest of a large payload already waits in the socket
+        if (!rest.empty()) co_await sock.recv(rest, o);
+    }
+};
+
+}  // namespace transport::detail
+
+COROCOLL_END_NAMESPACE

@@ -1,0 +1,141 @@
+#pragma once
+
+// Posted receives: what a receive waits with, and the queues the engine matches arriving
+// frames against (one per peer, one for any-source receives).
+
+#include <corocoll/io/reactor.hpp>
+#include <corocoll/transport/frame.hpp>
+#include <corocoll/version.hpp>
+
+#include <chrono>
+#include <coroutine>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <span>
+#include <string>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport {
+
+/// `recv` from whichever rank sends first.
+inline constexpr int any_source = -1;
+
+/// What a receive got: who sent it and how many bytes.
+struct recv_result {
+    int source = -1;
+    std::size_t length = 0;
+};
+
+namespace detail {
+
+// How collective metadata reads in error messages; the collectives layer installs its own.
+using describer = std::string (*)(const collective_meta&);
+
+inline std::string describe_raw(const collective_meta& m) {
+    return "collective " + std::to_string(m.collective) + "(op " + std::to_string(m.redop) +
+           ", dtype " + std::to_string(m.dtype) + ", root " + std::to_string(m.root) + ", count " +
+           std::to_string(m.count) + ")";
+}
+
+// Names an operation in error messages; spelled out only when one is thrown, so that the
+// operations themselves build no strings.
+struct op_label {
+    bool sending = false;
+    int peer = any_source;
+    std::int64_t tag = 0;
+    std::size_t bytes = 0;
+    bool collective = false;
+    collective_meta meta{};
+
+    std::string spell(describer describe) const {
+        std::string who =
+            peer == any_source ? std::string("any rank") : "rank " + std::to_string(peer);
+        if (collective) return describe(meta) + (sending ? ": send to " : ": recv from ") + who;
+        if (sending) {
+            return "send to " + who + " (tag " + std::to_string(tag) + ", " +
+                   std::to_string(bytes) + " bytes)";
+        }
+        return "recv from " + who + " (tag " + std::to_string(tag) + ")";
+    }
+};
+
+// One receive waiting for its message. It lives in the receiving coroutine's frame (inside a
+// `recv_op`) and is linked into a `recv_queue` while it waits; the reader that matches a
+// frame to it fills `buf` and completes it.
+struct posted_recv {
+    enum state_t { idle, waiting, receiving, done };
+
+    std::span<std::byte> buf;
+    int src = any_source;
+    frame_kind kind = frame_kind::p2p;
+    std::uint64_t seq = 0;
+    std::int64_t tag = 0;
+    // A collective receive checks the sender's metadata against this.
+    const collective_meta* expect = nullptr;
+    std::chrono::steady_clock::time_point deadline;
+    // Order of posting, engine-wide: a frame that two queues could take goes to the receive
+    // posted first.
+    std::uint64_t order = 0;
+    state_t state = idle;
+    int from = -1;
+    std::size_t length = 0;
+    std::exception_ptr error;
+    posted_recv* prev = nullptr;
+    posted_recv* next = nullptr;
+    bool linked = false;
+    std::coroutine_handle<> waiter;
+    // Watches `deadline` while the receive waits for a frame; `fire` and `owner` are the
+    // engine's.
+    struct deadline_timer : io::timer_entry {
+        void* owner = nullptr;
+        posted_recv* pr = nullptr;
+    } timer;
+
+    bool matches(int p, const frame_header& h) const noexcept {
+        return (src == p || src == any_source) && kind == h.kind && tag == h.tag &&
+               (h.kind != frame_kind::collective || seq == h.seq);
+    }
+};
+
+// An intrusive FIFO of posted receives: linking and unlinking cost no allocation.
+class recv_queue {
+public:
+    bool empty() const noexcept { return head_ == nullptr; }
+    posted_recv* front() const noexcept { return head_; }
+
+    void push_back(posted_recv& pr) noexcept {
+        pr.prev = tail_;
+        pr.next = nullptr;
+        (tail_ != nullptr ? tail_->next : head_) = &pr;
+        tail_ = &pr;
+        pr.linked = true;
+    }
+
+    void remove(posted_recv& pr) noexcept {
+        if (!pr.linked) return;
+        (pr.prev != nullptr ? pr.prev->next : head_) = pr.next;
+        (pr.next != nullptr ? pr.next->prev : tail_) = pr.prev;
+        pr.prev = pr.next = nullptr;
+        pr.linked = false;
+    }
+
+    // The earliest receive here that a frame `h` from rank `p` satisfies.
+    posted_recv* first_match(int p, const frame_header& h) const noexcept {
+        for (posted_recv* pr = head_; pr != nullptr; pr = pr->next) {
+            if (pr->matches(p, h)) return pr;
+        }
+        return nullptr;
+    }
+
+private:
+    posted_recv* head_ = nullptr;
+    posted_recv* tail_ = nullptr;
+};
+
+}  // namespace detail
+
+}  // namespace transport
+
+COROCOLL_END_NAMESPACE

@@ -1,0 +1,100 @@
+#pragma once
+
+// The receive operation that the engine's recv and recv_coll return. Its member functions
+// that reach into the engine are defined at the end of engine.hpp.
+
+#include <corocoll/transport/frame.hpp>
+#include <corocoll/transport/posted_recv.hpp>
+#include <corocoll/version.hpp>
+
+#include <chrono>
+#include <coroutine>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <span>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport {
+
+class engine;
+
+/// What a receive operation yields when awaited.
+enum class recv_yields {
+    result,  ///< `recv_result`: sender and length
+    source,  ///< the sender's rank (`int`), as torch's recv returns it
+    length,  ///< the length (`std::size_t`)
+};
+
+/// A receive, as the operation that `co_await` runs: the awaiter is the posted receive
+/// itself, so a receive costs no coroutine frame of its own. `co_await` posts it (it is ready
+/// at once when a buffered message matches), waits for the reader to fill the buffer, and
+/// yields the result or throws an error naming the operation. `start()` posts it now, to be
+/// awaited later: that is how an algorithm keeps the next receive posted while it works on
+/// the last one, without a coroutine or an allocation. Movable until started; once started
+/// it must stay where it is until it completes or is destroyed (destroying it withdraws the
+/// receive). Await it once.
+template <recv_yields Y>
+class recv_op {
+public:
+    recv_op(recv_op&& o) noexcept : engine_(o.engine_), pr_(), what_(o.what_) {
+        if (o.pr_.state != detail::posted_recv::idle) std::terminate();  // moved once started
+        copy_request(o.pr_);
+    }
+    recv_op& operator=(recv_op&&) = delete;
+    recv_op(const recv_op&) = delete;
+    recv_op& operator=(const recv_op&) = delete;
+    ~recv_op();
+
+    /// Posts the receive now (once; later calls do nothing). Throws, before anything is
+    /// posted, if the peer is not a rank of the group or the group has failed.
+    void start();
+
+    // The awaiter is a pointer to the operation: g++ 12 copies an lvalue awaiter into the
+    // frame (`co_await op` with `op` named), and the posted receive must not move.
+    struct awaiter {
+        recv_op* op;
+        bool await_ready() {
+            op->start();
+            return op->pr_.state == detail::posted_recv::done;
+        }
+        void await_suspend(std::coroutine_handle<> h) noexcept { op->pr_.waiter = h; }
+        auto await_resume() { return op->result(); }
+    };
+    awaiter operator co_await() & noexcept { return {this}; }
+    awaiter operator co_await() && noexcept { return {this}; }
+
+    /// True once the message is in the buffer (or the receive failed).
+    bool is_completed() const noexcept { return pr_.state == detail::posted_recv::done; }
+
+private:
+    friend class engine;
+    auto result();
+    recv_op(engine& e, std::span<std::byte> buf, int src, frame_kind kind, std::uint64_t seq,
+            std::int64_t tag, detail::op_label what, std::chrono::steady_clock::time_point deadline)
+        : engine_(&e), what_(what) {
+        pr_.buf = buf;
+        pr_.src = src;
+        pr_.kind = kind;
+        pr_.seq = seq;
+        pr_.tag = tag;
+        pr_.deadline = deadline;
+    }
+    void copy_request(const detail::posted_recv& o) noexcept {
+        pr_.buf = o.buf;
+        pr_.src = o.src;
+        pr_.kind = o.kind;
+        pr_.seq = o.seq;
+        pr_.tag = o.tag;
+        pr_.deadline = o.deadline;
+    }
+
+    engine* engine_;
+    detail::posted_recv pr_;
+    detail::op_label what_;
+};
+
+}  // namespace transport
+
+COROCOLL_END_NAMESPACE
