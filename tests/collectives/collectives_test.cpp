@@ -4,7 +4,7 @@
 // every type (integer-valued floats, as nccl-tests does). Ranks run as threads, one group per
 // world size. Under sanitizers the matrix is thinner (fewer types and world sizes).
 
-#include "../process_group/test_util.hpp"
+#include "../support/ranks.hpp"
 
 #include <doctest/doctest.h>
 
@@ -12,7 +12,7 @@
 #include <sstream>
 #include <tuple>
 
-using namespace pgtest;
+using namespace corocoll_test;
 namespace coll = corocoll::collectives;
 
 namespace {
@@ -177,11 +177,7 @@ void on_every_world(const std::function<cc::task<>(cc::process_group&)>& body) {
         CAPTURE(n);
         thread_ranks_options o;
         o.timeout = 60s;
-        auto errors = run_threads(n, body, o);
-        for (std::size_t r = 0; r < errors.size(); ++r) {
-            CAPTURE(r);
-            CHECK(what(errors[r]) == "");
-        }
+        check_every_rank_ok(run_threads(n, body, o));
     }
 }
 

@@ -3,14 +3,14 @@
 // several collectives in flight, on one group and on several, complete correctly and in
 // issue order; object collectives; monitored_barrier names the ranks that did not come.
 
-#include "../process_group/test_util.hpp"
+#include "../support/ranks.hpp"
 
 #include <doctest/doctest.h>
 
 #include <map>
 #include <utility>
 
-using namespace pgtest;
+using namespace corocoll_test;
 namespace coll = corocoll::collectives;
 
 namespace {

@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "test_support.hpp"
+#include "../support/core.hpp"
 
 namespace cc = corocoll;
 

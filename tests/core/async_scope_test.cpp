@@ -10,7 +10,8 @@
 #include <string>
 #include <thread>
 
-#include "test_support.hpp"
+#include "../support/core.hpp"
+#include "../support/errors.hpp"
 
 namespace cc = corocoll;
 using namespace corocoll_test;
@@ -29,14 +30,6 @@ cc::task<> at_once(int& runs, const char* error = nullptr) {
     ++runs;
     if (error != nullptr) throw std::runtime_error(error);
     co_return;
-}
-
-std::string error_message(const std::exception_ptr& e) {
-    try {
-        std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-        return ex.what();
-    }
 }
 
 }  // namespace
@@ -128,7 +121,7 @@ TEST_CASE("join rethrows the first exception only after every spawned awaitable 
     events[2].set();
     REQUIRE(out.done);
     REQUIRE(out.error);
-    CHECK(error_message(out.error) == "one");
+    CHECK(what(out.error) == "one");
     for (int s : steps) CHECK(s == 2);
 }
 
@@ -165,7 +158,7 @@ TEST_CASE("a scope can be used again after a join") {
     second.set();
     REQUIRE(out.done);
     REQUIRE(out.error);
-    CHECK(error_message(out.error) == "round three");
+    CHECK(what(out.error) == "round three");
 
     scope.spawn(at_once(runs));
     cc::sync_wait(scope.join());

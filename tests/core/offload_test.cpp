@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "test_support.hpp"
+#include "../support/core.hpp"
 
 namespace cc = corocoll;
 using namespace corocoll_test;

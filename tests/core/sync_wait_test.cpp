@@ -18,7 +18,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "test_support.hpp"
+#include "../support/core.hpp"
 
 namespace cc = corocoll;
 using namespace corocoll_test;

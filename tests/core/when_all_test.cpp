@@ -15,7 +15,8 @@
 #include <utility>
 #include <vector>
 
-#include "test_support.hpp"
+#include "../support/core.hpp"
+#include "../support/errors.hpp"
 
 namespace cc = corocoll;
 using namespace corocoll_test;
@@ -37,14 +38,6 @@ cc::task<int> child(manual_event& event, int id, bool fail, int& finished) {
     ++finished;
     if (fail) throw std::runtime_error("child " + std::to_string(id));
     co_return id;
-}
-
-std::string error_message(const std::exception_ptr& e) {
-    try {
-        std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-        return ex.what();
-    }
 }
 
 }  // namespace
@@ -175,7 +168,7 @@ TEST_CASE("when_all rethrows only after every child finished, with the first fai
         REQUIRE(out.done);
         CHECK_FALSE(out.value);
         REQUIRE(out.error);
-        CHECK(error_message(out.error) == "child 1");
+        CHECK(what(out.error) == "child 1");
     }
     SUBCASE("over a vector") {
         std::vector<cc::task<int>> tasks;
@@ -192,7 +185,7 @@ TEST_CASE("when_all rethrows only after every child finished, with the first fai
         CHECK(finished == 3);
         REQUIRE(out.done);
         REQUIRE(out.error);
-        CHECK(error_message(out.error) == "child 2");
+        CHECK(what(out.error) == "child 2");
     }
 }
 
@@ -211,7 +204,7 @@ TEST_CASE("when_all waits for pending children even when one fails while being s
     REQUIRE(out.done);
     CHECK(finished == 1);
     REQUIRE(out.error);
-    CHECK(error_message(out.error) == "at once");
+    CHECK(what(out.error) == "at once");
     CHECK_THROWS_AS(std::rethrow_exception(out.error), std::logic_error);
 }
 

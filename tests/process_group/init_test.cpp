@@ -1,4 +1,5 @@
-#include "test_util.hpp"
+#include "../support/port.hpp"
+#include "../support/ranks.hpp"
 
 #include <doctest/doctest.h>
 
@@ -6,49 +7,29 @@
 #include <filesystem>
 #include <stdexcept>
 
-using namespace pgtest;
+using namespace corocoll_test;
 
 namespace {
 
-// A port nobody listens on right now (the kernel's pick, released again).
-std::uint16_t free_port() {
-    cc::io::reactor r;
-    auto a = cc::io::acceptor::listen(r, cc::io::endpoint::loopback(0));
-    return a.local_endpoint().port();
-}
-
 // Runs `n` ranks as threads that set up their group with `make_options(rank)` and exchange
-// one message around a ring; returns each rank's error text ("" when it passed).
-std::vector<std::string> ring_with(int n,
-                                   const std::function<cc::init_options(int)>& make_options) {
-    std::vector<std::string> errors(static_cast<std::size_t>(n));
-    std::vector<std::thread> threads;
-    for (int rank = 0; rank < n; ++rank) {
-        threads.emplace_back([&, rank] {
-            try {
-                cc::io::reactor r;
-                auto main = [&]() -> cc::task<> {
-                    auto pg = co_await cc::init_process_group(r, make_options(rank));
-                    std::vector<int> out{pg->rank()}, in{-1};
-                    int next = (pg->rank() + 1) % n, prev = (pg->rank() + n - 1) % n;
-                    co_await cc::when_all(pg->send(out, next), pg->recv(in, prev));
-                    if (in[0] != prev) throw std::runtime_error("wrong value in the ring");
-                    co_await pg->close();
-                };
-                r.run(main());
-            } catch (const std::exception& e) {
-                errors[static_cast<std::size_t>(rank)] = e.what();
-            }
-        });
-    }
-    for (auto& t : threads) t.join();
-    return errors;
+// one message around a ring; returns each rank's exception (null when it passed).
+std::vector<std::exception_ptr> ring_with(
+    int n, const std::function<cc::init_options(int)>& make_options) {
+    return run_ranks(n, [&](int rank, cc::io::reactor& r) -> cc::task<> {
+        auto pg = co_await cc::init_process_group(r, make_options(rank));
+        std::vector<int> out{pg->rank()}, in{-1};
+        int next = (pg->rank() + 1) % n, prev = (pg->rank() + n - 1) % n;
+        co_await cc::when_all(pg->send(out, next), pg->recv(in, prev));
+        if (in[0] != prev) throw std::runtime_error("wrong value in the ring");
+        co_await pg->close();
+    });
 }
 
 }  // namespace
 
 TEST_CASE("tcp://host:port: rank 0 serves the store there and the others find it") {
-    std::string method = "tcp://127.0.0.1:" + std::to_string(free_port());
+    reserved_port port;
+    std::string method = "tcp://" + port.host_port();
     auto errors = ring_with(3, [&](int rank) {
         cc::init_options o;
         o.init_method = method;
@@ -57,7 +38,7 @@ TEST_CASE("tcp://host:port: rank 0 serves the store there and the others find it
         o.timeout = 20s;
         return o;
     });
-    for (const auto& e : errors) CHECK(e == "");
+    check_every_rank_ok(errors);
 }
 
 TEST_CASE("file://path: ranks rendezvous through a shared file") {
@@ -73,12 +54,13 @@ TEST_CASE("file://path: ranks rendezvous through a shared file") {
         return o;
     });
     std::filesystem::remove(path);
-    for (const auto& e : errors) CHECK(e == "");
+    check_every_rank_ok(errors);
 }
 
 TEST_CASE("env:// reads MASTER_ADDR and MASTER_PORT; rank 0 serves the store there") {
     ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-    ::setenv("MASTER_PORT", std::to_string(free_port()).c_str(), 1);
+    reserved_port port;
+    ::setenv("MASTER_PORT", std::to_string(port.port()).c_str(), 1);
     auto errors = ring_with(2, [&](int rank) {
         cc::init_options o;
         o.rank = rank;
@@ -88,7 +70,7 @@ TEST_CASE("env:// reads MASTER_ADDR and MASTER_PORT; rank 0 serves the store the
     });
     ::unsetenv("MASTER_ADDR");
     ::unsetenv("MASTER_PORT");
-    for (const auto& e : errors) CHECK(e == "");
+    check_every_rank_ok(errors);
 }
 
 TEST_CASE("env:// without MASTER_PORT, and a MASTER_PORT in use, are errors that say so") {
@@ -138,30 +120,16 @@ TEST_CASE("an unknown backend or init method is rejected before anything happens
 }
 
 TEST_CASE("the mesh refuses a peer that does not present the job token") {
-    auto server = std::make_shared<cc::rendezvous::tcp_store_server>(cc::io::endpoint::loopback(0));
-    std::vector<std::string> errors(2);
-    std::vector<std::thread> threads;
-    for (int rank = 0; rank < 2; ++rank) {
-        threads.emplace_back([&, rank] {
-            try {
-                cc::io::reactor r;
-                auto main = [&]() -> cc::task<> {
-                    auto store = co_await cc::rendezvous::tcp_store::connect(
-                        r, server->local_endpoint(), 5s);
-                    cc::transport::mesh_options o;
-                    o.deadline = cc::io::deadline_after(3s);
-                    o.job_token = rank == 0 ? "secret-a" : "secret-b";
-                    auto socks = co_await cc::transport::connect_mesh(r, *store, rank, 2, o);
-                };
-                r.run(main());
-            } catch (const std::exception& e) {
-                errors[static_cast<std::size_t>(rank)] = e.what();
-            }
-        });
-    }
-    for (auto& t : threads) t.join();
-    CHECK(errors[0].find("did not present this job's token") != std::string::npos);
-    CHECK(errors[1] != "");
+    cc::rendezvous::tcp_store_server server(cc::io::endpoint::loopback(0));
+    auto errors = run_ranks(2, [&](int rank, cc::io::reactor& r) -> cc::task<> {
+        auto store = co_await cc::rendezvous::tcp_store::connect(r, server.local_endpoint(), 5s);
+        cc::transport::mesh_options o;
+        o.deadline = cc::io::deadline_after(3s);
+        o.job_token = rank == 0 ? "secret-a" : "secret-b";
+        auto socks = co_await cc::transport::connect_mesh(r, *store, rank, 2, o);
+    });
+    CHECK(what(errors[0]).find("did not present this job's token") != std::string::npos);
+    CHECK(what(errors[1]) != "");
 }
 
 // Opt-in (COROCOLL_LARGE_TESTS=1): moves 2.5 GiB in one message, past the 1 GiB that one
@@ -185,5 +153,5 @@ TEST_CASE("a single message of 2.5 GiB arrives whole" *
             if (buf[size - 1] != 0xAB) throw std::runtime_error("last byte");
         }
     });
-    for (auto& e : errors) CHECK(what(e) == "");
+    check_every_rank_ok(errors);
 }

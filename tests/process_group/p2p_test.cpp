@@ -1,4 +1,5 @@
-#include "test_util.hpp"
+#include "../support/pattern.hpp"
+#include "../support/ranks.hpp"
 
 #include <doctest/doctest.h>
 
@@ -8,19 +9,12 @@
 #include <stdexcept>
 #include <tuple>
 
-using namespace pgtest;
+using namespace corocoll_test;
 
 namespace {
 
 void expect(bool ok, const std::string& what) {
     if (!ok) throw std::runtime_error("check failed: " + what);
-}
-
-void check_all_ok(const std::vector<std::exception_ptr>& errors) {
-    for (std::size_t r = 0; r < errors.size(); ++r) {
-        CAPTURE(r);
-        CHECK(what(errors[r]) == "");
-    }
 }
 
 }  // namespace
@@ -40,7 +34,7 @@ TEST_CASE("p2p moves 0 B to 64 MiB between two ranks with content checked, both 
             expect(in == theirs, "content of " + std::to_string(size) + " bytes");
         }
     });
-    check_all_ok(errors);
+    check_every_rank_ok(errors);
 }
 
 TEST_CASE("receives match by tag, whatever order the messages arrive in") {
@@ -59,7 +53,7 @@ TEST_CASE("receives match by tag, whatever order the messages arrive in") {
             }
         }
     });
-    check_all_ok(errors);
+    check_every_rank_ok(errors);
 }
 
 TEST_CASE("messages between one pair with one tag never overtake each other") {
@@ -82,7 +76,7 @@ TEST_CASE("messages between one pair with one tag never overtake each other") {
             }
         }
     });
-    check_all_ok(errors);
+    check_every_rank_ok(errors);
 }
 
 TEST_CASE("recv from any source reports the sender") {
@@ -102,7 +96,7 @@ TEST_CASE("recv from any source reports the sender") {
             expect(seen == std::vector<int>{1, 2, 3}, "one message from each rank");
         }
     });
-    check_all_ok(errors);
+    check_every_rank_ok(errors);
 }
 
 TEST_CASE("1,000 concurrent isends and irecvs complete with their data") {
@@ -128,7 +122,7 @@ TEST_CASE("1,000 concurrent isends and irecvs complete with their data") {
                 expect(bufs[i][15] == i, "payload " + std::to_string(i));
         }
     });
-    check_all_ok(errors);
+    check_every_rank_ok(errors);
 }
 
 TEST_CASE("batch_isend_irecv exchanges around a ring of 5 ranks") {
@@ -140,7 +134,7 @@ TEST_CASE("batch_isend_irecv exchanges around a ring of 5 ranks") {
         for (auto& w : works) co_await w;
         expect(in[0] == prev * 11, "value from the previous rank");
     });
-    check_all_ok(errors);
+    check_every_rank_ok(errors);
 }
 
 TEST_CASE("unexpected messages beyond the buffer bound wait in TCP, and none is lost") {
@@ -166,7 +160,7 @@ TEST_CASE("unexpected messages beyond the buffer bound wait in TCP, and none is 
             }
         },
         o);
-    check_all_ok(errors);
+    check_every_rank_ok(errors);
 }
 
 TEST_CASE("a message longer than the receive buffer is an error, and the stream goes on") {
@@ -189,7 +183,7 @@ TEST_CASE("a message longer than the receive buffer is an error, and the stream 
             expect(v[0] == 5, "the next message still arrives");
         }
     });
-    check_all_ok(errors);
+    check_every_rank_ok(errors);
 }
 
 TEST_CASE("bad peers are rejected before anything is sent") {
@@ -209,7 +203,7 @@ TEST_CASE("bad peers are rejected before anything is sent") {
         }
         expect(out_of_range && self, "both rejected with reasons");
     });
-    check_all_ok(errors);
+    check_every_rank_ok(errors);
 }
 
 TEST_CASE("a receive nobody answers times out with the group's timeout") {
@@ -238,7 +232,7 @@ TEST_CASE("a receive nobody answers times out with the group's timeout") {
             }
         },
         o);
-    check_all_ok(errors);
+    check_every_rank_ok(errors);
 }
 
 TEST_CASE("8 ranks as threads, started in random order with delays, pass messages all ways") {
@@ -266,7 +260,7 @@ TEST_CASE("8 ranks as threads, started in random order with delays, pass message
             }
         },
         o);
-    check_all_ok(errors);
+    check_every_rank_ok(errors);
 }
 
 TEST_CASE("a rank that closes early does not disturb the others") {
@@ -290,44 +284,30 @@ TEST_CASE("a rank that closes early does not disturb the others") {
         }
         expect(named, "recv from the departed rank names it");
     });
-    check_all_ok(errors);
+    check_every_rank_ok(errors);
 }
 
 TEST_CASE("a world size that differs between ranks fails set-up with both sizes named") {
-    auto server = std::make_shared<cc::rendezvous::tcp_store_server>(cc::io::endpoint::loopback(0));
-    std::vector<std::string> errors(2);
-    std::vector<std::thread> threads;
-    for (int rank = 0; rank < 2; ++rank) {
-        threads.emplace_back([&, rank] {
-            try {
-                cc::io::reactor r;
-                auto main = [&]() -> cc::task<> {
-                    cc::init_options init;
-                    init.rank = rank;
-                    init.world_size = rank == 0 ? 2 : 3;  // rank 1 believes in 3 ranks
-                    init.timeout = 3s;
-                    init.store = co_await cc::rendezvous::tcp_store::connect(
-                        r, server->local_endpoint(), 3s);
-                    auto pg = co_await cc::init_process_group(r, init);
-                    co_await pg->close();
-                };
-                r.run(main());
-            } catch (const std::exception& e) {
-                errors[static_cast<std::size_t>(rank)] = e.what();
-            }
-        });
-    }
-    for (auto& t : threads) t.join();
+    cc::rendezvous::tcp_store_server server(cc::io::endpoint::loopback(0));
+    auto errors = run_ranks(2, [&](int rank, cc::io::reactor& r) -> cc::task<> {
+        cc::init_options init;
+        init.rank = rank;
+        init.world_size = rank == 0 ? 2 : 3;  // rank 1 believes in 3 ranks
+        init.timeout = 3s;
+        init.store = co_await cc::rendezvous::tcp_store::connect(r, server.local_endpoint(), 3s);
+        auto pg = co_await cc::init_process_group(r, init);
+        co_await pg->close();
+    });
     // Whoever reads the other's hello reports the mismatch; the other side fails too.
     bool named = false;
     for (const auto& e : errors) {
-        if (e.find("world size 3") != std::string::npos &&
-            e.find("world size 2") != std::string::npos)
+        if (what(e).find("world size 3") != std::string::npos &&
+            what(e).find("world size 2") != std::string::npos)
             named = true;
     }
     CHECK(named);
-    CHECK(errors[0] != "");
-    CHECK(errors[1] != "");
+    CHECK(what(errors[0]) != "");
+    CHECK(what(errors[1]) != "");
 }
 
 TEST_CASE("set-up with a rank missing fails within the timeout, saying who is awaited") {
