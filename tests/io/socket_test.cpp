@@ -1,4 +1,5 @@
-#include "test_util.hpp"
+#include "../support/io.hpp"
+#include "../support/port.hpp"
 
 #include <doctest/doctest.h>
 
@@ -11,7 +12,7 @@
 #include <stop_token>
 #include <thread>
 
-using namespace test;
+using namespace corocoll_test;
 
 namespace {
 
@@ -159,7 +160,8 @@ TEST_CASE("a peer that closes while a large send is in flight makes send fail, n
     CHECK(std::string(e.what()).find("send to 127.0.0.1:") != std::string::npos);
 }
 
-TEST_CASE("a per-op deadline fires on time with timed_out and names the peer") {
+// How late the deadline fires is the machine's to decide: timing_test (suite "timing") looks.
+TEST_CASE("a per-op deadline fires, never early, with timed_out and names the peer") {
     cc::io::reactor r;
     auto conn = r.run(connected_pair(r));
     // Plain references: clang 14 cannot capture structured bindings in lambdas.
@@ -171,7 +173,6 @@ TEST_CASE("a per-op deadline fires on time with timed_out and names the peer") {
     double ms = elapsed_ms(t0);
     CHECK(e.code() == std::errc::timed_out);
     CHECK(ms >= 49.0);
-    CHECK(ms < 250.0);
     CHECK(std::string(e.what()).find(b.peer().to_string()) != std::string::npos);
     // The connection still works after the timed-out receive.
     auto msg = pattern(16, 7);
@@ -186,8 +187,9 @@ TEST_CASE("a deadline renewed across short transfers still bounds the whole oper
     // Plain references: clang 14 cannot capture structured bindings in lambdas.
     auto& a = conn.first;
     auto& b = conn.second;
-    // The peer trickles 100 bytes every 10 ms; a 1 MiB receive with a 100 ms deadline must
-    // time out after about 100 ms, having received part of it.
+    // The peer trickles 100 bytes every 10 ms until the receive ends; a 1 MiB receive with a
+    // 100 ms deadline must time out, having received part of it. A deadline renewed by each
+    // transfer would never fire.
     auto body = [&]() -> cc::task<> {
         std::stop_source done;
         auto trickle = [&]() -> cc::task<> {
@@ -202,13 +204,11 @@ TEST_CASE("a deadline renewed across short transfers still bounds the whole oper
         };
         auto receive = [&]() -> cc::task<> {
             std::vector<std::byte> in(1 << 20);
-            auto t0 = std::chrono::steady_clock::now();
             try {
                 co_await b.recv(in, cc::io::deadline_after(100ms));
                 FAIL("recv should have timed out");
             } catch (const std::system_error& e) {
                 CHECK(e.code() == std::errc::timed_out);
-                CHECK(elapsed_ms(t0) < 400.0);
             }
             done.request_stop();
         };
@@ -312,10 +312,8 @@ TEST_CASE("cancel_fd cancels every operation pending on a socket") {
 
 TEST_CASE("connecting to a closed port fails with connection_refused naming the address") {
     cc::io::reactor r;
-    auto where = [&] {
-        auto l = cc::io::acceptor::listen(r, cc::io::endpoint::loopback(0));
-        return l.local_endpoint();
-    }();
+    reserved_port port;  // nobody listens on it, nobody else takes it
+    auto where = cc::io::endpoint::loopback(port.port());
     auto e = expect_system_error([&] { r.run(cc::io::socket::connect(r, where)); });
     CHECK(e.code() == std::errc::connection_refused);
     CHECK(std::string(e.what()).find("connect to " + where.to_string()) != std::string::npos);

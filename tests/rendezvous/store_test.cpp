@@ -5,7 +5,8 @@
 
 #include <doctest/doctest.h>
 
-#include "../io/test_util.hpp"
+#include "../support/io.hpp"
+#include "../support/port.hpp"
 
 #include <unistd.h>
 
@@ -23,7 +24,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-using test::expect_system_error;
+using corocoll_test::elapsed_ms;
+using corocoll_test::expect_system_error;
+using corocoll_test::reserved_port;
 
 // Key lists for co_await expressions: g++ 12.2 rejects a braced initializer_list temporary
 // inside co_await ("array used as initializer"), so the list is built out here.
@@ -84,7 +87,7 @@ void check_get_waits_and_times_out(cc::io::reactor& r, rdv::store& a, rdv::store
         auto t0 = std::chrono::steady_clock::now();
         auto [unused, value] = co_await cc::when_all(setter(), getter());
         CHECK(value == "here");
-        CHECK(test::elapsed_ms(t0) >= 45.0);
+        CHECK(elapsed_ms(t0) >= 45.0);
     };
     r.run(body());
     // A wait for keys nobody sets ends with timed_out naming them, on time.
@@ -92,8 +95,8 @@ void check_get_waits_and_times_out(cc::io::reactor& r, rdv::store& a, rdv::store
     auto e = expect_system_error([&] { r.run(b.wait(keys("never", "late"), 100ms)); });
     CHECK(e.code() == std::errc::timed_out);
     CHECK(std::string(e.what()).find("'never'") != std::string::npos);
-    CHECK(test::elapsed_ms(t0) >= 95.0);
-    CHECK(test::elapsed_ms(t0) < 2000.0);
+    CHECK(elapsed_ms(t0) >= 95.0);
+    CHECK(elapsed_ms(t0) < 2000.0);
     b.set_timeout(80ms);
     auto g = expect_system_error([&] { r.run(b.get("absent")); });
     CHECK(g.code() == std::errc::timed_out);
@@ -159,11 +162,8 @@ TEST_CASE("tcp store: 64 concurrent clients add, set and wait for each other") {
 }
 
 TEST_CASE("tcp store: a client retries until the server comes up, within its timeout") {
-    cc::io::endpoint where;
-    {
-        rdv::tcp_store_server probe(cc::io::endpoint::loopback(0));
-        where = probe.local_endpoint();
-    }
+    reserved_port port;  // refuses connections until the server listens on it
+    auto where = cc::io::endpoint::loopback(port.port());
     std::unique_ptr<rdv::tcp_store_server> late;
     std::thread starter([&] {
         std::this_thread::sleep_for(200ms);
@@ -173,24 +173,21 @@ TEST_CASE("tcp store: a client retries until the server comes up, within its tim
     auto t0 = std::chrono::steady_clock::now();
     auto s = r.run(rdv::tcp_store::connect(r, where, 10s));
     starter.join();
-    CHECK(test::elapsed_ms(t0) >= 150.0);
+    CHECK(elapsed_ms(t0) >= 150.0);
     r.run(s->set("x", "1"));
     CHECK(r.run(s->get("x")) == "1");
 }
 
 TEST_CASE("tcp store: connecting with no server fails with timed_out naming the address") {
-    cc::io::endpoint where;
-    {
-        rdv::tcp_store_server probe(cc::io::endpoint::loopback(0));
-        where = probe.local_endpoint();
-    }
+    reserved_port port;  // nobody listens on it, nobody else takes it
+    auto where = cc::io::endpoint::loopback(port.port());
     cc::io::reactor r;
     auto t0 = std::chrono::steady_clock::now();
     auto e = expect_system_error([&] { r.run(rdv::tcp_store::connect(r, where, 300ms)); });
     CHECK(e.code() == std::errc::timed_out);
     CHECK(std::string(e.what()).find(where.to_string()) != std::string::npos);
-    CHECK(test::elapsed_ms(t0) >= 290.0);
-    CHECK(test::elapsed_ms(t0) < 3000.0);
+    CHECK(elapsed_ms(t0) >= 290.0);
+    CHECK(elapsed_ms(t0) < 3000.0);
 }
 
 TEST_CASE("tcp store: a server on a port in use says address in use, with the port") {
