@@ -288,12 +288,21 @@ public:
             "usage: " + program_ + " [options]\n\n" + wrap(summary_, 0) + "\noptions:\n";
         for (const auto& [head, text] : rows) {
             // A head too long for the column has the help on the next line.
-            std::string first = head.size() + 2 > width
-                                    ? head + "\n" + std::string(width, ' ')
-                                    : head + std::string(width - head.size(), ' ');
-            out += first + wrap(text, width).substr(width);
+            // Appended piece by piece: g++ 12 at -O3 warns falsely (-Wrestrict) about
+            // `"literal" + std::string`.
+            out += head;
+            if (head.size() + 2 > width) {
+                out += '\n';
+                out.append(width, ' ');
+            } else {
+                out.append(width - head.size(), ' ');
+            }
+            out += wrap(text, width).substr(width);
         }
-        for (const auto& n : notes_) out += "\n" + wrap(n, 0);
+        for (const auto& n : notes_) {
+            out += '\n';
+            out += wrap(n, 0);
+        }
         return out;
     }
 
