@@ -467,13 +467,19 @@ private:
         try {
             for (;;) {
                 frame_header h;
-                // A header already staged costs no coroutine (the common case for small
-                // messages that arrive back to back).
-                if (ps.header_staged()) {
-                    ps.take_header(h);
-                } else {
-                    co_await ps.read_header(h, stop_.get_token());
+                // The header is read through the staging buffer with socket operations
+                // awaited right here: a frame costs the reader no coroutine of its own.
+                while (!ps.header_staged()) {
+                    std::size_t n =
+                        co_await ps.sock.recv_some(ps.staging_room(), stop_.get_token());
+                    if (n == 0) {
+                        corocoll::detail::throw_error(
+                            corocoll::errc::connection_closed,
+                            "corocoll: recv from " + ps.address + ": the connection closed");
+                    }
+                    ps.staged_end += n;
                 }
+                ps.take_header(h);
                 if (std::string problem = h.problem(options_.max_message_bytes); !problem.empty()) {
                     corocoll::detail::throw_error(corocoll::errc::protocol_error, problem);
                 }
@@ -509,14 +515,26 @@ private:
                     pr->state = posted_recv::receiving;
                     pr->from = p;
                     pr->length = h.length;
-                    if (h.length <= pr->buf.size() && ps.staged_end - ps.staged_begin >= h.length) {
-                        ps.take_staged(pr->buf.first(h.length));  // all here: no coroutine
-                    } else {
+                    // What is staged goes in first; the rest comes straight from the socket
+                    // into the buffer. `pr` may be withdrawn meanwhile (its owner then clears
+                    // `ps.delivering`), so only copies taken before waiting are used.
+                    std::span<std::byte> rest;
+                    if (h.length <= pr->buf.size()) rest = ps.take_staged(pr->buf.first(h.length));
+                    if (!rest.empty() || h.length > pr->buf.size()) {
                         ps.delivering = pr;
-                        co_await deliver(ps, p, h, *pr);
-                        // Null when the receive was withdrawn meanwhile.
+                        io::op_options o(pr->deadline, stop_.get_token());
+                        o.try_now = true;  // the rest of a large payload usually waits already
+                        if (h.length <= pr->buf.size()) {
+                            co_await ps.sock.recv(rest, o);
+                        } else {
+                            co_await drain(ps, h.length, o);
+                            if (posted_recv* still = ps.delivering) {
+                                still->error =
+                                    detail::matcher::too_long(p, h.length, still->buf.size());
+                            }
+                        }
                         pr = std::exchange(ps.delivering, nullptr);
-                        if (pr == nullptr) continue;
+                        if (pr == nullptr) continue;  // withdrawn
                     }
                     matching_.complete(*pr);
                     continue;
@@ -558,23 +576,14 @@ private:
         void await_resume() const noexcept {}
     };
 
-    // Reads a payload straight into a posted receive's buffer (or drains it when too long).
-    // `pr` may be withdrawn while this waits (its owner clears `ps.delivering`): only the
-    // copies taken first are used until the reader checks.
-    static task<> deliver(peer& ps, int p, const frame_header& h, posted_recv& pr) {
-        io::op_options o(pr.deadline, {});
-        std::span<std::byte> buf = pr.buf;
-        if (h.length <= buf.size()) {
-            co_await ps.read_payload(buf.first(h.length), o);
-            co_return;
-        }
-        std::vector<std::byte> scratch(std::min<std::uint64_t>(h.length, 1 << 20));
-        for (std::uint64_t left = h.length; left > 0;) {
+    // Reads and drops a message too long for the receive it matched.
+    static task<> drain(peer& ps, std::uint64_t length, io::op_options o) {
+        std::vector<std::byte> scratch(std::min<std::uint64_t>(length, 1 << 20));
+        for (std::uint64_t left = length; left > 0;) {
             auto n = static_cast<std::size_t>(std::min<std::uint64_t>(left, scratch.size()));
             co_await ps.read_payload(std::span(scratch).first(n), o);
             left -= n;
         }
-        if (ps.delivering == &pr) pr.error = detail::matcher::too_long(p, h.length, buf.size());
     }
 
     io::reactor& reactor_;

@@ -80,27 +80,17 @@ struct peer {
         return false;
     }
 
-    // Reads one frame header into `h`: from what is staged, receiving more when that is short.
-    task<> read_header(frame_header& h, std::stop_token stop) {
+    // Where the next receive from the socket goes: the room after what is staged (moved to
+    // the front first). The reader adds what arrived with `staged_end += n`.
+    std::span<std::byte> staging_room() {
         if (!staged) staged = std::make_unique_for_overwrite<std::byte[]>(staging_bytes);
-        while (staged_end - staged_begin < sizeof(h)) {
-            std::byte* base = staged.get();
-            if (staged_begin > 0) {
-                std::memmove(base, base + staged_begin, staged_end - staged_begin);
-                staged_end -= staged_begin;
-                staged_begin = 0;
-            }
-            std::size_t n = co_await sock.recv_some(
-                std::span(base + staged_end, staging_bytes - staged_end), stop);
-            if (n == 0) {
-                corocoll::detail::throw_error(
-                    corocoll::errc::connection_closed,
-                    "corocoll: recv from " + address + ": the connection closed");
-            }
-            staged_end += n;
+        std::byte* base = staged.get();
+        if (staged_begin > 0) {
+            std::memmove(base, base + staged_begin, staged_end - staged_begin);
+            staged_end -= staged_begin;
+            staged_begin = 0;
         }
-        std::memcpy(&h, staged.get() + staged_begin, sizeof(h));
-        staged_begin += sizeof(h);
+        return {base + staged_end, staging_bytes - staged_end};
     }
 
     // True when a whole header waits in the staging buffer (no system call needed).
