@@ -522,17 +522,8 @@ private:
                     if (h.length <= pr->buf.size()) rest = ps.take_staged(pr->buf.first(h.length));
                     if (!rest.empty() || h.length > pr->buf.size()) {
                         ps.delivering = pr;
-                        io::op_options o(pr->deadline, stop_.get_token());
-                        o.try_now = true;  // the rest of a large payload usually waits already
-                        if (h.length <= pr->buf.size()) {
-                            co_await ps.sock.recv(rest, o);
-                        } else {
-                            co_await drain(ps, h.length, o);
-                            if (posted_recv* still = ps.delivering) {
-                                still->error =
-                                    detail::matcher::too_long(p, h.length, still->buf.size());
-                            }
-                        }
+                        co_await deliver(ps, p, h, rest,
+                                         io::op_options(pr->deadline, stop_.get_token()));
                         pr = std::exchange(ps.delivering, nullptr);
                         if (pr == nullptr) continue;  // withdrawn
                     }
@@ -576,13 +567,25 @@ private:
         void await_resume() const noexcept {}
     };
 
-    // Reads and drops a message too long for the receive it matched.
-    static task<> drain(peer& ps, std::uint64_t length, io::op_options o) {
-        std::vector<std::byte> scratch(std::min<std::uint64_t>(length, 1 << 20));
-        for (std::uint64_t left = length; left > 0;) {
+    // The part of a payload that was not staged: `rest` straight from the socket into the
+    // receive's buffer, or, for a message too long for the receive, the whole of it read and
+    // dropped. Only a message that did not arrive whole with its header comes here (one
+    // coroutine frame, from the pool).
+    static task<> deliver(peer& ps, int p, const frame_header& h, std::span<std::byte> rest,
+                          io::op_options o) {
+        o.try_now = true;  // the rest of a large payload usually waits in the socket already
+        if (!rest.empty()) {
+            co_await ps.sock.recv(rest, o);
+            co_return;
+        }
+        std::vector<std::byte> scratch(std::min<std::uint64_t>(h.length, 1 << 20));
+        for (std::uint64_t left = h.length; left > 0;) {
             auto n = static_cast<std::size_t>(std::min<std::uint64_t>(left, scratch.size()));
             co_await ps.read_payload(std::span(scratch).first(n), o);
             left -= n;
+        }
+        if (posted_recv* still = ps.delivering) {
+            still->error = detail::matcher::too_long(p, h.length, still->buf.size());
         }
     }
 
