@@ -20,11 +20,19 @@ EXPECTED = ["Rank 0 has data 1", "Rank 1 has data 0", "Rank 2 has data 0", "Rank
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def free_port():
-    # The launchers need MASTER_PORT before any rank runs: ask the kernel for a free one.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def reserve_port():
+    """A socket that holds a port on 127.0.0.1 for MASTER_PORT until it is closed.
+
+    The launchers need MASTER_PORT before any rank runs. Bound with SO_REUSEADDR and not
+    listening, the socket keeps the kernel from handing the port to anyone else, while rank 0's
+    store (corocoll's and torch's both set SO_REUSEADDR) can still bind it; binding port 0 and
+    closing at once would leave a window for another process to take it. The C++ tests do the
+    same with tests/support/port.hpp.
+    """
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    return s
 
 
 def run(label, cmd, env=None):
@@ -52,7 +60,8 @@ def main():
         env = dict(os.environ)
         for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(v, None)
-        port = str(free_port())
+        held = reserve_port()  # closed after the run, or when the next launcher's replaces it
+        port = str(held.getsockname()[1])
         if launcher == "openmpi":
             mpirun = shutil.which("mpirun.openmpi")
             if mpirun is None:
@@ -85,7 +94,9 @@ def main():
         else:
             print(f"unknown launcher {launcher}")
             return 2
-        if run(launcher, cmd, env):
+        ok = run(launcher, cmd, env)
+        held.close()
+        if ok:
             passed += 1
         else:
             failed += 1
