@@ -3,7 +3,7 @@
 // GPU. Exits 77 (Meson's SKIP) where no CUDA device is visible.
 
 #define DOCTEST_CONFIG_IMPLEMENT
-#include "../process_group/test_util.hpp"
+#include "../support/ranks.hpp"
 
 #include <corocoll/gpu.hpp>
 
@@ -87,14 +87,7 @@ void with_nccl_world_of_one(Body body) {
     o.init_method = "file://" + path;
     r.run([&]() -> cc::task<> {
         auto pg = co_await cc::gpu::init_process_group(r, o);
-        std::exception_ptr failed;
-        try {
-            co_await body(*pg);
-        } catch (...) {
-            failed = std::current_exception();
-        }
-        co_await pg->close();
-        if (failed) std::rethrow_exception(failed);
+        co_await corocoll_test::run_then_close(*pg, body);
     }());
     std::remove(path.c_str());
 }
@@ -317,13 +310,13 @@ cc::task<> staged_ops(cc::process_group& pg) {
 TEST_CASE("CUDA buffers over CPU groups: 2, 3 and 4 ranks sharing one GPU") {
     for (int n : {2, 3, 4}) {
         CAPTURE(n);
-        auto errors = pgtest::run_threads(n, [](cc::process_group& pg) -> cc::task<> {
+        auto errors = corocoll_test::run_threads(n, [](cc::process_group& pg) -> cc::task<> {
             co_await staged_ops<float>(pg);
             co_await staged_ops<std::int64_t>(pg);
             co_await staged_ops<__half>(pg);
             co_await staged_ops<__nv_bfloat16>(pg);
         });
-        for (const auto& e : errors) CHECK(pgtest::what(e) == "");
+        for (const auto& e : errors) CHECK(corocoll_test::what(e) == "");
     }
 }
 

@@ -25,6 +25,20 @@ namespace corocoll_test {
 namespace cc = corocoll;
 using namespace std::chrono_literals;
 
+/// Awaits `body(group)`, then closes the group whatever happened, then rethrows what the body
+/// threw: how a test runs one rank's work on any group type (CPU or NCCL).
+template <class Group, class Body>
+cc::task<> run_then_close(Group& group, Body& body) {
+    std::exception_ptr failed;
+    try {
+        co_await body(group);
+    } catch (...) {
+        failed = std::current_exception();
+    }
+    co_await group.close();
+    if (failed) std::rethrow_exception(failed);
+}
+
 /// Runs `body(rank)` for ranks 0 to `n` - 1, each on a thread of its own, and joins them all.
 /// Returns each rank's exception, null where it returned. Costs `n` threads.
 template <class Body>
@@ -86,14 +100,7 @@ inline std::vector<std::exception_ptr> run_threads(
         init.store =
             co_await cc::rendezvous::tcp_store::connect(r, server->local_endpoint(), o.timeout);
         auto pg = co_await cc::init_process_group(r, init);
-        std::exception_ptr failed;
-        try {
-            co_await body(*pg);
-        } catch (...) {
-            failed = std::current_exception();
-        }
-        co_await pg->close();
-        if (failed) std::rethrow_exception(failed);
+        co_await run_then_close(*pg, body);
     });
 }
 
