@@ -3,6 +3,7 @@
 // What the process group sends and receives: the `buffer` concept, the byte views of a
 // buffer, and `p2p_op`, one entry of batch_isend_irecv.
 
+#include <corocoll/collectives/checks.hpp>
 #include <corocoll/version.hpp>
 
 #include <algorithm>
@@ -49,18 +50,16 @@ std::vector<std::size_t> sizes_of(const std::vector<R>& list) {
 }
 
 // The entries of `list` one after another; with `each` != npos, every entry must have that
-// many elements (`what`: the operation, in the error).
+// many elements (errors say "`what`: `name` entry has ...", as the checks do).
 template <buffer R>
-std::vector<std::ranges::range_value_t<R>> concat(int rank, const char* what,
+std::vector<std::ranges::range_value_t<R>> concat(int rank, const char* what, const char* name,
                                                   const std::vector<R>& list,
                                                   std::size_t each = std::size_t(-1)) {
     std::vector<std::ranges::range_value_t<R>> flat;
+    std::string entry = std::string(name) + " entry";
     for (const auto& b : list) {
-        if (each != std::size_t(-1) && std::ranges::size(b) != each) {
-            throw std::invalid_argument("corocoll: rank " + std::to_string(rank) + ": " + what +
-                                        ": a list entry has " +
-                                        std::to_string(std::ranges::size(b)) + " elements, " +
-                                        std::to_string(each) + " expected");
+        if (each != std::size_t(-1)) {
+            collectives::check_size(rank, what, entry.c_str(), std::ranges::size(b), each);
         }
         flat.insert(flat.end(), std::ranges::begin(b), std::ranges::end(b));
     }
@@ -83,12 +82,7 @@ template <class T, buffer R>
 void unflatten(int rank, const char* what, const std::vector<T>& flat, std::vector<R>& list,
                std::size_t count) {
     for (const auto& b : list) {
-        if (std::ranges::size(b) != count) {
-            throw std::invalid_argument("corocoll: rank " + std::to_string(rank) + ": " + what +
-                                        ": an output list entry has " +
-                                        std::to_string(std::ranges::size(b)) + " elements, " +
-                                        std::to_string(count) + " expected");
-        }
+        collectives::check_size(rank, what, "output list entry", std::ranges::size(b), count);
     }
     split_into(flat, list);
 }

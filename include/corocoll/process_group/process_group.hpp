@@ -339,7 +339,8 @@ public:
         if (rank() == src) {
             check_size("scatter", "scatter_list", scatter_list.size(),
                        static_cast<std::size_t>(size()));
-            flat = detail::concat(rank(), "scatter", scatter_list, std::ranges::size(out));
+            flat = detail::concat(rank(), "scatter", "scatter_list", scatter_list,
+                                  std::ranges::size(out));
         }
         co_await scatter_from(out, flat, src);
     }
@@ -371,7 +372,8 @@ public:
     task<> reduce_scatter(R& out, const std::vector<R>& in_list, reduce_op op = reduce_op::sum) {
         check_size("reduce_scatter", "input list", in_list.size(),
                    static_cast<std::size_t>(size()));
-        auto flat = detail::concat(rank(), "reduce_scatter", in_list, std::ranges::size(out));
+        auto flat =
+            detail::concat(rank(), "reduce_scatter", "input list", in_list, std::ranges::size(out));
         co_await reduce_scatter_into(out, flat, op);
     }
 
@@ -409,7 +411,7 @@ public:
         check_size("all_to_all", "output list", outs.size(), static_cast<std::size_t>(size()));
         std::vector<std::size_t> in_splits = detail::sizes_of(ins);
         std::vector<std::size_t> out_splits = detail::sizes_of(outs);
-        auto in_flat = detail::concat(rank(), "all_to_all", ins);
+        auto in_flat = detail::concat(rank(), "all_to_all", "input list", ins);
         std::vector<std::ranges::range_value_t<R>> out_flat(
             std::accumulate(out_splits.begin(), out_splits.end(), std::size_t{0}));
         co_await all_to_all_single(out_flat, in_flat, out_splits, in_splits);
