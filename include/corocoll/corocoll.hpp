@@ -18,6 +18,7 @@
 
 #include <corocoll/io/endpoint.hpp>
 #include <corocoll/io/reactor.hpp>
+#include <corocoll/io/reactor_types.hpp>
 #include <corocoll/io/socket.hpp>
 
 #include <corocoll/rendezvous/file_store.hpp>

@@ -4,6 +4,7 @@
 #include <corocoll/core/event_loop.hpp>
 #include <corocoll/core/sync_wait.hpp>
 #include <corocoll/io/detail/io_op.hpp>
+#include <corocoll/io/reactor_types.hpp>
 #include <corocoll/version.hpp>
 
 #include <liburing.h>
@@ -29,110 +30,7 @@ COROCOLL_BEGIN_NAMESPACE
 
 namespace io {
 
-/// How a reactor sets up its ring.
-struct reactor_options {
-    /// Submission-queue entries (the kernel rounds up to a power of two). Operations beyond
-    /// what fits wait in the reactor's backlog; none is lost.
-    unsigned sq_entries = 256;
-    /// Completion-queue entries; 0 lets the kernel choose (twice `sq_entries`). Completions
-    /// beyond it are kept by the kernel (IORING_FEAT_NODROP), not lost.
-    unsigned cq_entries = 0;
-    /// Poll the completion queue in a loop instead of sleeping in the kernel while idle.
-    /// Trades a core for latency; off by default.
-    bool spin = false;
-    /// While operations are in flight, poll the completion queue for up to this long before
-    /// sleeping in the kernel: a reply that comes within it is picked up without the cost of
-    /// waking a sleeping thread (tens of microseconds on a loaded machine). An idle reactor
-    /// (nothing in flight) never polls. 0 turns it off. The default is 50 µs, or the
-    /// environment's COROCOLL_BUSY_POLL_US.
-    std::chrono::microseconds busy_poll = default_busy_poll();
-
-    static std::chrono::microseconds default_busy_poll() noexcept {
-        static const std::chrono::microseconds value = [] {
-            const char* text = std::getenv("COROCOLL_BUSY_POLL_US");
-            if (text == nullptr || *text == '\0') return std::chrono::microseconds(50);
-            char* end = nullptr;
-            long v = std::strtol(text, &end, 10);
-            if (*end != '\0' || v < 0) return std::chrono::microseconds(50);
-            return std::chrono::microseconds(v);
-        }();
-        return value;
-    }
-    /// Poll at full speed even when this host's reactors outnumber its processors
-    /// (`reactor::crowded`). Off: there the reactor yields its processor (sched_yield) between
-    /// polls, since plain polling takes the cores that other ranks need (4 ranks on 2 cores:
-    /// an all_reduce of 4 B took 210 µs polling plainly, 53 µs not polling, 35-46 µs polling
-    /// with yields; ping-pong 4.5-4.9 µs against 24 µs not polling). On when the environment
-    /// sets COROCOLL_BUSY_POLL_US.
-    bool busy_poll_when_crowded = std::getenv("COROCOLL_BUSY_POLL_US") != nullptr;
-    /// IORING_SETUP_* flags the reactor may try (it still drops those the kernel rejects).
-    /// Narrow it to run on the set-up an older kernel would give: 0 means a plain ring.
-    unsigned allowed_setup_flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN |
-                                   IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SUBMIT_ALL;
-};
-
-/// The ring set-up flags a reactor asked for and the kernel accepted.
-struct reactor_features {
-    bool single_issuer = false;  ///< IORING_SETUP_SINGLE_ISSUER (Linux 6.0)
-    bool defer_taskrun = false;  ///< IORING_SETUP_DEFER_TASKRUN (Linux 6.1)
-    bool coop_taskrun = false;   ///< IORING_SETUP_COOP_TASKRUN (Linux 5.19)
-    bool submit_all = false;     ///< IORING_SETUP_SUBMIT_ALL (Linux 5.18)
-};
-
-/// What a reactor's loop has done since the reactor was made, for tests and diagnostics: busy
-/// polling shows as polls and yields, sleeping as kernel waits. Each count is a plain
-/// increment (no atomic, no system call) on the reactor's thread; read them there.
-struct reactor_stats {
-    /// Turns of the loop (`run_until`): each runs posted work, reaps and maybe waits once.
-    std::uint64_t turns = 0;
-    /// Looks at the completion queue that did not sleep: each step of busy polling, each turn
-    /// of a spinning reactor, each busy turn while a `poll_entry` is watched.
-    std::uint64_t polls = 0;
-    /// sched_yield calls between polls, made where this host is `reactor::crowded`.
-    std::uint64_t yields = 0;
-    /// io_uring_enter calls that may sleep until a completion or a time: waits with nothing to
-    /// poll for, after busy polling, and the pauses while entries are watched.
-    std::uint64_t kernel_waits = 0;
-    /// Completed reads of the eventfd that `post` from another thread writes to: how often
-    /// other threads woke the loop (posts that come before the loop reads it count once).
-    std::uint64_t wakeups = 0;
-};
-
 struct op_options;
-
-/// A deadline the reactor watches without a kernel operation, for code that must act when a
-/// wait runs too long (the engine's posted receives). `reactor::arm` it, `reactor::disarm` it
-/// once it is no longer needed; when the steady clock reaches `when` first, the loop calls
-/// `fire` on the reactor's thread (the entry is disarmed by then). Intrusive: it lives in the
-/// caller's memory, which must outlast its armed time; arming costs no allocation in steady
-/// state and no system call.
-struct timer_entry {
-    std::chrono::steady_clock::time_point when{};
-    void (*fire)(timer_entry&) noexcept = nullptr;
-    /// Position in the reactor's heap; `not_armed` when not armed.
-    std::size_t slot = not_armed;
-    static constexpr std::size_t not_armed = static_cast<std::size_t>(-1);
-    bool armed() const noexcept { return slot != not_armed; }
-};
-
-/// A completion that no file descriptor signals (a CUDA event, a flag another library sets),
-/// which the loop therefore asks about on every turn: `reactor::watch` it and the loop calls
-/// `poll` on its thread at each turn until it is unwatched. `poll` returns true when it made
-/// progress (its wait is over). It may unwatch its own entry and `post` work (resume a
-/// coroutine through a posted item), but must not resume coroutines itself nor touch other
-/// entries. Intrusive, like `timer_entry`: watching allocates nothing.
-///
-/// While an entry is watched the loop never sleeps in the kernel for long: it polls without
-/// sleeping for `reactor_options::busy_poll` after the last progress (yielding the processor
-/// between turns where this host is crowded), then sleeps between turns for 1/32 of the time
-/// since the last progress, at most 500 µs, so that a long wait costs little processor time
-/// and finishes at most ~3% late.
-struct poll_entry {
-    bool (*poll)(poll_entry&) noexcept = nullptr;
-    poll_entry* prev = nullptr;
-    poll_entry* next = nullptr;
-    bool watched = false;
-};
 
 /// One io_uring ring bound to the thread that creates it; the event loop that every awaitable
 /// I/O operation of that thread completes through. At most one reactor per thread; it must be
