@@ -26,13 +26,14 @@ struct engine_pair {
     cc::io::reactor& r;
     std::optional<cc::transport::engine> e0, e1;
 
-    explicit engine_pair(cc::io::reactor& reactor) : r(reactor) {
+    explicit engine_pair(cc::io::reactor& reactor, cc::transport::engine_options o = {})
+        : r(reactor) {
         auto [a, b] = r.run(connected_pair(r));
         std::vector<cc::io::socket> to_1(2), to_0(2);
         to_1[1] = std::move(a);
         to_0[0] = std::move(b);
-        e0.emplace(r, 0, 2, std::move(to_1));
-        e1.emplace(r, 1, 2, std::move(to_0));
+        e0.emplace(r, 0, 2, std::move(to_1), o);
+        e1.emplace(r, 1, 2, std::move(to_0), o);
     }
     ~engine_pair() { r.run(cc::when_all(e0->close(), e1->close())); }
 };
@@ -132,11 +133,64 @@ TEST_CASE("a started receive that nobody sends to ends at its deadline, naming t
     CHECK(std::string(e.what()).find("rank 1: recv from rank 0 (tag 9)") != std::string::npos);
 }
 
-TEST_CASE("a receive from a rank outside the group is refused when it is posted") {
+TEST_CASE("a receive from a rank outside the group is refused when posted, or when awaited") {
     cc::io::reactor r;
     engine_pair ep(r);
     std::vector<std::byte> in(4);
     auto op = ep.e1->recv(in, 5, 0, soon());
     CHECK_THROWS_WITH_AS(op.start(), doctest::Contains("rank 5 is outside [0, 2)"),
                          std::invalid_argument);
+    // Awaited, the error comes out of await_resume like every operation's.
+    CHECK_THROWS_WITH_AS(r.run([&]() -> cc::task<> { co_await ep.e1->recv(in, 5, 0, soon()); }()),
+                         doctest::Contains("rank 5 is outside [0, 2)"), std::invalid_argument);
+}
+
+TEST_CASE("a receive pending when a lingering close gives up fails; it does not succeed empty") {
+    cc::io::reactor r;
+    engine_pair ep(r);
+    std::vector<std::byte> in(4);
+    auto op = ep.e0->recv(in, 1, 3, soon());
+    op.start();
+    // Rank 1 neither sends nor closes: rank 0 stops waiting for it after 100 ms.
+    r.run(ep.e0->close(cc::io::deadline_after(100ms)));
+    CHECK(op.is_completed());
+    auto e = expect_system_error([&] { r.run([&]() -> cc::task<> { co_await op; }()); });
+    CHECK(e.code() == std::errc::operation_canceled);
+    CHECK(std::string(e.what()).find("the process group was closed") != std::string::npos);
+}
+
+TEST_CASE(
+    "a collective header held back by the buffer bound is checked when the collective "
+    "begins: a mismatch fails the group instead of hanging the receive") {
+    bool begin = false;
+    SUBCASE("the receive is handed the held header") {}
+    SUBCASE("the collective begins first") { begin = true; }
+    cc::io::reactor r;
+    cc::transport::engine_options o;
+    o.unexpected_bytes_per_peer = 16;  // one buffered 16-byte message fills it
+    engine_pair ep(r, o);
+    auto early = pattern(16, 1), step = pattern(16, 2);
+    cc::transport::collective_meta theirs{}, mine{};
+    theirs.collective = mine.collective = 3;
+    theirs.count = 4;
+    mine.count = 5;  // the ranks disagree on the count
+    theirs.seq = mine.seq = 1;
+    std::vector<std::byte> in(16);
+    r.run([&]() -> cc::task<> {
+        co_await ep.e0->send(early, 1, 9, soon());              // buffered on rank 1
+        co_await ep.e0->send_coll(step, 1, theirs, 0, soon());  // held back: the bound is full
+        // Whether rank 1's reader holds the header when the collective begins, when the
+        // receive is posted, or reads it later, the outcome must be the same: the mismatch,
+        // named, well before the receive's deadline.
+        for (int i = 0; i < 100; ++i) co_await r.schedule();
+        if (begin) ep.e1->begin_collective(mine);
+        std::string error;
+        try {
+            co_await ep.e1->recv_coll(in, 0, mine, 0, cc::io::deadline_after(20s));
+        } catch (const std::system_error& x) {
+            error = x.what();
+        }
+        CHECK(error.find("does not match across ranks") != std::string::npos);
+        ep.e1->end_collective();
+    }());
 }

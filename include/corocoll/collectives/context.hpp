@@ -70,7 +70,7 @@ private:
 /// frame's step; within one collective no two messages between the same pair share a step.
 struct context {
     /// What `recv` returns: the posted receive, awaited for its length.
-    using recv_awaiter = transport::recv_op<transport::recv_yields::length>;
+    using recv_operation = transport::recv_op<transport::recv_yields::length>;
 
     transport::engine& net;
     transport::collective_meta meta;
@@ -113,8 +113,8 @@ struct context {
     }
     /// Receives one message of this call; awaiting it yields the length. `start()` on the
     /// result posts the receive before it is awaited (see `transport::recv_op`).
-    recv_awaiter recv(std::span<std::byte> buf, int src, std::uint32_t round,
-                      std::uint32_t chunk = 0) {
+    recv_operation recv(std::span<std::byte> buf, int src, std::uint32_t round,
+                        std::uint32_t chunk = 0) {
         return net.recv_coll(buf, src, meta, step(round, chunk), deadline);
     }
     /// Sends and receives at once (both directions of one exchange).

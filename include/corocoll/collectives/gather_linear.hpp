@@ -23,7 +23,7 @@ inline task<> gather_linear(context& c, std::span<const std::byte> in, std::span
         co_await c.send(in, root, 0);
         co_return;
     }
-    std::vector<context::recv_awaiter> recvs;
+    std::vector<context::recv_operation> recvs;
     for (int p = 0; p < n; ++p) {
         auto dest = out.subspan(block * static_cast<std::size_t>(p), block);
         if (p == root) {

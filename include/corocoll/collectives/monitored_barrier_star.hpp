@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <span>
 #include <string>
 #include <system_error>
@@ -34,12 +35,20 @@ inline task<> monitored_barrier_star(context& c, std::chrono::milliseconds timeo
         std::int64_t len = 0;
         auto verdict = c.recv(std::as_writable_bytes(std::span(&len, 1)), 0, 1);
         verdict.start();
+        // Awaited whatever happens (a failed report fails the group, which ends the verdict's
+        // receive too): a receive must not be dropped while its payload may be arriving.
+        std::exception_ptr report_failed;
         try {
             co_await c.send({}, 0, 0);
         } catch (const std::system_error&) {
-            if (!verdict.is_completed()) throw;
+            report_failed = std::current_exception();
         }
-        co_await verdict;
+        try {
+            co_await verdict;
+        } catch (const std::system_error&) {
+            if (report_failed) std::rethrow_exception(report_failed);
+            throw;
+        }
         if (len == 0) co_return;
         std::string text(static_cast<std::size_t>(len), '\0');
         co_await c.recv(std::as_writable_bytes(std::span(text.data(), text.size())), 0, 2);

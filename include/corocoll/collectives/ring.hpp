@@ -65,7 +65,7 @@ inline task<> ring_round(context& c, std::span<const std::byte> out, int dst,
         auto target = [&](std::size_t k) { return bufs[k % 2].first(recv_side.piece(k).size()); };
         // The receive of chunk k + 1 is posted (no coroutine, no allocation) before chunk k
         // is reduced, so its bytes land in the other buffer meanwhile.
-        std::optional<context::recv_awaiter> pending[2];
+        std::optional<context::recv_operation> pending[2];
         pending[0].emplace(c.recv(target(0), src, round, 0));
         pending[0]->start();
         for (std::size_t k = 0; k < n; ++k) {

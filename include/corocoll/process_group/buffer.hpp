@@ -77,14 +77,13 @@ void split_into(const std::vector<T>& flat, std::vector<R>& list) {
     }
 }
 
-// `split_into` where every entry must hold `count` elements.
-template <class T, buffer R>
-void unflatten(int rank, const char* what, const std::vector<T>& flat, std::vector<R>& list,
-               std::size_t count) {
+// Refuses a list with an entry that does not hold `count` elements (the output lists of the
+// gathering collectives; checked before anything is sent).
+template <buffer R>
+void check_entries(int rank, const char* what, const std::vector<R>& list, std::size_t count) {
     for (const auto& b : list) {
         collectives::check_size(rank, what, "output list entry", std::ranges::size(b), count);
     }
-    split_into(flat, list);
 }
 
 }  // namespace detail

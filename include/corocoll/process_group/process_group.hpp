@@ -267,9 +267,10 @@ public:
     template <buffer R>
     task<> all_gather(std::vector<R>& outs, const R& in) {
         check_size("all_gather", "output list", outs.size(), static_cast<std::size_t>(size()));
+        detail::check_entries(rank(), "all_gather", outs, std::ranges::size(in));
         std::vector<std::ranges::range_value_t<R>> flat(std::ranges::size(in) * size());
         co_await all_gather_into(flat, in);
-        detail::unflatten(rank(), "all_gather", flat, outs, std::ranges::size(in));
+        detail::split_into(flat, outs);
     }
 
     /// Gathers every rank's `in` into `out` (size() blocks, rank order) on rank `dst`; `out`
@@ -301,12 +302,13 @@ public:
     task<> gather(const R& in, std::vector<R>& gather_list, int dst = 0) {
         std::vector<std::ranges::range_value_t<R>> flat(
             rank() == dst ? std::ranges::size(in) * size() : 0);
-        if (rank() == dst)
+        if (rank() == dst) {
             check_size("gather", "gather_list", gather_list.size(),
                        static_cast<std::size_t>(size()));
+            detail::check_entries(rank(), "gather", gather_list, std::ranges::size(in));
+        }
         co_await gather_into(in, flat, dst);
-        if (rank() == dst)
-            detail::unflatten(rank(), "gather", flat, gather_list, std::ranges::size(in));
+        if (rank() == dst) detail::split_into(flat, gather_list);
     }
 
     /// Scatters `in` of rank `src` (size() blocks of out.size() elements) so that rank r gets

@@ -145,6 +145,10 @@ public:
             for (const auto& m : peer_at(p).unexpected) {
                 if (!check_active(p, m.header)) return;
             }
+            // A header a reader holds back (the buffer bound) is already here too.
+            if (const frame_header* held = peer_at(p).blocked) {
+                if (!check_active(p, *held)) return;
+            }
         }
     }
     void end_collective() noexcept { has_active_ = false; }
@@ -181,6 +185,8 @@ public:
                     co_return;  // every peer left first
                 }
                 COROCOLL_LOG(warn, "P2P", "rank ", rank_, " stops waiting for peers to close");
+                // Whatever is still pending ends with this, not as if it had succeeded.
+                if (!failure_) failure_ = closed_error();
                 closing_ = true;
                 abort_all();
             };
@@ -202,6 +208,11 @@ private:
     const peer& peer_at(int p) const noexcept { return peers_[static_cast<std::size_t>(p)]; }
 
     std::string spell(const op_label& l) const { return l.spell(describe_); }
+
+    static std::exception_ptr closed_error() {
+        return std::make_exception_ptr(std::system_error(
+            std::make_error_code(std::errc::operation_canceled), "the process group was closed"));
+    }
 
     task<> send_frame(std::span<const std::byte> data, int dst, frame_header h, op_label what,
                       time_point deadline) {
@@ -319,11 +330,7 @@ private:
 
     task<> close_now() {
         if (!failure_ && !goodbyes_said_) co_await say_goodbyes();
-        if (!failure_) {
-            failure_ = std::make_exception_ptr(
-                std::system_error(std::make_error_code(std::errc::operation_canceled),
-                                  "the process group was closed"));
-        }
+        if (!failure_) failure_ = closed_error();
         closing_ = true;
         abort_all();
         co_await readers_.join();
@@ -505,12 +512,27 @@ private:
                     ps.blocked = &h;
                     co_await blocked_awaiter{ps};
                     ps.blocked = nullptr;
-                    if (closing_ || failure_) co_return;
+                    if (closing_ || failure_) {
+                        // A receive handed over meanwhile is in no queue: end it here.
+                        if (posted_recv* handed = std::exchange(ps.handed, nullptr)) {
+                            handed->error = failure_;
+                            matching_.complete(*handed);
+                        }
+                        co_return;
+                    }
                     pr = std::exchange(ps.handed, nullptr);
                     if (pr == nullptr) pr = matching_.match(p, h);
                 }
                 if (pr != nullptr) {
-                    if (!verify(*pr, p, h)) co_return;  // the group failed
+                    if (!verify(*pr, p, h)) {
+                        // The group failed; a handed-over receive is in no queue that
+                        // abort_all empties, so it ends here.
+                        if (!pr->linked) {
+                            pr->error = failure_;
+                            matching_.complete(*pr);
+                        }
+                        co_return;
+                    }
                     matching_.unlink(*pr);
                     pr->state = posted_recv::receiving;
                     pr->from = p;
@@ -622,6 +644,7 @@ void recv_op<Y>::start() {
 
 template <recv_yields Y>
 auto recv_op<Y>::result() {
+    if (early_) std::rethrow_exception(early_);
     if (pr_.error) engine_->rethrow(pr_, what_);
     if constexpr (Y == recv_yields::source) {
         return pr_.from;

@@ -179,7 +179,7 @@ private:
     static void on_deadline(io::timer_entry& t) noexcept {
         auto& timer = static_cast<posted_recv::deadline_timer&>(t);
         posted_recv& pr = *timer.pr;
-        auto* self = static_cast<matcher*>(timer.owner);
+        matcher* self = timer.owner;
         if (pr.state != posted_recv::waiting) return;
         self->unlink(pr);
         pr.error = std::make_exception_ptr(std::system_error(

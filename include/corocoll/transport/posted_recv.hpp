@@ -30,6 +30,8 @@ struct recv_result {
 
 namespace detail {
 
+class matcher;
+
 // How collective metadata reads in error messages; the collectives layer installs its own.
 using describer = std::string (*)(const collective_meta&);
 
@@ -89,7 +91,7 @@ struct posted_recv {
     // Watches `deadline` while the receive waits for a frame; `fire` and `owner` are the
     // engine's.
     struct deadline_timer : io::timer_entry {
-        void* owner = nullptr;
+        matcher* owner = nullptr;
         posted_recv* pr = nullptr;
     } timer;
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <exception>
 #include <span>
+#include <utility>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -32,9 +33,12 @@ enum class recv_yields {
 /// at once when a buffered message matches), waits for the reader to fill the buffer, and
 /// yields the result or throws an error naming the operation. `start()` posts it now, to be
 /// awaited later: that is how an algorithm keeps the next receive posted while it works on
-/// the last one, without a coroutine or an allocation. Movable until started; once started
-/// it must stay where it is until it completes or is destroyed (destroying it withdraws the
-/// receive). Await it once.
+/// the last one, without a coroutine or an allocation. Movable until started (moving a started
+/// one terminates); once started it must stay where it is until it completes or is destroyed.
+/// Destroying a started receive withdraws it if no message has matched it yet; if one has,
+/// its payload may still be arriving, straight into the buffer, so the buffer must outlive
+/// the message in flight, as an `irecv`'s must outlive its `work`. The deadline is the one
+/// given when the operation was made. Await it once.
 template <recv_yields Y>
 class recv_op {
 public:
@@ -55,8 +59,15 @@ public:
     // frame (`co_await op` with `op` named), and the posted receive must not move.
     struct awaiter {
         recv_op* op;
-        bool await_ready() {
-            op->start();
+        // A receive that cannot be posted (bad peer, failed group) is ready at once and
+        // throws from await_resume, as every operation does.
+        bool await_ready() noexcept {
+            try {
+                op->start();
+            } catch (...) {
+                op->early_ = std::current_exception();
+                return true;
+            }
             return op->pr_.state == detail::posted_recv::done;
         }
         void await_suspend(std::coroutine_handle<> h) noexcept { op->pr_.waiter = h; }
@@ -93,6 +104,7 @@ private:
     engine* engine_;
     detail::posted_recv pr_;
     detail::op_label what_;
+    std::exception_ptr early_;
 };
 
 }  // namespace transport
