@@ -128,7 +128,16 @@ TEST_CASE("bad arguments are refused before anything is sent, and the group goes
         } catch (const std::invalid_argument& e) {
             refused += std::string(e.what()).find("12 expected") != std::string::npos;
         }
-        if (refused != 3)
+        // A list entry of the wrong size is refused before the gather, on every rank alike.
+        std::vector<std::vector<std::int32_t>> outs{{0, 0, 0, 0}, {0, 0, 0}, {0, 0, 0, 0}};
+        try {
+            co_await pg.all_gather(outs, i);
+        } catch (const std::invalid_argument& e) {
+            refused += std::string(e.what()).find(
+                           "all_gather: output list entry has 3 elements, "
+                           "4 expected") != std::string::npos;
+        }
+        if (refused != 4)
             throw std::runtime_error("not every bad call was refused with its reason");
         // Nothing was sent: the group still works.
         co_await pg.all_reduce(i);

@@ -53,7 +53,7 @@ struct nccl_options {
 /// One operation of an NCCL group's `batch_isend_irecv`, like torch's `P2POp`.
 struct nccl_p2p_op {
     enum class kind { isend, irecv };
-    kind op;
+    kind action;
     void* data;
     std::size_t count;
     ncclDataType_t type;
@@ -163,8 +163,8 @@ public:
     /// operation, in order, each yielding its peer; they complete together.
     std::vector<work<int>> batch_isend_irecv(const std::vector<nccl_p2p_op>& ops) {
         for (const auto& op : ops) {
-            check_peer(op.op == nccl_p2p_op::kind::isend ? "batch_isend_irecv (isend)"
-                                                         : "batch_isend_irecv (irecv)",
+            check_peer(op.action == nccl_p2p_op::kind::isend ? "batch_isend_irecv (isend)"
+                                                             : "batch_isend_irecv (irecv)",
                        op.peer, 0);
         }
         auto batch = std::make_shared<detail::nccl_batch>();
@@ -174,7 +174,7 @@ public:
                          return detail::grouped([&] {
                              for (const auto& op : ops) {
                                  ncclResult_t rc =
-                                     op.op == nccl_p2p_op::kind::isend
+                                     op.action == nccl_p2p_op::kind::isend
                                          ? ncclSend(op.data, op.count, op.type, op.peer, c, s)
                                          : ncclRecv(op.data, op.count, op.type, op.peer, c, s);
                                  if (rc != ncclSuccess) return rc;
