@@ -421,9 +421,11 @@ TEST_CASE("timer entries fire in deadline order; a disarmed one never fires; re-
     r.disarm(t[4]);  // twice is harmless
     t[2].when = now + std::chrono::milliseconds(1);
     r.arm(t[2]);  // moved from 50 ms to 1 ms
-    auto t0 = std::chrono::steady_clock::now();
+    auto due = t[0].when;
     r.run([&]() -> cc::task<> { co_await until_fired{t[0]}; }());  // the 30 ms one
-    CHECK(elapsed_ms(t0) >= 29.0);
+    // Never early: measured against the entry's own deadline (arming six entries took time
+    // of its own, which a clock started after them would not count).
+    CHECK(std::chrono::steady_clock::now() >= due);
     r.run(r.sleep_for(30ms));
     CHECK(order == std::vector<int>{2, 5, 1, 3, 0});
     for (auto& e : t) CHECK_FALSE(e.armed());
@@ -436,10 +438,10 @@ TEST_CASE("a timer entry wakes a reactor that has nothing in flight, without spi
     p.order = &order;
     p.fire = &record;
     p.when = std::chrono::steady_clock::now() + 150ms;
+    auto due = p.when;
     r.arm(p);
-    auto t0 = std::chrono::steady_clock::now();
     auto s = stats_during(r, [&] { r.run([&]() -> cc::task<> { co_await until_fired{p}; }()); });
-    CHECK(elapsed_ms(t0) >= 149.0);
+    CHECK(std::chrono::steady_clock::now() >= due);  // never early
     CHECK(order == std::vector<int>{0});
     // Busy polling is for operations in flight; with none, it sleeps until the entry's time.
     CHECK(s.polls == 0);
@@ -491,8 +493,9 @@ TEST_CASE("a watched poll entry is asked every turn, then less often: a long wai
     cc::io::reactor r;
     std::atomic<bool> flag{false};
     flag_wait w(r, flag);
-    auto setter = set_after(300ms, flag);
+    // The clock starts before the setter's, so the wait can only look longer than 300 ms.
     auto t0 = std::chrono::steady_clock::now();
+    auto setter = set_after(300ms, flag);
     auto s = stats_during(r, [&] { r.run([&]() -> cc::task<> { co_await w.wait(); }()); });
     CHECK(elapsed_ms(t0) >= 299.0);
     CAPTURE(w.polls);
