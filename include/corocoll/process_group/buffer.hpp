@@ -55,14 +55,14 @@ template <buffer R>
 std::vector<std::ranges::range_value_t<R>> concat(int rank, const char* what, const char* name,
                                                   const std::vector<R>& list,
                                                   std::size_t each = std::size_t(-1)) {
-    std::vector<std::ranges::range_value_t<R>> flat;
-    std::string entry = std::string(name) + " entry";
-    for (const auto& b : list) {
-        if (each != std::size_t(-1)) {
+    if (each != std::size_t(-1)) {
+        std::string entry = std::string(name) + " entry";
+        for (const auto& b : list) {
             collectives::check_size(rank, what, entry.c_str(), std::ranges::size(b), each);
         }
-        flat.insert(flat.end(), std::ranges::begin(b), std::ranges::end(b));
     }
+    std::vector<std::ranges::range_value_t<R>> flat;
+    for (const auto& b : list) flat.insert(flat.end(), std::ranges::begin(b), std::ranges::end(b));
     return flat;
 }
 

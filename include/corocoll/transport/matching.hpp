@@ -92,10 +92,10 @@ public:
     void withdraw(posted_recv& pr) noexcept {
         if (pr.linked) queue_of(pr).remove(pr);
         reactor_.disarm(pr.timer);
-        if (pr.state == posted_recv::receiving) {
-            for (auto& ps : peers_) {
-                if (ps.delivering == &pr) ps.delivering = nullptr;
-            }
+        // A matched receive knows its sender: only that peer's reader can be filling it.
+        if (pr.state == posted_recv::receiving && pr.from >= 0) {
+            peer& ps = peer_at(pr.from);
+            if (ps.delivering == &pr) ps.delivering = nullptr;
         }
     }
 

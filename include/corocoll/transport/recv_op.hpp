@@ -28,24 +28,21 @@ enum class recv_yields {
     length,  ///< the length (`std::size_t`)
 };
 
-/// A receive, as the operation that `co_await` runs: the awaiter is the posted receive
-/// itself, so a receive costs no coroutine frame of its own. `co_await` posts it (it is ready
-/// at once when a buffered message matches), waits for the reader to fill the buffer, and
-/// yields the result or throws an error naming the operation. `start()` posts it now, to be
-/// awaited later: that is how an algorithm keeps the next receive posted while it works on
-/// the last one, without a coroutine or an allocation. Movable until started (moving a started
-/// one terminates); once started it must stay where it is until it completes or is destroyed.
-/// Destroying a started receive withdraws it if no message has matched it yet; if one has,
-/// its payload may still be arriving, straight into the buffer, so the buffer must outlive
-/// the message in flight, as an `irecv`'s must outlive its `work`. The deadline is the one
-/// given when the operation was made. Await it once.
+/// A receive, as the operation that `co_await` runs: the posted receive lives in this object
+/// (so in the awaiting coroutine's frame), and a receive costs no coroutine frame of its own.
+/// `co_await` posts it (it is ready at once when a buffered message matches), waits for the reader
+/// to fill the buffer, and yields the result or throws an error naming the operation. `start()`
+/// posts it now, to be awaited later: that is how an algorithm keeps the next receive posted while
+/// it works on the last one, without a coroutine or an allocation. Movable until started (moving a
+/// started one terminates); once started it must stay where it is until it completes or is
+/// destroyed. Destroying a started receive withdraws it if no message has matched it yet; if one
+/// has, its payload may still be arriving, straight into the buffer, so the buffer must outlive the
+/// message in flight, as an `irecv`'s must outlive its `work`. The deadline is the one given when
+/// the operation was made. Await it once.
 template <recv_yields Y>
 class recv_op {
 public:
-    recv_op(recv_op&& o) noexcept : engine_(o.engine_), pr_(), what_(o.what_) {
-        if (o.pr_.state != detail::posted_recv::idle) std::terminate();  // moved once started
-        copy_request(o.pr_);
-    }
+    recv_op(recv_op&& o) noexcept : engine_(o.engine_), pr_(not_started(o.pr_)), what_(o.what_) {}
     recv_op& operator=(recv_op&&) = delete;
     recv_op(const recv_op&) = delete;
     recv_op& operator=(const recv_op&) = delete;
@@ -92,13 +89,10 @@ private:
         pr_.tag = tag;
         pr_.deadline = deadline;
     }
-    void copy_request(const detail::posted_recv& o) noexcept {
-        pr_.buf = o.buf;
-        pr_.src = o.src;
-        pr_.kind = o.kind;
-        pr_.seq = o.seq;
-        pr_.tag = o.tag;
-        pr_.deadline = o.deadline;
+    // An idle request is plain data (nothing links to it yet); a started one must not move.
+    static const detail::posted_recv& not_started(const detail::posted_recv& pr) noexcept {
+        if (pr.state != detail::posted_recv::idle) std::terminate();
+        return pr;
     }
 
     engine* engine_;
