@@ -502,17 +502,53 @@ private:
         auto idle = now - watch_progress_;
         if (idle < options_.busy_poll) {
             ++stats_.polls;
-            submit_and_collect();
+            // Entering the kernel costs more than a poll of shared memory: only every 32nd
+            // turn, or when there is something to submit, does it (the completions of a
+            // deferred-task-run ring appear only then).
+            if (io_uring_sq_ready(&ring_) > 0 || (stats_.polls & 31) == 0) submit_and_collect();
             if (!options_.busy_poll_when_crowded && crowded()) {
                 ++stats_.yields;
                 sched_yield();
             }
             return;
         }
+        if (sleep_watched()) return;
         auto pause = std::min<std::chrono::steady_clock::duration>(idle / 32,
                                                                    std::chrono::microseconds(500));
         if (!timers_.empty()) pause = std::min(pause, timers_.front()->when - now);
         wait_at_most(pause);
+    }
+
+    // Asks every watched entry whether the loop may sleep in the kernel (see `poll_entry`);
+    // when all agree, sleeps as an unwatched loop does and returns true.
+    bool sleep_watched() noexcept {
+        poll_entry* refused = nullptr;
+        for (poll_entry* e = watched_; e != nullptr; e = e->next) {
+            if (e->prepare_sleep == nullptr || !e->prepare_sleep(*e)) {
+                refused = e;
+                break;
+            }
+        }
+        if (refused == nullptr) {
+            ++stats_.watched_sleeps;
+            ++stats_.kernel_waits;
+            if (timers_.empty()) {
+                io_uring_submit_and_wait(&ring_, 1);
+            } else {
+                --stats_.kernel_waits;  // wait_at_most counts it
+                wait_at_most(timers_.front()->when - std::chrono::steady_clock::now());
+            }
+        }
+        for (poll_entry* e = watched_; e != nullptr && e != refused; e = e->next) {
+            if (e->end_sleep != nullptr) e->end_sleep(*e);
+        }
+        // A refusal by an entry that can sleep means its wait ended: poll again at once.
+        if (refused != nullptr && refused->prepare_sleep != nullptr) {
+            watch_progress_ = std::chrono::steady_clock::now();
+            return true;
+        }
+        if (refused == nullptr) watch_progress_ = std::chrono::steady_clock::now();
+        return refused == nullptr;
     }
 
     // Polls for up to `busy_poll`, yielding the processor between polls when `yield`; true if

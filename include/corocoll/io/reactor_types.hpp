@@ -80,6 +80,9 @@ struct reactor_stats {
     /// io_uring_enter calls that may sleep until a completion or a time: waits with nothing to
     /// poll for, after busy polling, and the pauses while entries are watched.
     std::uint64_t kernel_waits = 0;
+    /// Sleeps that every watched entry allowed (`poll_entry::prepare_sleep`); counted in
+    /// `kernel_waits` too.
+    std::uint64_t watched_sleeps = 0;
     /// Completed reads of the eventfd that `post` from another thread writes to: how often
     /// other threads woke the loop (posts that come before the loop reads it count once).
     std::uint64_t wakeups = 0;
@@ -112,8 +115,20 @@ struct timer_entry {
 /// between turns where this host is crowded), then sleeps between turns for 1/32 of the time
 /// since the last progress, at most 500 µs, so that a long wait costs little processor time
 /// and finishes at most ~3% late.
+///
+/// An entry whose waits can end a kernel sleep (a peer that writes to a descriptor or wakes a
+/// futex the ring waits on) sets `prepare_sleep`: after the busy polling, the loop asks every
+/// watched entry whether it may sleep; when all say yes it sleeps in the kernel without the
+/// pauses, as if nothing were watched, and calls `end_sleep` on each once it wakes. An entry
+/// that says no (its wait is over meanwhile) counts as progress; entries asked before it get
+/// `end_sleep` at once.
 struct poll_entry {
     bool (*poll)(poll_entry&) noexcept = nullptr;
+    /// True: whatever this entry waits for will complete a ring operation, so the loop may
+    /// sleep. Null: the entry needs the pauses.
+    bool (*prepare_sleep)(poll_entry&) noexcept = nullptr;
+    /// After a sleep that `prepare_sleep` allowed (or when another entry refused it).
+    void (*end_sleep)(poll_entry&) noexcept = nullptr;
     poll_entry* prev = nullptr;
     poll_entry* next = nullptr;
     bool watched = false;

@@ -16,6 +16,7 @@
 #include <corocoll/rendezvous/tcp_store.hpp>
 #include <corocoll/transport/engine.hpp>
 #include <corocoll/transport/mesh.hpp>
+#include <corocoll/transport/shm_setup.hpp>
 #include <corocoll/version.hpp>
 
 #include <algorithm>
@@ -109,7 +110,11 @@ inline task<std::shared_ptr<process_group>> build_group(
     mesh.group_name = name;
     if (const char* token = std::getenv("COROCOLL_JOB_TOKEN")) mesh.job_token = token;
     mesh.listen_on = listen_on;
-    auto peers = co_await transport::connect_mesh(r, *group_store, rank, size, mesh);
+    transport::channel_options channels;
+    channels.transport = limits.transport ? *limits.transport : transport::transport_from_env();
+    channels.shm_ring_bytes = limits.shm_ring_bytes;
+    channels.same_host_send_buffer = limits.same_host_send_buffer;
+    auto peers = co_await transport::connect_channels(r, *group_store, rank, size, mesh, channels);
     if (co_await group_store->add("init/arrived", 1) == size) {
         co_await group_store->set("init/complete", "1");
     }

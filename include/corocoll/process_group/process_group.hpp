@@ -67,7 +67,8 @@ public:
     using duration = std::chrono::milliseconds;
 
     process_group(io::reactor& r, int rank, int size, std::string name, duration timeout,
-                  std::shared_ptr<rendezvous::store> store, std::vector<io::socket> peers,
+                  std::shared_ptr<rendezvous::store> store,
+                  std::vector<std::unique_ptr<transport::channel>> peers,
                   transport::engine_options limits,
                   std::shared_ptr<rendezvous::tcp_store_server> hosted, io::endpoint listen_on = {})
         : reactor_(r),

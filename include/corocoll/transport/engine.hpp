@@ -7,11 +7,13 @@
 #include <corocoll/core/when_all.hpp>
 #include <corocoll/io/reactor.hpp>
 #include <corocoll/io/socket.hpp>
+#include <corocoll/transport/channel.hpp>
 #include <corocoll/transport/frame.hpp>
 #include <corocoll/transport/matching.hpp>
 #include <corocoll/transport/peer.hpp>
 #include <corocoll/transport/posted_recv.hpp>
 #include <corocoll/transport/recv_op.hpp>
+#include <corocoll/transport/tcp_channel.hpp>
 #include <corocoll/version.hpp>
 
 #include <sys/socket.h>
@@ -24,6 +26,8 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <stop_token>
@@ -51,6 +55,12 @@ struct engine_options {
     /// two-core machine. Connections to other hosts keep autotuning, which a long network
     /// path needs. 0: autotuning everywhere.
     std::size_t same_host_send_buffer = std::size_t{256} << 10;
+    /// Which channel each pair of ranks gets at set-up (see `transport_choice`); unset:
+    /// COROCOLL_TRANSPORT, auto when that is unset too.
+    std::optional<transport_choice> transport;
+    /// Bytes of each direction's ring of a shared-memory channel (a power of two, at least
+    /// 64 KiB).
+    std::size_t shm_ring_bytes = std::size_t{1} << 20;
 };
 
 /// Point-to-point messaging over a mesh of connections, on one reactor: the transport under
@@ -68,18 +78,22 @@ class engine {
 public:
     using time_point = std::chrono::steady_clock::time_point;
 
-    engine(io::reactor& r, int rank, int size, std::vector<io::socket> sockets,
+    /// Over one channel per rank, indexed by rank (null for this rank and where none is).
+    engine(io::reactor& r, int rank, int size, std::vector<std::unique_ptr<channel>> channels,
            engine_options options = {})
-        : reactor_(r), rank_(rank), size_(size), options_(options), peers_(sockets.size()) {
+        : reactor_(r), rank_(rank), size_(size), options_(options), peers_(channels.size()) {
         for (std::size_t p = 0; p < peers_.size(); ++p) {
-            peers_[p].sock = std::move(sockets[p]);
-            if (peers_[p].sock.is_open()) {
-                peers_[p].size_send_buffer(options_.same_host_send_buffer);
-                peers_[p].address = peers_[p].sock.peer().to_string();
+            peers_[p].link = std::move(channels[p]);
+            if (peers_[p].connected()) {
+                peers_[p].address = peers_[p].link->address();
                 readers_.spawn(read_loop(static_cast<int>(p)));
             }
         }
     }
+    /// Over one connected socket per rank (TCP channels).
+    engine(io::reactor& r, int rank, int size, std::vector<io::socket> sockets,
+           engine_options options = {})
+        : engine(r, rank, size, tcp_channels(std::move(sockets), options), options) {}
     engine(const engine&) = delete;
     engine& operator=(const engine&) = delete;
     ~engine() {
@@ -158,6 +172,11 @@ public:
     using describer = detail::describer;
     void set_describer(describer d) noexcept { describe_ = d; }
 
+    /// The kind of channel to rank `p` ("tcp", "shm"); empty for this rank.
+    const char* channel_kind(int p) const noexcept {
+        return p >= 0 && p < size_ && peer_at(p).link ? peer_at(p).link->kind() : "";
+    }
+
     /// Receives a message with `tag` from `src` (or `any_source`) into `buf`; yields the sender
     /// and the length (or, with `Y`, only one of them). A message longer than `buf` is an
     /// error (the message is consumed).
@@ -209,6 +228,18 @@ private:
 
     std::string spell(const op_label& l) const { return l.spell(describe_); }
 
+    static std::vector<std::unique_ptr<channel>> tcp_channels(std::vector<io::socket> sockets,
+                                                              const engine_options& o) {
+        std::vector<std::unique_ptr<channel>> out(sockets.size());
+        for (std::size_t p = 0; p < sockets.size(); ++p) {
+            if (!sockets[p].is_open()) continue;
+            auto c = std::make_unique<tcp_channel>(std::move(sockets[p]));
+            c->size_send_buffer(o.same_host_send_buffer);
+            out[p] = std::move(c);
+        }
+        return out;
+    }
+
     static std::exception_ptr closed_error() {
         return std::make_exception_ptr(std::system_error(
             std::make_error_code(std::errc::operation_canceled), "the process group was closed"));
@@ -232,13 +263,19 @@ private:
         h.length = data.size();
         h.seal();
         iovec iov[2] = {{&h, sizeof(h)}, {const_cast<std::byte*>(data.data()), data.size()}};
+        std::span<iovec> all(iov, data.empty() ? 1 : 2);
         std::error_code failed;
-        io::op_options o(deadline, stop_.get_token());
-        o.try_now = true;  // the send lock makes this the socket's only send
-        try {
-            co_await ps.sock.send_vec(std::span(iov, data.empty() ? 1 : 2), o);
-        } catch (const std::system_error& e) {
-            failed = e.code();
+        // The send lock makes this the channel's only send: what fits now goes at once, and
+        // only the rest waits.
+        std::size_t sent = ps.link->try_send(all);
+        if (sent < sizeof(h) + data.size()) {
+            iovec rest_space[2];
+            try {
+                co_await ps.link->send(detail::iov_after(all, sent, rest_space),
+                                       io::op_options(deadline, stop_.get_token()));
+            } catch (const std::system_error& e) {
+                failed = e.code();
+            }
         }
         if (failed) {
             // A peer that failed the group tells us why in its last frame; a send that hits
@@ -321,7 +358,7 @@ private:
         auto deadline = io::deadline_after(std::chrono::seconds(5));
         std::vector<task<>> goodbyes;
         for (int p = 0; p < size_; ++p) {
-            if (peer_at(p).sock.is_open()) {
+            if (peer_at(p).connected()) {
                 goodbyes.push_back(say_goodbye(p, deadline));
             }
         }
@@ -334,7 +371,9 @@ private:
         closing_ = true;
         abort_all();
         co_await readers_.join();
-        for (auto& p : peers_) p.sock.close();
+        for (auto& p : peers_) {
+            if (p.link) co_await p.link->close();
+        }
     }
 
     task<> say_goodbye(int p, time_point deadline) {
@@ -345,8 +384,9 @@ private:
         h.src = static_cast<std::uint32_t>(rank_);
         h.dst = static_cast<std::uint32_t>(p);
         h.seal();
+        iovec iov{&h, sizeof(h)};
         try {
-            co_await ps.sock.send(std::as_bytes(std::span(&h, 1)), deadline);
+            co_await ps.link->send(std::span(&iov, 1), deadline);
         } catch (const std::system_error&) {
             // The peer is gone already; nothing to tell it.
         }
@@ -360,7 +400,7 @@ private:
         peer& p = peer_at(q);
         // The culprit is told too: after a mismatch it is alive and needs the reason (a dead
         // one's socket just refuses the write).
-        if (failed_peer_ < 0 || !p.sock.is_open() || p.departed) return;
+        if (failed_peer_ < 0 || !p.connected() || p.departed) return;
         std::string text = failure_text_.substr(0, abort_notice::max_text);
         abort_notice notice{static_cast<std::uint32_t>(failed_peer_), failure_code_.value(),
                             failure_code_.category() == corocoll::error_category(), text.size()};
@@ -452,7 +492,7 @@ private:
         for (std::size_t q = 0; q < peers_.size(); ++q) {
             peer& p = peers_[q];
             tell_abort(static_cast<int>(q));
-            p.sock.shutdown();
+            if (p.link) p.link->shutdown();
             if (p.blocked_reader) std::exchange(p.blocked_reader, {}).resume();
         }
         for (auto& p : peers_) matching_.fail_all(p.posted, failure_);
@@ -477,8 +517,9 @@ private:
                 // The header is read through the staging buffer with socket operations
                 // awaited right here: a frame costs the reader no coroutine of its own.
                 while (!ps.header_staged()) {
-                    std::size_t n =
-                        co_await ps.sock.recv_some(ps.staging_room(), stop_.get_token());
+                    std::span<std::byte> room = ps.staging_room();
+                    std::size_t n = ps.link->try_recv(room, false);
+                    if (n == 0) n = co_await ps.link->recv_some(room, stop_.get_token());
                     if (n == 0) {
                         corocoll::detail::throw_error(
                             corocoll::errc::connection_closed,
@@ -595,9 +636,8 @@ private:
     // coroutine frame, from the pool).
     static task<> deliver(peer& ps, int p, const frame_header& h, std::span<std::byte> rest,
                           io::op_options o) {
-        o.try_now = true;  // the rest of a large payload usually waits in the socket already
         if (!rest.empty()) {
-            co_await ps.sock.recv(rest, o);
+            co_await ps.read_payload(rest, std::move(o));
             co_return;
         }
         std::vector<std::byte> scratch(std::min<std::uint64_t>(h.length, 1 << 20));

@@ -1,6 +1,6 @@
 #pragma once
 
-// One peer of the engine: its connection, what its reader has staged, the messages that
+// One peer of the engine: its channel, what its reader has staged, the messages that
 // arrived before a receive wanted them, and the receives posted for it.
 
 #include <corocoll/core/async_mutex.hpp>
@@ -8,12 +8,11 @@
 #include <corocoll/core/task.hpp>
 #include <corocoll/core/when_all.hpp>
 #include <corocoll/io/reactor.hpp>
-#include <corocoll/io/socket.hpp>
+#include <corocoll/transport/channel.hpp>
 #include <corocoll/transport/frame.hpp>
 #include <corocoll/transport/posted_recv.hpp>
 #include <corocoll/version.hpp>
 
-#include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -47,7 +46,7 @@ struct peer {
     /// payload) and the frames behind it cost one system call.
     static constexpr std::size_t staging_bytes = std::size_t{16} << 10;
 
-    io::socket sock;
+    std::unique_ptr<channel> link;
     std::string address;
     async_mutex send_lock;
     // Receives posted for this peer by name, in posting order.
@@ -65,6 +64,8 @@ struct peer {
     bool departed = false;
     bool reader_exited = false;
     std::coroutine_handle<> exit_waiter;
+    bool connected() const noexcept { return link != nullptr && link->is_open(); }
+
     // What the reader has received and not yet consumed.
     std::unique_ptr<std::byte[]> staged;
     std::size_t staged_begin = 0;
@@ -130,26 +131,13 @@ struct peer {
 
     // Writes `h` and `text` at once without waiting, where no frame is half-sent (the send
     // lock is free); nothing otherwise. For last words: a header and a short text fit an idle
-    // socket's buffer, so the write does not come up short.
+    // channel, so the write does not come up short.
     void send_now(const frame_header& h, const std::string& text) noexcept {
         if (!send_lock.try_lock()) return;
         iovec iov[2] = {{const_cast<frame_header*>(&h), sizeof(h)},
                         {const_cast<char*>(text.data()), text.size()}};
-        msghdr msg{};
-        msg.msg_iov = iov;
-        msg.msg_iovlen = 2;
-        [[maybe_unused]] auto n =
-            ::sendmsg(sock.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        link->send_now(iov);
         send_lock.unlock();
-    }
-
-    // A send buffer of `bytes` where both ends have the same address (a peer on this host;
-    // see engine_options::same_host_send_buffer); 0 leaves the kernel's autotuning.
-    void size_send_buffer(std::size_t bytes) const {
-        if (bytes == 0 || sock.local_endpoint().host() != sock.peer().host()) return;
-        int n = static_cast<int>(std::min<std::size_t>(bytes, std::size_t{1} << 30));
-        // Best effort: a refusal leaves the kernel's autotuning, which works too.
-        ::setsockopt(sock.native_handle(), SOL_SOCKET, SO_SNDBUF, &n, sizeof(n));
     }
 
     // Waits until this peer's reader has ended (read the peer's last words or its EOF), or
@@ -178,12 +166,13 @@ struct peer {
         co_await when_all(waiter(), timer());
     }
 
-    // Fills `out` from the peer's stream: what is staged, then the socket (through the ring
-    // only for what is not already there).
+    // Fills `out` from the peer's stream: what is staged, then what the channel already has,
+    // then the channel's waits only for what is still missing.
     task<> read_payload(std::span<std::byte> out, io::op_options o) {
         std::span<std::byte> rest = take_staged(out);
-        o.try_now = true;  // usually the rest of a large payload already waits in the socket
-        if (!rest.empty()) co_await sock.recv(rest, o);
+        // Usually the rest of a large payload already waits in the channel.
+        if (!rest.empty()) rest = rest.subspan(link->try_recv(rest, true));
+        if (!rest.empty()) co_await link->recv(rest, std::move(o));
     }
 };
 

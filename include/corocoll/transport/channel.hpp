@@ -1,0 +1,97 @@
+#pragma once
+
+// What the engine needs from the connection to one peer: an ordered, reliable byte stream
+// with an end. Matching, sequencing and failure handling sit above it, in the engine; each
+// kind of connection is one implementation in a file of its own (tcp_channel.hpp,
+// shm_channel.hpp). A new kind (RDMA, say) is a new file that implements this.
+
+#include <corocoll/core/task.hpp>
+#include <corocoll/io/detail/basic_op.hpp>
+#include <corocoll/version.hpp>
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <span>
+#include <string>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport {
+
+/// Which channel a pair of ranks uses. `automatic`: shared memory where both ranks can map
+/// the same memory (same boot, same network namespace, a segment both see), TCP otherwise.
+/// `shm`: shared memory for every pair, and set-up fails for a pair that cannot. `tcp`:
+/// sockets everywhere. COROCOLL_TRANSPORT=auto|tcp|shm sets the default.
+enum class transport_choice { automatic, tcp, shm };
+
+/// One peer's connection as a byte stream: what one side sends arrives whole and in order on
+/// the other, then the end of the stream. Only the reactor's thread uses it. At most one
+/// receive and one send are in flight at a time (the engine's reader and its send lock).
+class channel {
+public:
+    channel() = default;
+    channel(const channel&) = delete;
+    channel& operator=(const channel&) = delete;
+    virtual ~channel() = default;
+
+    /// "tcp" or "shm": what logs and errors call it.
+    virtual const char* kind() const noexcept = 0;
+    /// How errors name the peer's end ("127.0.0.1:40123", "shm").
+    virtual std::string address() const = 0;
+
+    /// Copies into `out` what is already here, without waiting; 0 when nothing is. Where that
+    /// costs a system call (a socket) it is made only with `may_call_kernel`.
+    virtual std::size_t try_recv(std::span<std::byte> out, bool may_call_kernel) noexcept = 0;
+    /// Waits for bytes and yields how many were copied into `out`, 0 at the end of the stream.
+    virtual task<std::size_t> recv_some(std::span<std::byte> out, io::op_options o) = 0;
+    /// Fills all of `out`; fails with `corocoll::errc::connection_closed` if the stream ends
+    /// first.
+    virtual task<> recv(std::span<std::byte> out, io::op_options o) = 0;
+
+    /// Sends, without waiting, a prefix of the buffers of `iov` as long as fits now; returns
+    /// its length.
+    virtual std::size_t try_send(std::span<iovec> iov) noexcept = 0;
+    /// Sends every byte of `iov` (left as it was).
+    virtual task<> send(std::span<iovec> iov, io::op_options o) = 0;
+    /// Last words: all of `iov` now, or nothing (when it does not fit at once).
+    virtual void send_now(std::span<iovec> iov) noexcept = 0;
+
+    /// Ends the stream both ways: the peer reads its end, and a receive or send waiting here
+    /// ends at once (a receive with the end of the stream).
+    virtual void shutdown() noexcept = 0;
+    /// Waits for what the channel still has in flight in the kernel, then releases it. After
+    /// `shutdown`, with no receive or send waiting.
+    virtual task<> close() = 0;
+    virtual bool is_open() const noexcept = 0;
+};
+
+namespace detail {
+
+inline std::size_t iov_bytes(std::span<const iovec> iov) noexcept {
+    std::size_t n = 0;
+    for (const iovec& v : iov) n += v.iov_len;
+    return n;
+}
+
+// What is left of `iov` after its first `n` bytes, written into `rest` (which has room for
+// as many entries); returns the entries used.
+inline std::span<iovec> iov_after(std::span<const iovec> iov, std::size_t n,
+                                  std::span<iovec> rest) noexcept {
+    std::size_t used = 0;
+    for (const iovec& v : iov) {
+        if (n >= v.iov_len) {
+            n -= v.iov_len;
+            continue;
+        }
+        rest[used++] = {static_cast<char*>(v.iov_base) + n, v.iov_len - n};
+        n = 0;
+    }
+    return rest.first(used);
+}
+
+}  // namespace detail
+
+}  // namespace transport
+
+COROCOLL_END_NAMESPACE

@@ -1,0 +1,510 @@
+#pragma once
+
+// Choosing each pair's channel at set-up: the TCP mesh first (every pair has one, and it is
+// authenticated), then, for pairs that may share memory, a segment handed over a unix socket.
+//
+// Evidence, not hostnames: every rank publishes its boot id and the name of an abstract unix
+// socket it listens on. For a pair with the same boot id, the lower rank creates a memfd
+// segment, writes a fresh nonce into it, connects to the higher rank's socket (abstract
+// names are per network namespace, so ranks in different namespaces cannot reach each other
+// even on one kernel) and passes the segment's descriptor with SCM_RIGHTS. It tells the
+// higher rank the nonce over their TCP connection, which the job token already
+// authenticated; the higher rank maps the segment, finds the nonce in it, and says so on the
+// unix socket. Only then do both use shared memory; every other outcome leaves them on TCP,
+// with the reason logged at INFO. The segment is a memfd: nothing is named in /dev/shm, and
+// it is gone once both ranks have unmapped it or died.
+
+#include <corocoll/core/error.hpp>
+#include <corocoll/core/log.hpp>
+#include <corocoll/core/task.hpp>
+#include <corocoll/io/reactor.hpp>
+#include <corocoll/io/socket.hpp>
+#include <corocoll/rendezvous/store.hpp>
+#include <corocoll/transport/channel.hpp>
+#include <corocoll/transport/frame.hpp>
+#include <corocoll/transport/mesh.hpp>
+#include <corocoll/transport/shm_channel.hpp>
+#include <corocoll/transport/tcp_channel.hpp>
+#include <corocoll/version.hpp>
+
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <new>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport {
+
+/// How the ranks of a group pick their channels.
+struct channel_options {
+    /// See `transport_choice`. The default comes from COROCOLL_TRANSPORT (auto when unset).
+    transport_choice transport = transport_choice::automatic;
+    /// Bytes of each direction's ring of a shared-memory channel (a power of two, at least
+    /// 64 KiB).
+    std::size_t shm_ring_bytes = std::size_t{1} << 20;
+    /// See `engine_options::same_host_send_buffer`.
+    std::size_t same_host_send_buffer = std::size_t{256} << 10;
+};
+
+/// What COROCOLL_TRANSPORT says (`automatic` when unset); an unknown value is an error naming
+/// the variable.
+inline transport_choice transport_from_env() {
+    const char* text = std::getenv("COROCOLL_TRANSPORT");
+    if (text == nullptr || *text == '\0') return transport_choice::automatic;
+    std::string v(text);
+    if (v == "auto") return transport_choice::automatic;
+    if (v == "tcp") return transport_choice::tcp;
+    if (v == "shm") return transport_choice::shm;
+    throw std::invalid_argument("corocoll: COROCOLL_TRANSPORT='" + v +
+                                "' is not one of auto, tcp, shm");
+}
+
+inline const char* to_string(transport_choice c) noexcept {
+    switch (c) {
+        case transport_choice::tcp: return "tcp";
+        case transport_choice::shm: return "shm";
+        default: return "auto";
+    }
+}
+
+namespace detail {
+
+inline std::string boot_id() {
+    std::ifstream in("/proc/sys/kernel/random/boot_id");
+    std::string id;
+    in >> id;
+    return id;
+}
+
+inline std::uint64_t fresh_nonce() {
+    std::random_device rd;
+    return (std::uint64_t{rd()} << 32) ^ rd();
+}
+
+// An owned descriptor.
+struct fd_guard {
+    int fd = -1;
+    fd_guard() = default;
+    explicit fd_guard(int f) noexcept : fd(f) {}
+    fd_guard(fd_guard&& o) noexcept : fd(std::exchange(o.fd, -1)) {}
+    fd_guard& operator=(fd_guard&& o) noexcept {
+        if (this != &o) {
+            reset();
+            fd = std::exchange(o.fd, -1);
+        }
+        return *this;
+    }
+    ~fd_guard() { reset(); }
+    void reset() noexcept {
+        if (fd >= 0) ::close(std::exchange(fd, -1));
+    }
+    int release() noexcept { return std::exchange(fd, -1); }
+};
+
+// A mapping of a segment, unmapped unless released.
+struct mapping {
+    void* addr = nullptr;
+    std::size_t bytes = 0;
+    mapping() = default;
+    mapping(void* a, std::size_t b) noexcept : addr(a), bytes(b) {}
+    mapping(mapping&& o) noexcept : addr(std::exchange(o.addr, nullptr)), bytes(o.bytes) {}
+    mapping& operator=(mapping&& o) noexcept {
+        if (this != &o) {
+            reset();
+            addr = std::exchange(o.addr, nullptr);
+            bytes = o.bytes;
+        }
+        return *this;
+    }
+    ~mapping() { reset(); }
+    void reset() noexcept {
+        if (addr != nullptr) ::munmap(std::exchange(addr, nullptr), bytes);
+    }
+};
+
+inline sockaddr_un abstract_address(const std::string& name, socklen_t& len) {
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    // sun_path[0] stays 0: the abstract namespace.
+    std::memcpy(a.sun_path + 1, name.data(), std::min(name.size(), sizeof(a.sun_path) - 1));
+    len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+    return a;
+}
+
+// Listens on a fresh abstract unix socket; its name goes to the store.
+inline fd_guard listen_abstract(int backlog, std::string& name) {
+    char text[40];
+    std::snprintf(text, sizeof(text), "corocoll.%016llx",
+                  static_cast<unsigned long long>(fresh_nonce()));
+    name = text;
+    fd_guard fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (fd.fd < 0) corocoll::detail::throw_errno(errno, "corocoll: init: unix socket");
+    socklen_t len = 0;
+    sockaddr_un a = abstract_address(name, len);
+    if (::bind(fd.fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(fd.fd, backlog) != 0) {
+        corocoll::detail::throw_errno(errno, "corocoll: init: listening on a unix socket");
+    }
+    return fd;
+}
+
+// What the lower rank of a pair says over TCP: whether it offers a segment, and its nonce.
+struct shm_verdict {
+    std::uint32_t magic = 0x4d485343;  // "CSHM"
+    std::uint32_t offered = 0;
+    std::uint64_t nonce = 0;
+};
+// What comes with the segment's descriptor on the unix socket.
+struct shm_intro {
+    std::uint64_t magic = shm_magic;
+    std::uint64_t group = 0;
+    std::uint64_t nonce = 0;
+    std::uint64_t map_bytes = 0;
+    std::uint32_t rank = 0;
+    std::uint32_t reserved = 0;
+};
+
+// A fresh segment of two rings of `ring_bytes`, with `nonce` in it.
+inline mapping create_segment(std::size_t ring_bytes, std::uint64_t nonce, fd_guard& memfd) {
+    memfd = fd_guard(::memfd_create("corocoll-shm", MFD_CLOEXEC));
+    if (memfd.fd < 0) corocoll::detail::throw_errno(errno, "memfd_create");
+    std::size_t bytes = shm_segment::bytes_for(ring_bytes);
+    if (::ftruncate(memfd.fd, static_cast<off_t>(bytes)) != 0) {
+        corocoll::detail::throw_errno(errno, "ftruncate of the segment");
+    }
+    void* addr = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd.fd, 0);
+    if (addr == MAP_FAILED) corocoll::detail::throw_errno(errno, "mmap of the segment");
+    mapping m(addr, bytes);
+    auto* seg = new (addr) shm_segment;
+    seg->ring_bytes = ring_bytes;
+    seg->probe = nonce;
+    return m;
+}
+
+// Maps the segment the lower rank passed; empty with `why` when it is not what it should be.
+inline mapping map_segment(int fd, const shm_intro& intro, std::uint64_t nonce, std::string& why) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != intro.map_bytes ||
+        intro.map_bytes < shm_segment::data_offset) {
+        why = "the segment's size is not what its creator announced";
+        return {};
+    }
+    void* addr = ::mmap(nullptr, intro.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (addr == MAP_FAILED) {
+        why = std::string("mmap: ") + std::strerror(errno);
+        return {};
+    }
+    mapping m(addr, intro.map_bytes);
+    const auto* seg = static_cast<const shm_segment*>(addr);
+    std::uint64_t ring = seg->ring_bytes;
+    if (seg->magic != shm_magic || seg->probe != nonce || ring == 0 || (ring & (ring - 1)) != 0 ||
+        shm_segment::bytes_for(ring) != intro.map_bytes) {
+        why = "the mapped segment does not hold the nonce its creator sent (not the same memory)";
+        return {};
+    }
+    return m;
+}
+
+inline void send_intro(int sock, int memfd, const shm_intro& intro) {
+    iovec iov{const_cast<shm_intro*>(&intro), sizeof(intro)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &memfd, sizeof(int));
+    if (::sendmsg(sock, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(intro))) {
+        corocoll::detail::throw_errno(errno, "sending the segment over the unix socket");
+    }
+}
+
+// Reads an intro and the descriptor that came with it (-1 when none did); false when what
+// arrived is not an intro.
+inline bool recv_intro(int sock, shm_intro& intro, fd_guard& memfd) {
+    iovec iov{&intro, sizeof(intro)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n >= 0 && c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            int fd = -1;
+            std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+            memfd = fd_guard(fd);
+        }
+    }
+    return n == static_cast<ssize_t>(sizeof(intro)) && intro.magic == shm_magic &&
+           memfd.fd >= 0;
+}
+
+// Connects to the abstract unix socket `name`; an empty guard with `why` when it is not there.
+inline task<fd_guard> connect_abstract(io::reactor& r, const std::string& name,
+                                       std::chrono::steady_clock::time_point deadline,
+                                       std::string& why) {
+    for (;;) {
+        fd_guard fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+        if (fd.fd < 0) corocoll::detail::throw_errno(errno, "unix socket");
+        socklen_t len = 0;
+        sockaddr_un a = abstract_address(name, len);
+        if (::connect(fd.fd, reinterpret_cast<sockaddr*>(&a), len) == 0) co_return fd;
+        int err = errno;
+        // A full backlog: the listener is there and busy; try again shortly.
+        if (err == EAGAIN && std::chrono::steady_clock::now() < deadline) {
+            co_await r.sleep_for(std::chrono::milliseconds(1));
+            continue;
+        }
+        why = err == ECONNREFUSED || err == ENOENT
+                  ? "its unix socket cannot be reached from here (another network namespace)"
+                  : std::string("connecting to its unix socket: ") + std::strerror(err);
+        co_return fd_guard{};
+    }
+}
+
+// Sends or receives exactly `bytes` on a non-blocking unix socket within `deadline`.
+inline task<bool> unix_exchange(io::reactor& r, int fd, void* data, std::size_t bytes, bool send,
+                                std::chrono::steady_clock::time_point deadline) {
+    auto* p = static_cast<char*>(data);
+    while (bytes > 0) {
+        ssize_t n = send ? ::send(fd, p, bytes, MSG_DONTWAIT | MSG_NOSIGNAL)
+                         : ::recv(fd, p, bytes, MSG_DONTWAIT);
+        if (n > 0) {
+            p += n;
+            bytes -= static_cast<std::size_t>(n);
+            continue;
+        }
+        if (n == 0 || (errno != EAGAIN && errno != EINTR)) co_return false;
+        co_await r.poll(fd, send ? POLLOUT : POLLIN, io::op_options(deadline));
+    }
+    co_return true;
+}
+
+struct shm_peer_info {
+    transport_choice choice = transport_choice::tcp;
+    std::string boot;
+    std::string socket_name;
+};
+
+// One pair's outcome on this side.
+struct pair_plan {
+    bool candidate = false;
+    std::string why;  // why not shm (empty when shm)
+    mapping map;
+    fd_guard sock;
+    std::uint64_t nonce = 0;
+    bool shm = false;
+};
+
+}  // namespace detail
+
+/// Builds the group's channels: the TCP mesh (`connect_mesh`), then shared memory for every
+/// pair that both allow it and can map one segment (see the top of this file). Every pair's
+/// choice is logged at INFO with its reason. With `transport_choice::shm` on either rank of a
+/// pair, a pair that cannot share memory fails set-up with an error naming both ranks and the
+/// reason. Returns one channel per rank, indexed by rank (null for this rank).
+inline task<std::vector<std::unique_ptr<channel>>> connect_channels(io::reactor& r,
+                                                                    rendezvous::store& store,
+                                                                    int rank, int size,
+                                                                    mesh_options mo,
+                                                                    channel_options co) {
+    std::vector<io::socket> socks = co_await connect_mesh(r, store, rank, size, mo);
+    std::vector<std::unique_ptr<channel>> out(static_cast<std::size_t>(size));
+    auto at = [](int p) { return static_cast<std::size_t>(p); };
+    auto tcp_for = [&](int p) {
+        auto c = std::make_unique<tcp_channel>(std::move(socks[at(p)]));
+        c->size_send_buffer(co.same_host_send_buffer);
+        out[at(p)] = std::move(c);
+    };
+    if (size == 1) co_return out;
+
+    std::size_t ring = co.shm_ring_bytes;
+    if (ring < (std::size_t{64} << 10) || (ring & (ring - 1)) != 0) {
+        throw std::invalid_argument("corocoll: init: shm_ring_bytes " + std::to_string(ring) +
+                                    " is not a power of two of at least 64 KiB");
+    }
+    detail::fd_guard listener;
+    std::string my_socket = "-";
+    std::string my_boot = detail::boot_id();
+    if (my_boot.empty()) my_boot = "-";
+    if (co.transport != transport_choice::tcp) listener = detail::listen_abstract(size, my_socket);
+    co_await store.set("mesh/shm/" + std::to_string(rank),
+                       std::string(to_string(co.transport)) + " " + my_boot + " " + my_socket);
+    std::vector<std::string> keys;
+    for (int p = 0; p < size; ++p) {
+        if (p != rank) keys.push_back("mesh/shm/" + std::to_string(p));
+    }
+    co_await store.wait(keys, std::chrono::duration_cast<std::chrono::milliseconds>(std::max(
+                                  mo.deadline - std::chrono::steady_clock::now(),
+                                  std::chrono::steady_clock::duration{})));
+    std::vector<detail::shm_peer_info> info(at(size));
+    std::vector<detail::pair_plan> plan(at(size));
+    for (int p = 0; p < size; ++p) {
+        if (p == rank) continue;
+        std::istringstream in(co_await store.get("mesh/shm/" + std::to_string(p)));
+        std::string choice;
+        in >> choice >> info[at(p)].boot >> info[at(p)].socket_name;
+        info[at(p)].choice = choice == "shm"   ? transport_choice::shm
+                             : choice == "tcp" ? transport_choice::tcp
+                                               : transport_choice::automatic;
+        auto& pl = plan[at(p)];
+        if (co.transport == transport_choice::tcp || info[at(p)].choice == transport_choice::tcp) {
+            pl.why = "COROCOLL_TRANSPORT=tcp on rank " +
+                     std::to_string(co.transport == transport_choice::tcp ? rank : p);
+        } else if (my_boot == "-" || info[at(p)].boot != my_boot) {
+            pl.why = "another host (boot ids differ)";
+        } else {
+            pl.candidate = true;
+        }
+    }
+
+    std::uint64_t group = hash64(mo.group_name);
+    // Lower side: offer a segment to every higher candidate, then tell each its verdict.
+    for (int q = rank + 1; q < size; ++q) {
+        auto& pl = plan[at(q)];
+        detail::shm_verdict v;
+        if (pl.candidate) {
+            try {
+                pl.nonce = detail::fresh_nonce();
+                detail::fd_guard memfd;
+                pl.map = detail::create_segment(ring, pl.nonce, memfd);
+                pl.sock = co_await detail::connect_abstract(r, info[at(q)].socket_name,
+                                                            mo.deadline, pl.why);
+                if (pl.sock.fd >= 0) {
+                    detail::shm_intro intro;
+                    intro.group = group;
+                    intro.nonce = pl.nonce;
+                    intro.map_bytes = pl.map.bytes;
+                    intro.rank = static_cast<std::uint32_t>(rank);
+                    detail::send_intro(pl.sock.fd, memfd.fd, intro);
+                    v.offered = 1;
+                    v.nonce = pl.nonce;
+                }
+            } catch (const std::system_error& e) {
+                pl.why = e.what();
+            }
+            if (v.offered == 0) {
+                pl.map.reset();
+                pl.sock.reset();
+            }
+        }
+        co_await socks[at(q)].send(std::as_bytes(std::span(&v, 1)), mo.deadline);
+    }
+    // Higher side: read each lower rank's verdict, then take the segments offered.
+    int offered = 0;
+    for (int p = 0; p < rank; ++p) {
+        detail::shm_verdict v;
+        co_await socks[at(p)].recv(std::as_writable_bytes(std::span(&v, 1)), mo.deadline);
+        if (v.magic != detail::shm_verdict{}.magic) {
+            corocoll::detail::throw_error(corocoll::errc::protocol_error,
+                                          "corocoll: init: rank " + std::to_string(p) +
+                                              " sent no channel verdict");
+        }
+        auto& pl = plan[at(p)];
+        if (v.offered != 0) {
+            pl.nonce = v.nonce;
+            pl.candidate = true;
+            ++offered;
+        } else if (pl.candidate) {
+            pl.candidate = false;
+            pl.why = "rank " + std::to_string(p) + " could not offer a segment";
+        }
+    }
+    while (offered > 0) {
+        co_await r.poll(listener.fd, POLLIN, io::op_options(mo.deadline));
+        detail::fd_guard conn(::accept4(listener.fd, nullptr, nullptr,
+                                        SOCK_CLOEXEC | SOCK_NONBLOCK));
+        if (conn.fd < 0) continue;
+        co_await r.poll(conn.fd, POLLIN, io::op_options(mo.deadline));
+        detail::shm_intro intro;
+        detail::fd_guard memfd;
+        bool ok = detail::recv_intro(conn.fd, intro, memfd);
+        auto p = static_cast<int>(intro.rank);
+        if (!ok || intro.group != group || p < 0 || p >= rank || !plan[at(p)].candidate ||
+            plan[at(p)].sock.fd >= 0 || intro.nonce != plan[at(p)].nonce) {
+            COROCOLL_LOG(warn, "INIT", "rank ", rank,
+                         " drops a stray connection to its unix socket");
+            continue;
+        }
+        auto& pl = plan[at(p)];
+        pl.map = detail::map_segment(memfd.fd, intro, pl.nonce, pl.why);
+        std::uint64_t reply = pl.map.addr != nullptr ? 1 : 0;
+        pl.sock = std::move(conn);
+        if (!co_await detail::unix_exchange(r, pl.sock.fd, &reply, sizeof(reply), true,
+                                            mo.deadline)) {
+            pl.map.reset();
+            if (pl.why.empty()) pl.why = "rank " + std::to_string(p) + " left during set-up";
+        }
+        pl.shm = pl.map.addr != nullptr;
+        --offered;
+    }
+    // Lower side again: the higher ranks' answers.
+    for (int q = rank + 1; q < size; ++q) {
+        auto& pl = plan[at(q)];
+        if (pl.sock.fd < 0) continue;
+        std::uint64_t reply = 0;
+        if (!co_await detail::unix_exchange(r, pl.sock.fd, &reply, sizeof(reply), false,
+                                            mo.deadline) ||
+            reply != 1) {
+            pl.why = "rank " + std::to_string(q) + " could not map the segment";
+            pl.map.reset();
+            continue;
+        }
+        pl.shm = true;
+    }
+    listener.reset();
+
+    for (int p = 0; p < size; ++p) {
+        if (p == rank) continue;
+        auto& pl = plan[at(p)];
+        std::string pair = "rank " + std::to_string(rank) + " - rank " + std::to_string(p);
+        if (!pl.shm) {
+            if (co.transport == transport_choice::shm ||
+                info[at(p)].choice == transport_choice::shm) {
+                if (pl.why.empty()) pl.why = "the segment could not be shared";
+                corocoll::detail::throw_error(
+                    std::make_error_code(std::errc::operation_not_supported),
+                    "corocoll: init: " + pair +
+                        " cannot use shared memory, which COROCOLL_TRANSPORT=shm asks for: " +
+                        pl.why);
+            }
+            COROCOLL_LOG(info, "INIT", pair, ": tcp (", pl.why, ")");
+            tcp_for(p);
+            continue;
+        }
+        COROCOLL_LOG(info, "INIT", pair, ": shm (same boot id, one segment mapped by both)");
+        socks[at(p)].close();
+        out[at(p)] = std::make_unique<shm_channel>(r, p < rank ? 1 : 0, pl.map.addr, pl.map.bytes,
+                                                   pl.sock.release());
+        pl.map.addr = nullptr;  // the channel owns it now
+    }
+    co_return out;
+}
+
+}  // namespace transport
+
+COROCOLL_END_NAMESPACE
