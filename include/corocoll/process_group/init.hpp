@@ -113,6 +113,7 @@ inline task<std::shared_ptr<process_group>> build_group(
     transport::channel_options channels;
     channels.transport = limits.transport ? *limits.transport : transport::transport_from_env();
     channels.shm_ring_bytes = limits.shm_ring_bytes;
+    channels.shm_single_copy_bytes = limits.shm_single_copy_bytes;
     channels.same_host_send_buffer = limits.same_host_send_buffer;
     auto peers = co_await transport::connect_channels(r, *group_store, rank, size, mesh, channels);
     if (co_await group_store->add("init/arrived", 1) == size) {

@@ -12,6 +12,7 @@
 #include <sys/uio.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 
@@ -48,6 +49,14 @@ public:
     /// Fills all of `out`; fails with `corocoll::errc::connection_closed` if the stream ends
     /// first.
     virtual task<> recv(std::span<std::byte> out, io::op_options o) = 0;
+
+    /// True when the next `bytes` of the stream are not in the channel but still in the
+    /// peer's memory, from where a receive copies them once (a shared-memory single copy):
+    /// worth holding until the receive that wants them is posted. Never for a socket.
+    virtual bool holds_in_peer(std::uint64_t bytes) noexcept {
+        (void)bytes;
+        return false;
+    }
 
     /// Sends, without waiting, a prefix of the buffers of `iov` as long as fits now; returns
     /// its length.

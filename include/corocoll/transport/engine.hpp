@@ -61,6 +61,15 @@ struct engine_options {
     /// Bytes of each direction's ring of a shared-memory channel (a power of two, at least
     /// 64 KiB).
     std::size_t shm_ring_bytes = std::size_t{1} << 20;
+    /// Payloads of at least this many bytes travel between ranks that share memory as one
+    /// copy from the sender's buffer to the receiver's (process_vm_readv, where the kernel
+    /// allows it; through the ring otherwise); 0: always through the ring.
+    std::size_t shm_single_copy_bytes = std::size_t{32} << 10;
+    /// How long a message whose payload can be copied once, straight from the sender's
+    /// memory, waits for its receive before it is buffered like any early message. The
+    /// sender's send (and its later sends to this rank) wait meanwhile; the bound keeps a
+    /// program whose ranks all send before they receive from stalling. 0: buffer at once.
+    std::chrono::microseconds single_copy_hold{1000};
 };
 
 /// Point-to-point messaging over a mesh of connections, on one reactor: the transport under
@@ -547,6 +556,31 @@ private:
                 }
                 if (!check_active(p, h)) co_return;  // the group failed
                 posted_recv* pr = matching_.match(p, h);
+                if (pr == nullptr && h.length > 0 && options_.single_copy_hold.count() > 0 &&
+                    ps.link->holds_in_peer(h.length)) {
+                    // Copied into a buffer now, it would be copied twice; the receive usually
+                    // comes soon.
+                    ps.blocked = &h;
+                    ps.hold.owner = &ps;
+                    ps.hold.when = std::chrono::steady_clock::now() + options_.single_copy_hold;
+                    ps.hold.fire = [](io::timer_entry& t) noexcept {
+                        peer& held = *static_cast<peer::hold_timer&>(t).owner;
+                        if (held.blocked_reader) std::exchange(held.blocked_reader, {}).resume();
+                    };
+                    reactor_.arm(ps.hold);
+                    co_await blocked_awaiter{ps};
+                    reactor_.disarm(ps.hold);
+                    ps.blocked = nullptr;
+                    if (closing_ || failure_) {
+                        if (posted_recv* handed = std::exchange(ps.handed, nullptr)) {
+                            handed->error = failure_;
+                            matching_.complete(*handed);
+                        }
+                        co_return;
+                    }
+                    pr = std::exchange(ps.handed, nullptr);
+                    if (pr == nullptr) pr = matching_.match(p, h);
+                }
                 while (pr == nullptr && h.length > 0 &&
                        ps.unexpected_bytes + h.length > options_.unexpected_bytes_per_peer &&
                        !ps.unexpected.empty()) {
@@ -594,7 +628,7 @@ private:
                     continue;
                 }
                 detail::unexpected_msg m{h, matching_.next_arrival(),
-                                         std::vector<std::byte>(h.length)};
+                                         detail::message_bytes(h.length)};
                 co_await ps.read_payload(m.data, stop_.get_token());
                 // A receive may have been posted while the payload arrived.
                 if (posted_recv* late = matching_.match(p, h)) {

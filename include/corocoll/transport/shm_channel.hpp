@@ -37,6 +37,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -83,6 +84,13 @@ struct shm_segment {
     // head (written by the other), each on a line of its own.
     counter tail[2];
     counter head[2];
+    // Single copies from side s's memory that the other side has finished, and the number of
+    // the one side s gave up waiting for (its buffer may be gone: the copy is void).
+    counter copied[2];
+    counter withdrawn[2];
+    // Whether side s may read the other side's memory (process_vm_readv, probed at set-up).
+    std::atomic<std::uint32_t> can_read_peer[2] = {0, 0};
+    std::int32_t pid[2] = {0, 0};
 
     static constexpr std::size_t data_offset = 1024;
     static std::size_t bytes_for(std::size_t ring_bytes) noexcept {
@@ -94,6 +102,22 @@ struct shm_segment {
     }
 };
 static_assert(sizeof(shm_segment) <= shm_segment::data_offset);
+
+// What a ring carries: records of 16 bytes, then, for `inline_bytes`, `length` bytes of the
+// stream padded to 8; for `single_copy`, a descriptor of `length` bytes of the stream that the
+// reader copies straight out of the writer's memory.
+struct shm_record {
+    enum kind_t : std::uint32_t { inline_bytes = 1, single_copy = 2 };
+    std::uint32_t kind = inline_bytes;
+    std::uint32_t reserved = 0;
+    std::uint64_t length = 0;
+};
+struct shm_remote {
+    std::uint64_t address = 0;
+    std::uint64_t number = 0;  // the writer's count of single copies, this one included
+};
+static_assert(sizeof(shm_record) == 16 && sizeof(shm_remote) == 16);
+inline constexpr std::size_t pad8(std::size_t n) noexcept { return (n + 7) & ~std::size_t{7}; }
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 
@@ -105,7 +129,10 @@ class shm_channel final : public channel {
 public:
     /// Takes over `mapping` (`map_bytes` long, already initialised by the creator) and the
     /// connected unix socket `fd`, and starts watching the socket for the peer's end.
-    shm_channel(io::reactor& r, int side, void* mapping, std::size_t map_bytes, int fd)
+    /// Payloads of at least `single_copy_bytes` go as single copies where the peer may read
+    /// this process's memory (0: never).
+    shm_channel(io::reactor& r, int side, void* mapping, std::size_t map_bytes, int fd,
+                std::size_t single_copy_bytes = std::size_t{32} << 10)
         : reactor_(r),
           side_(side),
           seg_(static_cast<detail::shm_segment*>(mapping)),
@@ -118,6 +145,8 @@ public:
         out_head_ = seg_->head[side_].value.load(std::memory_order_relaxed);
         in_head_ = seg_->head[1 - side_].value.load(std::memory_order_relaxed);
         in_tail_ = in_head_;
+        single_copy_wanted_ = single_copy_bytes;
+        peer_pid_ = seg_->pid[1 - side_];
         entry_.self = this;
         entry_.poll = &poll_entry_fn;
         entry_.prepare_sleep = &prepare_sleep_fn;
@@ -139,21 +168,39 @@ public:
     std::string address() const override { return "shm"; }
 
     std::size_t try_recv(std::span<std::byte> out, bool /*may_call_kernel*/) noexcept override {
-        if (in_tail_ == in_head_) {
-            in_tail_ = seg_->tail[1 - side_].value.load(std::memory_order_acquire);
-            if (in_tail_ == in_head_) return 0;
+        std::size_t got = 0;
+        while (got < out.size()) {
+            if (in_left_ == 0 && !next_record()) break;
+            std::size_t n = std::min<std::uint64_t>(in_left_, out.size() - got);
+            if (in_kind_ == detail::shm_record::single_copy) {
+                // Never after other bytes: what lands in a staging buffer should be small.
+                if (got > 0) break;
+                n = copy_remote(out.data(), n);
+                if (n == 0) break;  // failed: recv reports it
+            } else {
+                copy_out(out.data() + got, n);
+                in_head_ += n;
+            }
+            got += n;
+            in_left_ -= n;
+            if (in_left_ == 0) end_record();
         }
-        std::size_t n = std::min<std::uint64_t>(in_tail_ - in_head_, out.size());
-        copy_out(out.data(), n);
-        in_head_ += n;
-        seg_->head[1 - side_].value.store(in_head_, std::memory_order_release);
-        wake_peer_if_asleep();
-        return n;
+        if (got > 0) {
+            seg_->head[1 - side_].value.store(in_head_, std::memory_order_release);
+            wake_peer_if_asleep();
+        }
+        return got;
+    }
+
+    bool holds_in_peer(std::uint64_t bytes) noexcept override {
+        if (in_left_ == 0 && !next_record()) return false;
+        return in_kind_ == detail::shm_record::single_copy && in_left_ == bytes;
     }
 
     task<std::size_t> recv_some(std::span<std::byte> out, io::op_options o) override {
         for (;;) {
             if (std::size_t n = try_recv(out, false); n > 0 || out.empty()) co_return n;
+            throw_copy_error();
             if (shut_ || peer_ended_) co_return 0;
             co_await wait{*this, false, o};
         }
@@ -163,6 +210,7 @@ public:
         while (!out.empty()) {
             std::size_t n = try_recv(out, false);
             if (n == 0) {
+                throw_copy_error();
                 if (shut_ || peer_ended_) {
                     corocoll::detail::throw_error(corocoll::errc::connection_closed,
                                                   "corocoll: recv from shm: the peer is gone");
@@ -175,22 +223,15 @@ public:
 
     std::size_t try_send(std::span<iovec> iov) noexcept override {
         if (shut_ || peer_ended_) return 0;
-        std::size_t want = detail::iov_bytes(iov);
-        std::size_t room = seg_->ring_bytes - (out_tail_ - out_head_);
-        if (room < want) {
-            out_head_ = seg_->head[side_].value.load(std::memory_order_acquire);
-            room = seg_->ring_bytes - (out_tail_ - out_head_);
-        }
         std::size_t sent = 0;
         for (const iovec& v : iov) {
-            std::size_t n = std::min(v.iov_len, room - sent);
-            copy_in(static_cast<const std::byte*>(v.iov_base), n);
+            // A payload for a single copy goes through `send`, which waits for the copy.
+            if (single_copy(v.iov_len)) break;
+            std::size_t n = put_inline(static_cast<const std::byte*>(v.iov_base), v.iov_len);
             sent += n;
             if (n < v.iov_len) break;
         }
-        if (sent == 0) return 0;
-        seg_->tail[side_].value.store(out_tail_, std::memory_order_release);
-        wake_peer_if_asleep();
+        if (sent > 0) publish();
         return sent;
     }
 
@@ -208,15 +249,23 @@ public:
                 corocoll::detail::throw_error(std::make_error_code(std::errc::broken_pipe),
                                               "corocoll: send to shm: the peer is gone");
             }
+            if (single_copy(rest[0].iov_len) && put_remote(rest[0])) {
+                co_await single_copy_done(o);
+                rest = rest.subspan(1);
+                if (rest.empty()) co_return;
+                continue;
+            }
             co_await wait{*this, true, o};
         }
     }
 
     void send_now(std::span<iovec> iov) noexcept override {
         if (shut_ || peer_ended_) return;
-        out_head_ = seg_->head[side_].value.load(std::memory_order_acquire);
-        if (seg_->ring_bytes - (out_tail_ - out_head_) < detail::iov_bytes(iov)) return;
-        try_send(iov);
+        std::size_t need = 0;
+        for (const iovec& v : iov) need += sizeof(detail::shm_record) + detail::pad8(v.iov_len);
+        if (room() < need) return;
+        for (const iovec& v : iov) put_inline(static_cast<const std::byte*>(v.iov_base), v.iov_len);
+        publish();
     }
 
     void shutdown() noexcept override {
@@ -239,30 +288,155 @@ public:
 private:
     // ---- the rings ----
 
-    void copy_in(const std::byte* from, std::size_t n) noexcept {
+    std::size_t room() noexcept {
+        out_head_ = seg_->head[side_].value.load(std::memory_order_acquire);
+        return seg_->ring_bytes - (out_tail_ - out_head_);
+    }
+
+    void copy_in(const void* from, std::size_t n) noexcept {
+        const auto* src = static_cast<const std::byte*>(from);
         std::size_t at = out_tail_ & mask_;
         std::size_t first = std::min<std::size_t>(n, seg_->ring_bytes - at);
-        std::memcpy(out_ + at, from, first);
-        if (first < n) std::memcpy(out_, from + first, n - first);
+        std::memcpy(out_ + at, src, first);
+        if (first < n) std::memcpy(out_, src + first, n - first);
         out_tail_ += n;
     }
 
-    void copy_out(std::byte* to, std::size_t n) noexcept {
+    void copy_out(void* to, std::size_t n) noexcept {
+        auto* dst = static_cast<std::byte*>(to);
         std::size_t at = in_head_ & mask_;
         std::size_t first = std::min<std::size_t>(n, seg_->ring_bytes - at);
-        std::memcpy(to, in_ + at, first);
-        if (first < n) std::memcpy(to + first, in_, n - first);
+        std::memcpy(dst, in_ + at, first);
+        if (first < n) std::memcpy(dst + first, in_, n - first);
+    }
+
+    // Writes what fits of `n` bytes as one inline record (not yet published); returns how many.
+    std::size_t put_inline(const std::byte* from, std::size_t n) noexcept {
+        if (n == 0) return 0;
+        std::size_t free = seg_->ring_bytes - (out_tail_ - out_head_);
+        if (free < sizeof(detail::shm_record) + detail::pad8(n)) free = room();
+        if (free <= sizeof(detail::shm_record) + 8) return 0;
+        std::size_t take = std::min(n, (free - sizeof(detail::shm_record)) & ~std::size_t{7});
+        detail::shm_record rec{detail::shm_record::inline_bytes, 0, take};
+        copy_in(&rec, sizeof(rec));
+        copy_in(from, take);
+        out_tail_ += detail::pad8(take) - take;
+        return take;
+    }
+
+    // Writes a single-copy record for `v` and publishes it; false when there is no room yet.
+    bool put_remote(const iovec& v) noexcept {
+        if (room() < sizeof(detail::shm_record) + sizeof(detail::shm_remote)) return false;
+        detail::shm_record rec{detail::shm_record::single_copy, 0, v.iov_len};
+        detail::shm_remote where{reinterpret_cast<std::uintptr_t>(v.iov_base), ++copies_sent_};
+        copy_in(&rec, sizeof(rec));
+        copy_in(&where, sizeof(where));
+        publish();
+        return true;
+    }
+
+    void publish() noexcept {
+        seg_->tail[side_].value.store(out_tail_, std::memory_order_release);
+        wake_peer_if_asleep();
+    }
+
+    // Starts the next record if one is here; false when none is.
+    bool next_record() noexcept {
+        if (in_tail_ - in_head_ < sizeof(detail::shm_record)) {
+            in_tail_ = seg_->tail[1 - side_].value.load(std::memory_order_acquire);
+            if (in_tail_ - in_head_ < sizeof(detail::shm_record)) return false;
+        }
+        detail::shm_record rec;
+        copy_out(&rec, sizeof(rec));
+        in_head_ += sizeof(rec);
+        in_kind_ = rec.kind;
+        in_left_ = rec.length;
+        if (rec.kind == detail::shm_record::single_copy) {
+            detail::shm_remote where;
+            copy_out(&where, sizeof(where));
+            in_head_ += sizeof(where);
+            in_address_ = where.address;
+            in_number_ = where.number;
+        } else {
+            in_pad_ = detail::pad8(rec.length) - rec.length;
+        }
+        return true;
+    }
+
+    void end_record() noexcept {
+        if (in_kind_ == detail::shm_record::single_copy) {
+            // The writer gave up on this copy (and may have freed its buffer) before we were
+            // done: what was copied cannot be trusted.
+            if (seg_->withdrawn[1 - side_].value.load(std::memory_order_seq_cst) >= in_number_) {
+                copy_error_ = std::make_error_code(std::errc::connection_aborted);
+            }
+            seg_->copied[1 - side_].value.store(in_number_, std::memory_order_seq_cst);
+        } else {
+            in_head_ += in_pad_;
+        }
+    }
+
+    // Copies up to `n` bytes of the current single copy out of the writer's memory.
+    std::size_t copy_remote(std::byte* to, std::size_t n) noexcept {
+        iovec local{to, n};
+        iovec remote{reinterpret_cast<void*>(in_address_), n};
+        ssize_t got = ::process_vm_readv(peer_pid_, &local, 1, &remote, 1, 0);
+        if (got <= 0) {
+            copy_error_ = std::error_code(got < 0 ? errno : EIO, std::system_category());
+            return 0;
+        }
+        in_address_ += static_cast<std::uint64_t>(got);
+        return static_cast<std::size_t>(got);
+    }
+
+    void throw_copy_error() const {
+        if (copy_error_) {
+            corocoll::detail::throw_error(copy_error_,
+                                          "corocoll: recv from shm: copying from the peer");
+        }
+    }
+
+    // Whether `bytes` go as a single copy. The peer's probe may end after the channel has
+    // started (it says so through the segment): until then everything goes inline.
+    bool single_copy(std::size_t bytes) noexcept {
+        if (single_copy_wanted_ == 0 || bytes < single_copy_wanted_) return false;
+        if (!peer_reads_us_) {
+            peer_reads_us_ = seg_->can_read_peer[1 - side_].load(std::memory_order_acquire) != 0;
+        }
+        return peer_reads_us_;
     }
 
     bool readable() noexcept {
-        if (in_tail_ != in_head_) return true;
+        if (in_left_ > 0 || in_tail_ - in_head_ >= sizeof(detail::shm_record)) return true;
         in_tail_ = seg_->tail[1 - side_].value.load(std::memory_order_acquire);
-        return in_tail_ != in_head_;
+        return in_tail_ - in_head_ >= sizeof(detail::shm_record);
     }
 
-    bool has_room() noexcept {
-        out_head_ = seg_->head[side_].value.load(std::memory_order_acquire);
-        return out_tail_ - out_head_ < seg_->ring_bytes;
+    bool copy_finished() noexcept {
+        return seg_->copied[side_].value.load(std::memory_order_acquire) >= copies_sent_;
+    }
+
+    // A writer waits for room, or for its single copy to be finished.
+    bool writer_ready() noexcept { return awaiting_copy_ ? copy_finished() : room() > 64; }
+
+    // Waits until the peer has copied the payload of the last single copy out of our memory.
+    task<> single_copy_done(io::op_options o) {
+        awaiting_copy_ = true;
+        try {
+            while (!copy_finished()) {
+                if (shut_ || peer_ended_) {
+                    corocoll::detail::throw_error(std::make_error_code(std::errc::broken_pipe),
+                                                  "corocoll: send to shm: the peer is gone");
+                }
+                co_await wait{*this, true, o};
+            }
+        } catch (...) {
+            // The buffer may go away now: the peer must not trust a copy it finishes later.
+            seg_->withdrawn[side_].value.store(copies_sent_, std::memory_order_seq_cst);
+            awaiting_copy_ = false;
+            throw;
+        }
+        awaiting_copy_ = false;
     }
 
     // After a store the peer may wait for: the fence orders it before the look at the flag,
@@ -351,7 +525,7 @@ private:
             c.finish(*c.reader_);
             progress = true;
         }
-        if (c.writer_ != nullptr && (over || c.has_room())) {
+        if (c.writer_ != nullptr && (over || c.writer_ready())) {
             c.finish(*c.writer_);
             progress = true;
         }
@@ -365,7 +539,7 @@ private:
         auto& flag = c.seg_->asleep[c.side_].value;
         flag.store(1, std::memory_order_relaxed);
         std::atomic_thread_fence(std::memory_order_seq_cst);
-        if ((c.reader_ != nullptr && c.readable()) || (c.writer_ != nullptr && c.has_room()) ||
+        if ((c.reader_ != nullptr && c.readable()) || (c.writer_ != nullptr && c.writer_ready()) ||
             c.shut_ || c.peer_ended_) {
             flag.store(0, std::memory_order_relaxed);
             return false;
@@ -430,6 +604,19 @@ private:
     std::uint64_t out_head_ = 0;
     std::uint64_t in_head_ = 0;
     std::uint64_t in_tail_ = 0;
+    // The record being read: its kind, bytes left, padding after it, and for a single copy
+    // where the rest is in the writer's memory and its number.
+    std::uint32_t in_kind_ = 0;
+    std::uint64_t in_left_ = 0;
+    std::size_t in_pad_ = 0;
+    std::uint64_t in_address_ = 0;
+    std::uint64_t in_number_ = 0;
+    std::error_code copy_error_;
+    std::size_t single_copy_wanted_ = 0;
+    bool peer_reads_us_ = false;
+    int peer_pid_ = 0;
+    std::uint64_t copies_sent_ = 0;
+    bool awaiting_copy_ = false;
     wait* reader_ = nullptr;
     wait* writer_ = nullptr;
     entry entry_;

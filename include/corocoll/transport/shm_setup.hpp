@@ -31,6 +31,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -61,6 +62,9 @@ struct channel_options {
     /// Bytes of each direction's ring of a shared-memory channel (a power of two, at least
     /// 64 KiB).
     std::size_t shm_ring_bytes = std::size_t{1} << 20;
+    /// Payloads of at least this many bytes go from the sender's buffer straight into the
+    /// receiver's (process_vm_readv) where the receiver may read the sender's memory; 0: never.
+    std::size_t shm_single_copy_bytes = std::size_t{32} << 10;
     /// See `engine_options::same_host_send_buffer`.
     std::size_t same_host_send_buffer = std::size_t{256} << 10;
 };
@@ -178,9 +182,26 @@ struct shm_intro {
     std::uint64_t group = 0;
     std::uint64_t nonce = 0;
     std::uint64_t map_bytes = 0;
+    std::uint64_t address = 0;  // where the creator mapped the segment (for the probe)
     std::uint32_t rank = 0;
     std::uint32_t reserved = 0;
 };
+// What the higher rank answers on the unix socket.
+struct shm_reply {
+    std::uint64_t mapped = 0;
+    std::uint64_t address = 0;  // where it mapped the segment (for the creator's probe)
+};
+
+// Whether this process may read process `pid`'s memory at `address`, where a segment holding
+// `nonce` is mapped (process_vm_readv: ptrace access, the same pid namespace).
+inline bool can_read(int pid, std::uint64_t address, std::uint64_t nonce) noexcept {
+    std::uint64_t seen = 0;
+    iovec local{&seen, sizeof(seen)};
+    iovec remote{reinterpret_cast<void*>(address + offsetof(shm_segment, probe)), sizeof(seen)};
+    return ::process_vm_readv(pid, &local, 1, &remote, 1, 0) ==
+               static_cast<ssize_t>(sizeof(seen)) &&
+           seen == nonce;
+}
 
 // A fresh segment of two rings of `ring_bytes`, with `nonce` in it.
 inline mapping create_segment(std::size_t ring_bytes, std::uint64_t nonce, fd_guard& memfd) {
@@ -190,12 +211,13 @@ inline mapping create_segment(std::size_t ring_bytes, std::uint64_t nonce, fd_gu
     if (::ftruncate(memfd.fd, static_cast<off_t>(bytes)) != 0) {
         corocoll::detail::throw_errno(errno, "ftruncate of the segment");
     }
-    void* addr = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd.fd, 0);
+    void* addr = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, memfd.fd, 0);
     if (addr == MAP_FAILED) corocoll::detail::throw_errno(errno, "mmap of the segment");
     mapping m(addr, bytes);
     auto* seg = new (addr) shm_segment;
     seg->ring_bytes = ring_bytes;
     seg->probe = nonce;
+    seg->pid[0] = static_cast<std::int32_t>(::getpid());
     return m;
 }
 
@@ -207,7 +229,7 @@ inline mapping map_segment(int fd, const shm_intro& intro, std::uint64_t nonce, 
         why = "the segment's size is not what its creator announced";
         return {};
     }
-    void* addr = ::mmap(nullptr, intro.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void* addr = ::mmap(nullptr, intro.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (addr == MAP_FAILED) {
         why = std::string("mmap: ") + std::strerror(errno);
         return {};
@@ -399,6 +421,7 @@ inline task<std::vector<std::unique_ptr<channel>>> connect_channels(io::reactor&
                     intro.group = group;
                     intro.nonce = pl.nonce;
                     intro.map_bytes = pl.map.bytes;
+                    intro.address = reinterpret_cast<std::uintptr_t>(pl.map.addr);
                     intro.rank = static_cast<std::uint32_t>(rank);
                     detail::send_intro(pl.sock.fd, memfd.fd, intro);
                     v.offered = 1;
@@ -452,7 +475,16 @@ inline task<std::vector<std::unique_ptr<channel>>> connect_channels(io::reactor&
         }
         auto& pl = plan[at(p)];
         pl.map = detail::map_segment(memfd.fd, intro, pl.nonce, pl.why);
-        std::uint64_t reply = pl.map.addr != nullptr ? 1 : 0;
+        detail::shm_reply reply;
+        if (pl.map.addr != nullptr) {
+            auto* seg = static_cast<detail::shm_segment*>(pl.map.addr);
+            seg->pid[1] = static_cast<std::int32_t>(::getpid());
+            seg->can_read_peer[1].store(detail::can_read(seg->pid[0], intro.address, pl.nonce)
+                                            ? 1
+                                            : 0);
+            reply.mapped = 1;
+            reply.address = reinterpret_cast<std::uintptr_t>(pl.map.addr);
+        }
         pl.sock = std::move(conn);
         if (!co_await detail::unix_exchange(r, pl.sock.fd, &reply, sizeof(reply), true,
                                             mo.deadline)) {
@@ -466,14 +498,17 @@ inline task<std::vector<std::unique_ptr<channel>>> connect_channels(io::reactor&
     for (int q = rank + 1; q < size; ++q) {
         auto& pl = plan[at(q)];
         if (pl.sock.fd < 0) continue;
-        std::uint64_t reply = 0;
+        detail::shm_reply reply;
         if (!co_await detail::unix_exchange(r, pl.sock.fd, &reply, sizeof(reply), false,
                                             mo.deadline) ||
-            reply != 1) {
+            reply.mapped != 1) {
             pl.why = "rank " + std::to_string(q) + " could not map the segment";
             pl.map.reset();
             continue;
         }
+        auto* seg = static_cast<detail::shm_segment*>(pl.map.addr);
+        seg->can_read_peer[0].store(detail::can_read(seg->pid[1], reply.address, pl.nonce) ? 1
+                                                                                           : 0);
         pl.shm = true;
     }
     listener.reset();
@@ -496,10 +531,19 @@ inline task<std::vector<std::unique_ptr<channel>>> connect_channels(io::reactor&
             tcp_for(p);
             continue;
         }
-        COROCOLL_LOG(info, "INIT", pair, ": shm (same boot id, one segment mapped by both)");
+        int side = p < rank ? 1 : 0;
+        auto* seg = static_cast<detail::shm_segment*>(pl.map.addr);
+        COROCOLL_LOG(info, "INIT", pair,
+                     ": shm (same boot id, one segment mapped by both; single copies from rank ",
+                     rank, ": ",
+                     co.shm_single_copy_bytes == 0 ? "off"
+                     : seg->can_read_peer[1 - side].load() != 0
+                         ? "on"
+                         : "not yet (the peer's probe is still running, or it failed)",
+                     ")");
         socks[at(p)].close();
-        out[at(p)] = std::make_unique<shm_channel>(r, p < rank ? 1 : 0, pl.map.addr, pl.map.bytes,
-                                                   pl.sock.release());
+        out[at(p)] = std::make_unique<shm_channel>(r, side, pl.map.addr, pl.map.bytes,
+                                                   pl.sock.release(), co.shm_single_copy_bytes);
         pl.map.addr = nullptr;  // the channel owns it now
     }
     co_return out;
