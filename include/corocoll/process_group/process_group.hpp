@@ -102,6 +102,10 @@ public:
     const std::string& name() const noexcept { return name_; }
     duration timeout() const noexcept { return timeout_; }
     io::reactor& reactor() const noexcept { return reactor_; }
+    /// The channel that carries this rank's messages to and from rank `peer`: "shm" (shared
+    /// memory, on this host) or "tcp"; empty for this rank itself or a rank outside the group.
+    /// COROCOLL_DEBUG=INFO logs each pair's choice and the reason at set-up.
+    const char* channel_to(int peer) const noexcept { return engine_.channel_kind(peer); }
     /// The group's namespace in the rendezvous store.
     rendezvous::store& store() const noexcept { return *store_; }
     /// The same, shared: another group (the GPU layer's NCCL group) may rendezvous through it.

@@ -66,6 +66,15 @@ public:
     /// Last words: all of `iov` now, or nothing (when it does not fit at once).
     virtual void send_now(std::span<iovec> iov) noexcept = 0;
 
+    /// Leaves `iov` (a header and a short text, at most `last_words_bytes`) where the peer
+    /// finds it after the stream has ended, even if a frame was cut off in the middle: the
+    /// reason this rank failed reaches the peer although a send was in flight. Nothing where
+    /// the channel has no such place (a socket: its last words go in the stream).
+    virtual void leave_last_words(std::span<iovec> iov) noexcept { (void)iov; }
+    /// What the peer left with `leave_last_words`; empty when nothing.
+    virtual std::string last_words() const { return {}; }
+    static constexpr std::size_t last_words_bytes = 64 + 4096;
+
     /// Ends the stream both ways: the peer reads its end, and a receive or send waiting here
     /// ends at once (a receive with the end of the stream).
     virtual void shutdown() noexcept = 0;

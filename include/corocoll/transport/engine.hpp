@@ -413,17 +413,39 @@ private:
         std::string text = failure_text_.substr(0, abort_notice::max_text);
         abort_notice notice{static_cast<std::uint32_t>(failed_peer_), failure_code_.value(),
                             failure_code_.category() == corocoll::error_category(), text.size()};
-        p.send_now(notice.header(static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(q)),
-                   text);
+        frame_header h =
+            notice.header(static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(q));
+        // Also where the peer finds it after a frame cut off by this failure (shared memory).
+        iovec iov[2] = {{&h, sizeof(h)}, {text.data(), text.size()}};
+        p.link->leave_last_words(iov);
+        p.send_now(h, text);
     }
 
     // A peer's last words name the rank that made its group fail: this group fails with the
     // same cause and text.
     task<> take_abort(peer& ps, int p, const abort_notice& notice) {
+        apply_abort(p, notice, co_await ps.read_text(notice.text_length));
+    }
+
+    // Peer `p`'s stream ended: if it left an abort notice beside the stream (a frame was cut
+    // off), that is the cause; true when it did.
+    bool take_last_words(int p) {
+        std::string words = peer_at(p).link->last_words();
+        if (words.size() < sizeof(frame_header)) return false;
+        frame_header h;
+        std::memcpy(&h, words.data(), sizeof(h));
+        if (!h.problem(abort_notice::max_text).empty() || h.src != static_cast<std::uint32_t>(p))
+            return false;
+        auto notice = abort_notice::of(h, size_);
+        if (!notice) return false;
+        apply_abort(p, *notice, words.substr(sizeof(h), notice->text_length));
+        return true;
+    }
+
+    void apply_abort(int p, const abort_notice& notice, std::string text) {
         std::error_code code = notice.corocoll_code
                                    ? std::error_code(notice.code, corocoll::error_category())
                                    : std::error_code(notice.code, std::system_category());
-        std::string text = co_await ps.read_text(notice.text_length);
         std::string by = "reported by rank " + std::to_string(p);
         if (text.empty()) {
             fail(static_cast<int>(notice.culprit), code, by);
@@ -647,7 +669,9 @@ private:
             // in their code.
             bool ours = e.code().category() == corocoll::error_category() &&
                         e.code() != corocoll::errc::connection_closed;
-            if (!closing_) fail(p, e.code(), ours ? corocoll::detail::context_of(e) : "");
+            if (!closing_ && !failure_ && !take_last_words(p)) {
+                fail(p, e.code(), ours ? corocoll::detail::context_of(e) : "");
+            }
         } catch (const std::exception& e) {
             if (!closing_) fail(p, make_error_code(corocoll::errc::protocol_error), e.what());
         }

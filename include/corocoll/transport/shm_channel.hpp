@@ -88,11 +88,14 @@ struct shm_segment {
     // the one side s gave up waiting for (its buffer may be gone: the copy is void).
     counter copied[2];
     counter withdrawn[2];
+    // What side s said last (a header and a text), for the other side to read after the end.
+    std::atomic<std::uint32_t> last_words_length[2] = {0, 0};
+    char last_words[2][64 + 4096];
     // Whether side s may read the other side's memory (process_vm_readv, probed at set-up).
     std::atomic<std::uint32_t> can_read_peer[2] = {0, 0};
     std::int32_t pid[2] = {0, 0};
 
-    static constexpr std::size_t data_offset = 1024;
+    static constexpr std::size_t data_offset = 16384;
     static std::size_t bytes_for(std::size_t ring_bytes) noexcept {
         return data_offset + 2 * ring_bytes;
     }
@@ -268,6 +271,23 @@ public:
         publish();
     }
 
+    void leave_last_words(std::span<iovec> iov) noexcept override {
+        auto& area = seg_->last_words[side_];
+        std::size_t n = 0;
+        for (const iovec& v : iov) {
+            std::size_t k = std::min(v.iov_len, sizeof(area) - n);
+            std::memcpy(area + n, v.iov_base, k);
+            n += k;
+        }
+        seg_->last_words_length[side_].store(static_cast<std::uint32_t>(n),
+                                             std::memory_order_release);
+    }
+    std::string last_words() const override {
+        std::uint32_t n = seg_->last_words_length[1 - side_].load(std::memory_order_acquire);
+        const auto& area = seg_->last_words[1 - side_];
+        return std::string(area, std::min<std::size_t>(n, sizeof(area)));
+    }
+
     void shutdown() noexcept override {
         if (shut_) return;
         shut_ = true;
@@ -382,7 +402,10 @@ private:
         iovec remote{reinterpret_cast<void*>(in_address_), n};
         ssize_t got = ::process_vm_readv(peer_pid_, &local, 1, &remote, 1, 0);
         if (got <= 0) {
-            copy_error_ = std::error_code(got < 0 ? errno : EIO, std::system_category());
+            // ESRCH: the writer's process is gone (killed) while its payload was being read.
+            copy_error_ = got < 0 && errno == ESRCH
+                              ? make_error_code(corocoll::errc::connection_closed)
+                              : std::error_code(got < 0 ? errno : EIO, std::system_category());
             return 0;
         }
         in_address_ += static_cast<std::uint64_t>(got);

@@ -1,0 +1,233 @@
+// The shared-memory channel through the public API: which pairs get it, what crosses it (small
+// messages through the rings, large ones as one copy from the sender's memory, early ones
+// held or buffered), how a waiting rank sleeps and is woken, and what a rank killed mid-copy
+// leaves behind: every peer fails naming it, and /dev/shm holds nothing of ours.
+
+#include "../support/pattern.hpp"
+#include "../support/ranks.hpp"
+
+#include <corocoll/corocoll.hpp>
+
+#include <doctest/doctest.h>
+
+#include <dirent.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <vector>
+
+using namespace corocoll_test;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Sets an environment variable for the scope of a test.
+struct scoped_env {
+    std::string name;
+    scoped_env(const char* n, const char* value) : name(n) { ::setenv(n, value, 1); }
+    ~scoped_env() { ::unsetenv(name.c_str()); }
+};
+
+std::set<std::string> dev_shm_entries() {
+    std::set<std::string> names;
+    if (DIR* d = ::opendir("/dev/shm")) {
+        while (dirent* e = ::readdir(d)) names.insert(e->d_name);
+        ::closedir(d);
+    }
+    return names;
+}
+
+thread_ranks_options with(cc::transport::transport_choice c) {
+    thread_ranks_options o;
+    o.limits.transport = c;
+    return o;
+}
+
+}  // namespace
+
+TEST_CASE("ranks on one host get shared memory by default, and tcp when asked") {
+    for (auto choice : {cc::transport::transport_choice::automatic,
+                        cc::transport::transport_choice::tcp}) {
+        bool tcp = choice == cc::transport::transport_choice::tcp;
+        CAPTURE(tcp);
+        std::vector<std::string> kinds(3);
+        check_every_rank_ok(run_threads(
+            3,
+            [&](cc::process_group& pg) -> cc::task<> {
+                std::string mine;
+                for (int p = 0; p < pg.size(); ++p) mine += std::string(pg.channel_to(p)) + ",";
+                kinds[static_cast<std::size_t>(pg.rank())] = mine;
+                std::vector<int> v{pg.rank()};
+                co_await pg.all_reduce(v);
+                if (v[0] != 3) throw std::runtime_error("all_reduce gave " + std::to_string(v[0]));
+            },
+            with(choice)));
+        CHECK(kinds[0] == (tcp ? ",tcp,tcp," : ",shm,shm,"));
+        CHECK(kinds[1] == (tcp ? "tcp,,tcp," : "shm,,shm,"));
+        CHECK(kinds[2] == (tcp ? "tcp,tcp,," : "shm,shm,,"));
+    }
+}
+
+TEST_CASE("an unknown COROCOLL_TRANSPORT is refused at set-up with a message naming it") {
+    scoped_env env("COROCOLL_TRANSPORT", "infiniband");
+    auto errors = run_threads(2, [](cc::process_group&) -> cc::task<> { co_return; });
+    for (const auto& e : errors) CHECK(what(e).find("COROCOLL_TRANSPORT='infiniband'") != std::string::npos);
+}
+
+TEST_CASE("messages of every size cross shared memory whole and in order, pre-posted or early") {
+    // 0, 1, around the ring's record boundaries and the single-copy threshold, and several
+    // times the 64 KiB ring used here, so that a message wraps and waits for room.
+    const std::vector<std::size_t> sizes = {0,     1,     7,         8,          64,
+                                            4095,  32767, 32 << 10,  (32 << 10) + 1,
+                                            100000, 1 << 20, (3 << 20) + 5};
+    for (bool single_copy : {true, false}) {
+        CAPTURE(single_copy);
+        thread_ranks_options o = with(cc::transport::transport_choice::shm);
+        o.limits.shm_ring_bytes = 64 << 10;
+        o.limits.shm_single_copy_bytes = single_copy ? 32 << 10 : 0;
+        check_every_rank_ok(run_threads(
+            2,
+            [&](cc::process_group& pg) -> cc::task<> {
+                if (pg.rank() == 0) {
+                    // Every size twice: first into a receive posted in advance, then early
+                    // (sent before rank 1 posts), with a small message behind each.
+                    for (std::size_t k = 0; k < sizes.size(); ++k) {
+                        auto out = pattern(sizes[k], static_cast<unsigned>(k));
+                        co_await pg.send(out, 1, 1);
+                        std::vector<int> go(1);
+                        co_await pg.recv(go, 1, 2);
+                        co_await pg.send(out, 1, 3);
+                        std::vector<int> tail{static_cast<int>(k)};
+                        co_await pg.send(tail, 1, 4);
+                    }
+                } else {
+                    for (std::size_t k = 0; k < sizes.size(); ++k) {
+                        auto want = pattern(sizes[k], static_cast<unsigned>(k));
+                        std::vector<std::byte> in(sizes[k] + 3);
+                        auto op = pg.recv(in, 0, 1);
+                        op.start();
+                        std::vector<int> go{1};
+                        co_await pg.send(go, 0, 2);
+                        co_await op;
+                        if (!std::equal(want.begin(), want.end(), in.begin()))
+                            throw std::runtime_error("posted message " + std::to_string(k) + " differs");
+                        co_await pg.reactor().sleep_for(2ms);  // the next one arrives first
+                        std::vector<std::byte> early(sizes[k]);
+                        co_await pg.recv(early, 0, 3);
+                        if (early != want)
+                            throw std::runtime_error("early message " + std::to_string(k) + " differs");
+                        std::vector<int> tail(1);
+                        co_await pg.recv(tail, 0, 4);
+                        if (tail[0] != static_cast<int>(k))
+                            throw std::runtime_error("message behind " + std::to_string(k) + " differs");
+                    }
+                }
+            },
+            o));
+    }
+}
+
+TEST_CASE("two ranks that both send a large message before receiving do not stall") {
+    // Each payload waits in its sender's memory for a receive that comes only after that
+    // rank's own send: the hold ends and the message is buffered.
+    check_every_rank_ok(run_threads(
+        2,
+        [](cc::process_group& pg) -> cc::task<> {
+            int other = 1 - pg.rank();
+            auto out = pattern(4 << 20, static_cast<unsigned>(pg.rank()));
+            co_await pg.send(out, other);
+            std::vector<std::byte> in(out.size());
+            co_await pg.recv(in, other);
+            if (in != pattern(4 << 20, static_cast<unsigned>(other)))
+                throw std::runtime_error("payload differs");
+        },
+        with(cc::transport::transport_choice::shm)));
+}
+
+TEST_CASE("a rank waiting on shared memory sleeps in the kernel and the sender wakes it") {
+    std::vector<std::uint64_t> sleeps(2);
+    check_every_rank_ok(run_threads(
+        2,
+        [&](cc::process_group& pg) -> cc::task<> {
+            std::vector<int> v(1);
+            auto before = pg.reactor().stats().watched_sleeps;
+            if (pg.rank() == 0) {
+                // Long past rank 1's busy polling: it has gone to sleep by then.
+                co_await pg.reactor().sleep_for(100ms);
+                v[0] = 42;
+                co_await pg.send(v, 1);
+            } else {
+                co_await pg.recv(v, 0);
+                if (v[0] != 42) throw std::runtime_error("wrong value");
+            }
+            sleeps[static_cast<std::size_t>(pg.rank())] =
+                pg.reactor().stats().watched_sleeps - before;
+        },
+        with(cc::transport::transport_choice::shm)));
+    CHECK(sleeps[1] >= 1);
+}
+
+TEST_CASE("SIGKILL of a rank during a 64 MiB shm all_reduce fails every peer naming it, and "
+          "leaves /dev/shm as it was") {
+    auto shm_before = dev_shm_entries();
+    char stamp_path[] = "/tmp/corocoll-shm-kill-XXXXXX";
+    int fd = ::mkstemp(stamp_path);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+    std::string stamp = stamp_path;
+    scoped_env env("COROCOLL_TRANSPORT", "shm");
+    cc::spawn_options o;
+    o.stop_others_on_failure = false;  // the survivors report what they saw
+    o.timeout = 120s;
+    auto result = cc::spawn_ranks(
+        3,
+        [stamp](cc::process_group& pg) -> cc::task<> {
+            std::vector<float> v(16 << 20, 1.0f);
+            if (pg.rank() == 2) {
+                // Dies in the middle of an all_reduce, after the others are well into theirs.
+                cc::work<> w = cc::start(pg.all_reduce(v));
+                co_await pg.reactor().sleep_for(200ms);
+                auto now = std::chrono::steady_clock::now().time_since_epoch();
+                std::ofstream(stamp) << std::chrono::duration_cast<std::chrono::microseconds>(now).count();
+                ::raise(SIGKILL);
+            }
+            try {
+                for (;;) co_await pg.all_reduce(v);
+            } catch (const std::system_error& e) {
+                auto now = std::chrono::duration_cast<std::chrono::microseconds>(
+                               std::chrono::steady_clock::now().time_since_epoch())
+                               .count();
+                long long died = 0;
+                std::ifstream(stamp) >> died;
+                std::string text = e.what();
+                std::printf("rank %d failed %.3f s after rank 2 died: %s\n", pg.rank(),
+                            static_cast<double>(now - died) / 1e6, text.c_str());
+                if (text.find("rank 2") == std::string::npos)
+                    throw std::runtime_error("the error does not name rank 2: " + text);
+                if (text.find("timed out") != std::string::npos)
+                    throw std::runtime_error("a timeout, not the death, ended the wait: " + text);
+                co_return;
+            }
+        },
+        o);
+    ::unlink(stamp.c_str());
+    for (const auto& r : result.ranks) {
+        CAPTURE(r.describe());
+        if (r.rank == 2) {
+            CHECK(r.signal == SIGKILL);
+        } else {
+            CHECK(r.ok());
+        }
+    }
+    CHECK(dev_shm_entries() == shm_before);
+}
