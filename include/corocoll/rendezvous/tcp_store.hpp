@@ -11,6 +11,7 @@
 #include <corocoll/version.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <coroutine>
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include <exception>
 #include <future>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <stdexcept>
@@ -121,6 +123,17 @@ private:
 
 }  // namespace detail
 
+/// What a `tcp_store_server` has done and holds, for tests and monitoring. Counters only grow;
+/// the others are the state at the time of `tcp_store_server::stats()`.
+struct tcp_store_server_stats {
+    std::uint64_t connections_accepted = 0;
+    /// Accepts that failed for a reason other than the server stopping (EMFILE, say).
+    std::uint64_t accept_failures = 0;
+    std::uint64_t open_connections = 0;
+    /// WAIT requests whose keys are not all there yet.
+    std::uint64_t parked_waits = 0;
+};
+
 /// Tag for `tcp_store_server`'s constructor that binds without starting the server's thread.
 struct deferred_start_t {
     explicit deferred_start_t() = default;
@@ -175,7 +188,24 @@ public:
     const io::endpoint& local_endpoint() const noexcept { return local_; }
     std::uint16_t port() const noexcept { return local_.port(); }
 
+    /// A snapshot of the server's counters (any thread; each value is read on its own).
+    tcp_store_server_stats stats() const noexcept {
+        tcp_store_server_stats out;
+        out.connections_accepted = counters_.connections_accepted.load(std::memory_order_relaxed);
+        out.accept_failures = counters_.accept_failures.load(std::memory_order_relaxed);
+        out.open_connections = counters_.open_connections.load(std::memory_order_relaxed);
+        out.parked_waits = counters_.parked_waits.load(std::memory_order_relaxed);
+        return out;
+    }
+
 private:
+    struct counters {
+        std::atomic<std::uint64_t> connections_accepted{0};
+        std::atomic<std::uint64_t> accept_failures{0};
+        std::atomic<std::uint64_t> open_connections{0};
+        std::atomic<std::uint64_t> parked_waits{0};
+    };
+
     struct waiter {
         std::size_t missing = 0;
         std::coroutine_handle<> handle;
@@ -240,8 +270,10 @@ private:
         while (!stopping_) {
             try {
                 io::socket s = co_await listener.accept(stop_.get_token());
+                counters_.connections_accepted.fetch_add(1, std::memory_order_relaxed);
                 connections.spawn(handle(std::move(s)));
             } catch (const std::system_error&) {
+                if (!stopping_) counters_.accept_failures.fetch_add(1, std::memory_order_relaxed);
                 // Cancelled at shutdown, or a transient accept failure (EMFILE, ECONNABORTED):
                 // the loop condition tells which.
             }
@@ -250,6 +282,11 @@ private:
     }
 
     task<> handle(io::socket s) {
+        counters_.open_connections.fetch_add(1, std::memory_order_relaxed);
+        struct on_exit {
+            std::atomic<std::uint64_t>& open;
+            ~on_exit() { open.fetch_sub(1, std::memory_order_relaxed); }
+        } closing{counters_.open_connections};
         detail::wire_writer out;
         detail::wire_reader in(s, io::op_options(stop_.get_token()));
         try {
@@ -327,7 +364,9 @@ private:
             case detail::query::wait: {
                 auto keys = co_await read_keys(in);
                 if (!all_present(keys)) {
+                    counters_.parked_waits.fetch_add(1, std::memory_order_relaxed);
                     co_await park(keys);
+                    counters_.parked_waits.fetch_sub(1, std::memory_order_relaxed);
                     if (stopping_) co_return false;
                 }
                 out.u8(detail::wait_stop_waiting);
@@ -388,6 +427,7 @@ private:
     bool stopping_ = false;
     std::unordered_map<std::string, std::string> data_;
     std::unordered_map<std::string, std::vector<waiter*>> waiting_;
+    counters counters_;
 };
 
 /// A client of a TCP store (`tcp_store_server`, or torch 1.13's TCPStore server, launcher
