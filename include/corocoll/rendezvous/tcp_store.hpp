@@ -623,7 +623,7 @@ inline constexpr deferred_start_t deferred_start{};
 class tcp_store_server {
 public:
     explicit tcp_store_server(io::endpoint where, tcp_store_server_options o = {})
-        : tcp_store_server(where, deferred_start, std::move(o)) {
+        : tcp_store_server(where, deferred_start, o) {
         start();
     }
 
@@ -634,7 +634,7 @@ public:
     tcp_store_server(io::endpoint where, deferred_start_t, tcp_store_server_options o = {})
         : listener_(io::acceptor::listen_unattached(where)),
           local_(listener_.local_endpoint()),
-          options_(std::move(o)) {
+          options_(o) {
         limits_.max_value_bytes = options_.max_value_bytes;
     }
 
