@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -54,6 +55,20 @@ void check_store_semantics(cc::io::reactor& r, rdv::store& a, rdv::store& b) {
         CHECK(co_await b.add("n", -7) == -2);
         CHECK(co_await a.get("n") == "-2");
         CHECK(co_await b.add("n", 0) == -2);
+        // Past the int64 range: refused naming the key, and the value stays.
+        constexpr auto max = std::numeric_limits<std::int64_t>::max();
+        CHECK(co_await a.add("big", max) == max);
+        std::string overflow;
+        try {
+            co_await b.add("big", 1);
+        } catch (const std::system_error& e) {
+            CHECK(e.code() == std::errc::value_too_large);
+            overflow = e.what();
+        }
+        CHECK(overflow.find("big'") != std::string::npos);  // 'big', 'p/big' in a prefix store
+        CHECK(overflow.find("overflow") != std::string::npos);
+        CHECK(co_await a.get("big") == std::to_string(max));
+        CHECK(co_await b.delete_key("big"));
 
         // compare_set: absent key with empty / non-empty expected, matching, not matching.
         CHECK(co_await a.compare_set("cs", "", "first") == "first");

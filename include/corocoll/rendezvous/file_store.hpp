@@ -61,8 +61,9 @@ public:
     task<std::int64_t> add(std::string key, std::int64_t delta) override {
         locked l(*this);
         std::int64_t value = delta;
-        if (auto it = data_.find(key); it != data_.end())
-            value += detail::parse_store_int(key, it->second);
+        if (auto it = data_.find(key); it != data_.end()) {
+            value = detail::checked_add(key, detail::parse_store_int(key, it->second), delta);
+        }
         append(record_set, key, std::to_string(value));
         co_return value;
     }

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <corocoll/core/error.hpp>
 #include <corocoll/core/task.hpp>
 #include <corocoll/version.hpp>
 
@@ -8,6 +9,7 @@
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 COROCOLL_BEGIN_NAMESPACE
@@ -78,6 +80,19 @@ inline std::int64_t parse_store_int(const std::string& key, const std::string& t
     }
     throw std::invalid_argument("corocoll: store add: the value of key '" + key +
                                 "' is not an integer");
+}
+
+/// `old + delta` for an ADD to `key`; throws `std::system_error` (value_too_large) naming the
+/// key where the sum leaves the int64 range, rather than wrap.
+inline std::int64_t checked_add(const std::string& key, std::int64_t old, std::int64_t delta) {
+    std::int64_t sum = 0;
+    if (__builtin_add_overflow(old, delta, &sum)) {
+        corocoll::detail::throw_error(std::make_error_code(std::errc::value_too_large),
+                                      "corocoll: store: add of " + std::to_string(delta) + " to '" +
+                                          key + "' (now " + std::to_string(old) +
+                                          ") would overflow int64; the value is unchanged");
+    }
+    return sum;
 }
 
 inline std::string join_keys(const std::vector<std::string>& keys) {

@@ -11,6 +11,7 @@
 #include <corocoll/version.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <coroutine>
 #include <cstdint>
@@ -18,10 +19,12 @@
 #include <exception>
 #include <future>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -39,6 +42,12 @@ namespace detail {
 // integers as native-endian int64. Replies: SET none; COMPARE_SET and GET a byte vector; ADD,
 // GETNUMKEYS and DELETE_KEY an int64; CHECK one byte (READY 0, NOT_READY 1); WAIT one byte
 // (STOP_WAITING 0) sent once every key exists. ADD stores its result as decimal text.
+//
+// corocoll's extension, which torch's clients never use: HELLO (0xC0) with the u64
+// `hello_magic` is answered with the same u64, and from then on every reply on that
+// connection starts with a `reply_status` byte. A status other than ok is followed by a byte
+// vector naming the request and the reason, and the server then closes the connection. To a
+// torch client (no HELLO) the server says nothing and closes, as torch's server does.
 enum class query : std::uint8_t {
     set = 0,
     compare_set = 1,
@@ -49,16 +58,46 @@ enum class query : std::uint8_t {
     get_num_keys = 6,
     watch_key = 7,
     delete_key = 8,
+    hello = 0xC0,
 };
 inline constexpr std::uint8_t check_ready = 0;
 inline constexpr std::uint8_t check_not_ready = 1;
 inline constexpr std::uint8_t wait_stop_waiting = 0;
+/// "corocoll" in a little-endian u64.
+inline constexpr std::uint64_t hello_magic = 0x6c6c6f636f726f63;
 
-/// The largest key, value and key count a store server accepts; larger lengths in a request
-/// mean a broken or hostile client, whose connection is closed.
+/// The first byte of every reply on a connection that said HELLO.
+enum class reply_status : std::uint8_t {
+    ok = 0,
+    too_large = 1,  // a key, value or request over the server's limits
+    overflow = 2,   // ADD past the int64 range
+    busy = 3,       // the server's byte budget for unfinished requests is spent
+    invalid = 4,    // GET of a missing key, ADD to a value that is not a number
+    unsupported = 5,
+};
+
+/// The error a client reports for a refusal with status `s`.
+inline std::error_code refusal_code(std::uint8_t s) {
+    switch (static_cast<reply_status>(s)) {
+        case reply_status::too_large:
+            return make_error_code(corocoll::errc::message_too_large);
+        case reply_status::overflow:
+            return std::make_error_code(std::errc::value_too_large);
+        case reply_status::busy:
+            return std::make_error_code(std::errc::no_buffer_space);
+        case reply_status::invalid:
+            return std::make_error_code(std::errc::invalid_argument);
+        default:
+            return make_error_code(corocoll::errc::protocol_error);
+    }
+}
+
+/// The largest key, value and key count a client reads in a reply, and the defaults of a
+/// server's limits.
 inline constexpr std::uint64_t max_key_bytes = std::uint64_t{1} << 16;
 inline constexpr std::uint64_t max_value_bytes = std::uint64_t{1} << 30;
 inline constexpr std::uint64_t max_keys_per_request = std::uint64_t{1} << 16;
+inline constexpr std::uint64_t max_refusal_bytes = std::uint64_t{1} << 16;
 
 /// Appends wire-format fields to a request or reply.
 class wire_writer {
@@ -74,6 +113,10 @@ public:
         return std::as_bytes(std::span<const char>(buf_.data(), buf_.size()));
     }
     void clear() noexcept { buf_.clear(); }
+    std::size_t size() const noexcept { return buf_.size(); }
+    std::size_t capacity() const noexcept { return buf_.capacity(); }
+    /// Gives the memory back (after a large reply).
+    void release() noexcept { std::string().swap(buf_); }
 
 private:
     void raw(const void* p, std::size_t n) { buf_.append(static_cast<const char*>(p), n); }
@@ -119,7 +162,446 @@ private:
     io::op_options o_;
 };
 
+/// What a server accepts in one request.
+struct store_limits {
+    std::uint64_t max_key_bytes = detail::max_key_bytes;
+    std::uint64_t max_value_bytes = std::uint64_t{64} << 20;
+    std::uint64_t max_keys_per_request = detail::max_keys_per_request;
+
+    /// The most bytes one request may take: COMPARE_SET with two values of the limit.
+    std::uint64_t max_request_bytes() const noexcept {
+        return 1 + 3 * 8 + max_key_bytes + 2 * max_value_bytes;
+    }
+};
+
+/// One request, as parsed.
+struct store_request {
+    query q{};
+    std::vector<std::string> keys;  // one for most queries, any number for CHECK and WAIT
+    std::string value;              // SET's value, COMPARE_SET's expected value
+    std::string desired;            // COMPARE_SET's desired value
+    std::int64_t delta = 0;         // ADD
+};
+
+/// Why a server refuses a request; `reason` names the request and its key.
+struct refusal {
+    reply_status status = reply_status::ok;
+    std::string reason;
+};
+
+enum class parse_status { complete, incomplete, refused };
+
+struct parse_result {
+    parse_status status = parse_status::incomplete;
+    /// complete: the bytes the request took. incomplete: the bytes (from the request's
+    /// first) that must be there before parsing can go on.
+    std::uint64_t bytes = 0;
+    refusal why;
+};
+
+/// Parses one request from the bytes received so far, resuming where the last call stopped:
+/// feed it the request's bytes from its first, more each time, until it says complete (then
+/// `take` the request) or refused. Each field is copied once, when all of it is there, and a
+/// length over the limits is refused before any of its bytes are awaited, so the caller never
+/// holds more than a bounded request. Cost: the fields' bytes, once.
+class request_parser {
+public:
+    explicit request_parser(const store_limits& l) noexcept : limits_(l) {}
+
+    parse_result parse(std::string_view in) {
+        if (pos_ == 0) {
+            if (in.empty()) return more(1);
+            req_.q = static_cast<query>(static_cast<unsigned char>(in[0]));
+            pos_ = 1;
+        }
+        for (;;) {
+            std::optional<parse_result> stop;
+            switch (req_.q) {
+                case query::set:
+                    if (field_ == 0)
+                        stop = key_field(in);
+                    else if (field_ == 1)
+                        stop = string_field(in, req_.value, "value");
+                    else
+                        return done();
+                    break;
+                case query::compare_set:
+                    if (field_ == 0)
+                        stop = key_field(in);
+                    else if (field_ == 1)
+                        stop = string_field(in, req_.value, "expected value");
+                    else if (field_ == 2)
+                        stop = string_field(in, req_.desired, "desired value");
+                    else
+                        return done();
+                    break;
+                case query::get:
+                case query::delete_key:
+                    if (field_ == 0)
+                        stop = key_field(in);
+                    else
+                        return done();
+                    break;
+                case query::add:
+                    if (field_ == 0) {
+                        stop = key_field(in);
+                    } else if (field_ == 1) {
+                        std::uint64_t v = 0;
+                        stop = integer_field(in, v);
+                        req_.delta = static_cast<std::int64_t>(v);
+                    } else {
+                        return done();
+                    }
+                    break;
+                case query::check:
+                case query::wait:
+                    if (field_ == 0) {
+                        stop = integer_field(in, key_count_);
+                        if (!stop && key_count_ > limits_.max_keys_per_request) {
+                            return refuse(reply_status::too_large,
+                                          name() + ": " + std::to_string(key_count_) +
+                                              " keys exceed the server's limit of " +
+                                              std::to_string(limits_.max_keys_per_request));
+                        }
+                    } else if (field_ <= key_count_) {
+                        stop = key_field(in);
+                    } else {
+                        return done();
+                    }
+                    break;
+                case query::get_num_keys:
+                    return done();
+                case query::hello:
+                    if (field_ == 0) {
+                        std::uint64_t magic = 0;
+                        stop = integer_field(in, magic);
+                        if (!stop && magic != hello_magic) {
+                            return refuse(reply_status::unsupported, "HELLO: wrong magic");
+                        }
+                    } else {
+                        return done();
+                    }
+                    break;
+                case query::watch_key:
+                    return refuse(reply_status::unsupported, "WATCH_KEY is not supported");
+                default:
+                    return refuse(reply_status::unsupported,
+                                  "unknown query " + std::to_string(static_cast<unsigned>(req_.q)));
+            }
+            if (stop) return *stop;
+        }
+    }
+
+    /// The complete request; the parser starts over for the next one.
+    store_request take() {
+        store_request out = std::move(req_);
+        req_ = store_request{};
+        pos_ = 0;
+        field_ = 0;
+        key_count_ = 0;
+        return out;
+    }
+
+private:
+    parse_result done() const {
+        parse_result r;
+        r.status = parse_status::complete;
+        r.bytes = pos_;
+        return r;
+    }
+    parse_result more(std::uint64_t need) const {
+        if (need > limits_.max_request_bytes()) {
+            return refuse(reply_status::too_large,
+                          name() + ": the request takes more than the server's limit of " +
+                              std::to_string(limits_.max_request_bytes()) + " bytes");
+        }
+        parse_result r;
+        r.bytes = need;
+        return r;
+    }
+    parse_result refuse(reply_status s, std::string why) const {
+        parse_result r;
+        r.status = parse_status::refused;
+        r.why = refusal{s, std::move(why)};
+        return r;
+    }
+
+    // "SET '/key'", as far as the request is known.
+    std::string name() const {
+        static constexpr const char* names[] = {"SET",        "COMPARE_SET", "GET",
+                                                "ADD",        "CHECK",       "WAIT",
+                                                "GETNUMKEYS", "WATCH_KEY",   "DELETE_KEY"};
+        auto q = static_cast<unsigned>(req_.q);
+        std::string out = q < std::size(names) ? names[q] : "HELLO";
+        if (!req_.keys.empty()) out += " '" + req_.keys.front() + "'";
+        return out;
+    }
+
+    std::optional<parse_result> integer_field(std::string_view in, std::uint64_t& v) {
+        if (in.size() - pos_ < 8) return more(pos_ + 8);
+        std::memcpy(&v, in.data() + pos_, 8);
+        pos_ += 8;
+        ++field_;
+        return std::nullopt;
+    }
+    std::optional<parse_result> key_field(std::string_view in) {
+        std::string key;
+        auto stop = string_field(in, key, "key");
+        if (!stop) req_.keys.push_back(std::move(key));
+        return stop;
+    }
+    std::optional<parse_result> string_field(std::string_view in, std::string& out,
+                                             const char* what) {
+        if (in.size() - pos_ < 8) return more(pos_ + 8);
+        std::uint64_t n = 0;
+        std::memcpy(&n, in.data() + pos_, 8);
+        std::uint64_t limit =
+            std::strcmp(what, "key") == 0 ? limits_.max_key_bytes : limits_.max_value_bytes;
+        if (n > limit) {
+            return refuse(reply_status::too_large, name() + ": " + what + " of " +
+                                                       std::to_string(n) +
+                                                       " bytes exceeds the server's limit of " +
+                                                       std::to_string(limit) + " bytes");
+        }
+        if (in.size() - pos_ - 8 < n) return more(pos_ + 8 + n);
+        out.assign(in.data() + pos_ + 8, n);
+        pos_ += 8 + n;
+        ++field_;
+        return std::nullopt;
+    }
+
+    store_limits limits_;
+    store_request req_;
+    std::uint64_t pos_ = 0;    // bytes of the request taken into fields
+    std::uint64_t field_ = 0;  // fields taken
+    std::uint64_t key_count_ = 0;
+};
+
+/// The store's keys and values and the WAITs parked on missing keys, with no I/O: the server
+/// applies parsed requests to it, and the fuzz target does too. A waiter is registered under
+/// each of its missing keys; when the last of them appears, its `ready` is called (from
+/// inside the SET, ADD or COMPARE_SET that made it), and it is listed nowhere any more.
+/// `unpark` takes a waiter out of every list it is still in; the waiter's owner calls it
+/// before the waiter is destroyed, whether or not it became ready.
+class store_table {
+public:
+    struct waiter {
+        std::size_t missing = 0;
+        void (*ready)(waiter&) noexcept = nullptr;
+    };
+
+    /// Applies `r` (any query but WAIT and HELLO) and appends its reply to `out`; a refusal
+    /// leaves the store as it was.
+    std::optional<refusal> apply(store_request& r, wire_writer& out) {
+        switch (r.q) {
+            case query::set:
+                put(r.keys[0], std::move(r.value));
+                return std::nullopt;
+            case query::compare_set: {
+                const std::string& key = r.keys[0];
+                auto it = data_.find(key);
+                if (it == data_.end()) {
+                    if (r.value.empty()) {
+                        put(key, r.desired);
+                        out.bytes(r.desired);
+                    } else {
+                        out.bytes(r.value);
+                    }
+                } else if (it->second == r.value) {
+                    it->second = r.desired;
+                    out.bytes(r.desired);
+                } else {
+                    out.bytes(it->second);
+                }
+                return std::nullopt;
+            }
+            case query::get: {
+                auto it = data_.find(r.keys[0]);
+                // torch's server has no answer for a missing key either: clients WAIT first.
+                if (it == data_.end()) {
+                    return refusal{reply_status::invalid, "GET '" + r.keys[0] + "': no such key"};
+                }
+                out.bytes(it->second);
+                return std::nullopt;
+            }
+            case query::add:
+                return add(r.keys[0], r.delta, out);
+            case query::check:
+                out.u8(all_present(r.keys) ? check_ready : check_not_ready);
+                return std::nullopt;
+            case query::get_num_keys:
+                out.i64(static_cast<std::int64_t>(data_.size()));
+                return std::nullopt;
+            case query::delete_key:
+                out.i64(static_cast<std::int64_t>(data_.erase(r.keys[0])));
+                return std::nullopt;
+            default:
+                return refusal{reply_status::unsupported, "not a request the table applies"};
+        }
+    }
+
+    bool all_present(const std::vector<std::string>& keys) const {
+        return std::all_of(keys.begin(), keys.end(),
+                           [&](const std::string& k) { return data_.count(k) != 0; });
+    }
+
+    /// Registers `w` under each key of `keys` that is missing (a key listed twice counts
+    /// twice, and is woken twice by its one SET).
+    void park(waiter& w, const std::vector<std::string>& keys) {
+        for (const auto& k : keys) {
+            if (data_.count(k) != 0) continue;
+            ++w.missing;
+            waiting_[k].push_back(&w);
+        }
+    }
+
+    /// Takes `w` out of every list under `keys` that still holds it.
+    void unpark(waiter& w, const std::vector<std::string>& keys) noexcept {
+        for (const auto& k : keys) {
+            auto it = waiting_.find(k);
+            if (it == waiting_.end()) continue;
+            auto& list = it->second;
+            list.erase(std::remove(list.begin(), list.end(), &w), list.end());
+            if (list.empty()) waiting_.erase(it);
+        }
+    }
+
+    std::size_t size() const noexcept { return data_.size(); }
+    /// Keys that some waiter waits for.
+    std::size_t awaited_keys() const noexcept { return waiting_.size(); }
+
+private:
+    std::optional<refusal> add(const std::string& key, std::int64_t delta, wire_writer& out) {
+        std::int64_t value = delta;
+        if (auto it = data_.find(key); it != data_.end()) {
+            std::int64_t old = 0;
+            try {
+                old = rendezvous::detail::parse_store_int(key, it->second);
+            } catch (const std::invalid_argument&) {
+                return refusal{reply_status::invalid,
+                               "ADD to '" + key + "': its value is not an integer"};
+            }
+            if (__builtin_add_overflow(old, delta, &value)) {
+                return refusal{reply_status::overflow,
+                               "ADD of " + std::to_string(delta) + " to '" + key + "' (now " +
+                                   std::to_string(old) +
+                                   ") would overflow int64; the value is unchanged"};
+            }
+        }
+        put(key, std::to_string(value));
+        out.i64(value);
+        return std::nullopt;
+    }
+
+    void put(const std::string& key, std::string value) {
+        auto [it, inserted] = data_.insert_or_assign(key, std::move(value));
+        if (!inserted) return;
+        auto w = waiting_.find(it->first);
+        if (w == waiting_.end()) return;
+        auto list = std::move(w->second);
+        waiting_.erase(w);
+        for (waiter* one : list) {
+            if (--one->missing == 0) one->ready(*one);
+        }
+    }
+
+    std::unordered_map<std::string, std::string> data_;
+    std::unordered_map<std::string, std::vector<waiter*>> waiting_;
+};
+
+/// A connection's received bytes: grows as bytes arrive (never by what a request announces),
+/// never zero-fills, and gives memory back after a large request.
+class byte_buffer {
+public:
+    std::string_view view() const noexcept { return {data_.get() + begin_, end_ - begin_}; }
+    std::size_t size() const noexcept { return end_ - begin_; }
+    std::size_t capacity() const noexcept { return capacity_; }
+    void consume(std::size_t n) noexcept {
+        begin_ += n;
+        if (begin_ == end_) begin_ = end_ = 0;
+    }
+    /// Room for `n` more bytes after the data; the capacity becomes at least `capacity`.
+    std::span<std::byte> prepare(std::size_t n, std::size_t capacity) {
+        if (capacity_ - end_ < n) {
+            std::size_t have = size();
+            if (capacity < have + n) capacity = have + n;
+            if (capacity > capacity_) {
+                auto bigger = std::make_unique_for_overwrite<char[]>(capacity);
+                if (have != 0) std::memcpy(bigger.get(), data_.get() + begin_, have);
+                data_ = std::move(bigger);
+                capacity_ = capacity;
+            } else {
+                std::memmove(data_.get(), data_.get() + begin_, have);
+            }
+            begin_ = 0;
+            end_ = have;
+        }
+        return std::as_writable_bytes(std::span(data_.get() + end_, n));
+    }
+    void commit(std::size_t n) noexcept { end_ += n; }
+    /// Shrinks to `capacity` if the data fit.
+    void shrink(std::size_t capacity) {
+        std::size_t have = size();
+        if (capacity_ <= capacity || have > capacity) return;
+        auto smaller = std::make_unique_for_overwrite<char[]>(capacity);
+        if (have != 0) std::memcpy(smaller.get(), data_.get() + begin_, have);
+        data_ = std::move(smaller);
+        capacity_ = capacity;
+        begin_ = 0;
+        end_ = have;
+    }
+
+private:
+    std::unique_ptr<char[]> data_;
+    std::size_t capacity_ = 0;
+    std::size_t begin_ = 0;
+    std::size_t end_ = 0;
+};
+
 }  // namespace detail
+
+/// Limits and deadlines of a `tcp_store_server`. The defaults suit a rendezvous (keys and
+/// values of bytes to kilobytes) with room to spare.
+struct tcp_store_server_options {
+    /// The largest value a SET or COMPARE_SET may carry. A larger one is refused as soon as
+    /// its length arrives: corocoll's client hears why, naming the key; a torch client loses
+    /// its connection, as with torch's own server on an error.
+    std::uint64_t max_value_bytes = std::uint64_t{64} << 20;
+    /// The bytes the server may hold, over all connections, in requests not yet complete and
+    /// replies not yet sent. A request that needs more is refused (busy).
+    std::uint64_t max_buffered_bytes = std::uint64_t{256} << 20;
+    /// From a request's first byte to its last, and for sending a reply: a client that is
+    /// slower loses its connection.
+    std::chrono::milliseconds request_timeout = std::chrono::seconds(30);
+    /// How long a connection may sit between requests; zero: for ever, the default, because
+    /// torch 1.13's clients keep one connection for the whole job and never reconnect. A
+    /// WAIT parked for its keys is not idle: it lasts until its keys appear or its client
+    /// goes away.
+    std::chrono::milliseconds idle_timeout{0};
+    /// The accept loop's pause after a failed accept (out of descriptors, say), doubling
+    /// from the first to the second after each failure in a row.
+    std::chrono::milliseconds accept_backoff_min{10};
+    std::chrono::milliseconds accept_backoff_max{1000};
+};
+
+/// What a `tcp_store_server` has done and holds, for tests and monitoring. Counters only grow;
+/// the others are the state at the time of `tcp_store_server::stats()`.
+struct tcp_store_server_stats {
+    std::uint64_t connections_accepted = 0;
+    /// Accepts that failed for a reason other than the server stopping (EMFILE, say).
+    std::uint64_t accept_failures = 0;
+    std::uint64_t open_connections = 0;
+    /// WAIT requests whose keys are not all there yet.
+    std::uint64_t parked_waits = 0;
+    /// Bytes held for unfinished requests and unsent replies, now and at most.
+    std::uint64_t buffered_bytes = 0;
+    std::uint64_t peak_buffered_bytes = 0;
+    /// Requests refused (over a limit, an ADD that overflows, a missing key's GET, ...).
+    std::uint64_t requests_refused = 0;
+    /// Connections dropped because a request or reply missed its deadline, or the
+    /// connection sat idle past its bound.
+    std::uint64_t timed_out = 0;
+};
 
 /// Tag for `tcp_store_server`'s constructor that binds without starting the server's thread.
 struct deferred_start_t {
@@ -133,9 +615,15 @@ inline constexpr deferred_start_t deferred_start{};
 /// (port 0: the kernel picks one; errors such as "address already in use" are thrown there,
 /// naming the address); the destructor stops it and joins its thread. Serves any number of
 /// concurrent clients, one coroutine each.
+///
+/// Hostile or broken clients cost bounded memory and time (`tcp_store_server_options`):
+/// buffers grow as bytes arrive, up to one request's limit per connection and a budget over
+/// all of them; a request must arrive whole within a deadline; a WAIT whose client goes away
+/// is dropped with its descriptor; at EMFILE the accept loop backs off.
 class tcp_store_server {
 public:
-    explicit tcp_store_server(io::endpoint where) : tcp_store_server(where, deferred_start) {
+    explicit tcp_store_server(io::endpoint where, tcp_store_server_options o = {})
+        : tcp_store_server(where, deferred_start, o) {
         start();
     }
 
@@ -143,8 +631,12 @@ public:
     /// that forks children which do more than exec (`spawn`) forks them before any thread
     /// exists, so that no child inherits a lock another thread held (malloc's under a
     /// sanitizer, say). Clients that connect before `start()` wait in the listen backlog.
-    tcp_store_server(io::endpoint where, deferred_start_t)
-        : listener_(io::acceptor::listen_unattached(where)), local_(listener_.local_endpoint()) {}
+    tcp_store_server(io::endpoint where, deferred_start_t, tcp_store_server_options o = {})
+        : listener_(io::acceptor::listen_unattached(where)),
+          local_(listener_.local_endpoint()),
+          options_(o) {
+        limits_.max_value_bytes = options_.max_value_bytes;
+    }
 
     tcp_store_server(const tcp_store_server&) = delete;
     tcp_store_server& operator=(const tcp_store_server&) = delete;
@@ -175,34 +667,65 @@ public:
     const io::endpoint& local_endpoint() const noexcept { return local_; }
     std::uint16_t port() const noexcept { return local_.port(); }
 
+    /// A snapshot of the server's counters (any thread; each value is read on its own).
+    tcp_store_server_stats stats() const noexcept {
+        auto get = [](const std::atomic<std::uint64_t>& a) {
+            return a.load(std::memory_order_relaxed);
+        };
+        tcp_store_server_stats out;
+        out.connections_accepted = get(counters_.connections_accepted);
+        out.accept_failures = get(counters_.accept_failures);
+        out.open_connections = get(counters_.open_connections);
+        out.parked_waits = get(counters_.parked_waits);
+        out.buffered_bytes = get(counters_.buffered_bytes);
+        out.peak_buffered_bytes = get(counters_.peak_buffered_bytes);
+        out.requests_refused = get(counters_.requests_refused);
+        out.timed_out = get(counters_.timed_out);
+        return out;
+    }
+
 private:
-    struct waiter {
-        std::size_t missing = 0;
-        std::coroutine_handle<> handle;
+    struct counters {
+        std::atomic<std::uint64_t> connections_accepted{0};
+        std::atomic<std::uint64_t> accept_failures{0};
+        std::atomic<std::uint64_t> open_connections{0};
+        std::atomic<std::uint64_t> parked_waits{0};
+        std::atomic<std::uint64_t> buffered_bytes{0};
+        std::atomic<std::uint64_t> peak_buffered_bytes{0};
+        std::atomic<std::uint64_t> requests_refused{0};
+        std::atomic<std::uint64_t> timed_out{0};
     };
 
     struct shutdown_item : corocoll::detail::work_item {
         tcp_store_server* self = nullptr;
     };
 
-    // Suspends a connection until every key in `keys` exists (or the server stops).
-    struct park_awaiter {
-        tcp_store_server& server;
-        const std::vector<std::string>& keys;
-        waiter w{};
-        bool await_ready() const noexcept { return false; }
-        void await_suspend(std::coroutine_handle<> h) {
-            w.handle = h;
-            for (const auto& k : keys) {
-                if (server.data_.count(k) == 0) {
-                    ++w.missing;
-                    server.waiting_[k].push_back(&w);
-                }
-            }
-        }
-        void await_resume() const noexcept {}
+    // Reads happen in steps of at most this, and a buffer larger than this is given back
+    // once its large request is done.
+    static constexpr std::size_t read_step = std::size_t{256} << 10;
+    static constexpr std::size_t small_buffer = std::size_t{4} << 10;
+    // Bytes a client may send behind a WAIT that is not answered yet.
+    static constexpr std::size_t max_behind_wait = std::size_t{64} << 10;
+
+    // One client's connection: what it sent that is not handled yet, the reply being built,
+    // and the bytes of both counted in the server's budget.
+    struct connection {
+        io::socket sock;
+        detail::byte_buffer in;
+        detail::wire_writer out;
+        detail::request_parser parser;
+        std::uint64_t charged = 0;  // bytes counted in counters_.buffered_bytes
+        bool status_replies = false;
+        std::chrono::steady_clock::time_point request_started{};
     };
-    park_awaiter park(const std::vector<std::string>& keys) { return park_awaiter{*this, keys}; }
+
+    // A WAIT's waiter: wakes its connection by cancelling the read that watches the client.
+    struct wait_state : detail::store_table::waiter {
+        std::stop_source wake;
+        static void on_ready(detail::store_table::waiter& w) noexcept {
+            static_cast<wait_state&>(w).wake.request_stop();
+        }
+    };
 
     void main(std::promise<void>& ready) {
         std::optional<io::reactor> r;
@@ -222,172 +745,242 @@ private:
         r->run(serve(listener_));
     }
 
-    // On the server's thread: cancels the accept loop and every connection's pending read,
-    // and releases clients parked in WAIT.
+    // On the server's thread: cancels the accept loop, every connection's read and send, and
+    // the reads of connections parked in WAIT (through their stop callbacks). Resumes
+    // nothing itself: each connection ends in its own time, and its waiter with it.
     void stop_all() noexcept {
         stopping_ = true;
         stop_.request_stop();
-        for (auto& [key, list] : waiting_) {
-            for (waiter* w : list) {
-                if (w->handle) std::exchange(w->handle, {}).resume();
-            }
-        }
-        waiting_.clear();
     }
 
     task<> serve(io::acceptor& listener) {
         async_scope connections;
+        auto backoff = options_.accept_backoff_min;
         while (!stopping_) {
+            std::error_code failed;
             try {
                 io::socket s = co_await listener.accept(stop_.get_token());
+                counters_.connections_accepted.fetch_add(1, std::memory_order_relaxed);
                 connections.spawn(handle(std::move(s)));
-            } catch (const std::system_error&) {
-                // Cancelled at shutdown, or a transient accept failure (EMFILE, ECONNABORTED):
-                // the loop condition tells which.
+                backoff = options_.accept_backoff_min;
+            } catch (const std::system_error& e) {
+                failed = e.code();
             }
+            if (!failed || stopping_) continue;
+            counters_.accept_failures.fetch_add(1, std::memory_order_relaxed);
+            // A connection that was reset before it was accepted is that client's problem;
+            // anything else (EMFILE, ENFILE, ENOBUFS, ENOMEM) fails again if retried at once,
+            // and would burn a core until a descriptor frees up.
+            if (failed == std::errc::connection_aborted) continue;
+            try {
+                co_await reactor_->sleep_for(backoff, stop_.get_token());
+            } catch (const std::system_error&) {
+                // Stopped: the loop condition ends it.
+            }
+            backoff = std::min(backoff * 2, options_.accept_backoff_max);
         }
         co_await connections.join();
     }
 
     task<> handle(io::socket s) {
-        detail::wire_writer out;
-        detail::wire_reader in(s, io::op_options(stop_.get_token()));
+        counters_.open_connections.fetch_add(1, std::memory_order_relaxed);
+        connection c{std::move(s), {}, {}, detail::request_parser(limits_)};
         try {
-            for (;;) {
-                std::uint8_t q = 0;
-                std::size_t got = co_await s.recv_some(std::as_writable_bytes(std::span(&q, 1)),
-                                                       stop_.get_token());
-                if (got == 0 || stopping_) co_return;
-                out.clear();
-                if (!co_await serve_one(static_cast<detail::query>(q), in, out, s)) co_return;
-                if (!out.view().empty()) co_await s.send(out.view(), stop_.get_token());
+            co_await converse(c);
+        } catch (const std::system_error& e) {
+            // A client that goes away, breaks the protocol or misses a deadline loses its
+            // connection; the store and the other clients carry on.
+            if (e.code() == std::errc::timed_out) {
+                counters_.timed_out.fetch_add(1, std::memory_order_relaxed);
             }
         } catch (const std::exception&) {
-            // A client that goes away or breaks the protocol loses its connection; the store
-            // and the other clients carry on.
+            // Out of memory for one request, say: the same.
         }
+        c.sock.close();
+        recharge(c, 0);
+        counters_.open_connections.fetch_sub(1, std::memory_order_relaxed);
     }
 
-    // Handles one request; false when the connection must close (unknown query, shutdown).
-    task<bool> serve_one(detail::query q, detail::wire_reader& in, detail::wire_writer& out,
-                         io::socket& s) {
-        using detail::max_key_bytes;
-        using detail::max_value_bytes;
-        switch (q) {
-            case detail::query::set: {
-                std::string key = co_await in.bytes(max_key_bytes, "key");
-                std::string value = co_await in.bytes(max_value_bytes, "value");
-                put(std::move(key), std::move(value));
-                co_return true;
+    io::op_options send_options() const {
+        return io::op_options(io::deadline_after(options_.request_timeout), stop_.get_token());
+    }
+
+    // Serves requests until the client leaves or must be dropped.
+    task<> converse(connection& c) {
+        for (;;) {
+            detail::parse_result p = c.parser.parse(c.in.view());
+            if (p.status == detail::parse_status::incomplete) {
+                if (!co_await receive(c, p.bytes)) co_return;
+                continue;
             }
-            case detail::query::compare_set: {
-                std::string key = co_await in.bytes(max_key_bytes, "key");
-                std::string expected = co_await in.bytes(max_value_bytes, "expected value");
-                std::string desired = co_await in.bytes(max_value_bytes, "desired value");
-                auto it = data_.find(key);
-                if (it == data_.end()) {
-                    if (expected.empty()) {
-                        put(key, desired);
-                        out.bytes(desired);
-                    } else {
-                        out.bytes(expected);
-                    }
-                } else if (it->second == expected) {
-                    it->second = desired;
-                    out.bytes(desired);
-                } else {
-                    out.bytes(it->second);
+            if (p.status == detail::parse_status::refused) {
+                co_await refuse(c, std::move(p.why));
+                co_return;
+            }
+            c.in.consume(p.bytes);
+            c.request_started = std::chrono::steady_clock::now();
+            detail::store_request req = c.parser.take();
+            c.out.clear();
+            if (c.status_replies) c.out.u8(static_cast<std::uint8_t>(detail::reply_status::ok));
+            if (req.q == detail::query::hello) {
+                c.out.clear();
+                c.out.u64(detail::hello_magic);
+                c.status_replies = true;
+            } else if (req.q == detail::query::wait) {
+                if (!table_.all_present(req.keys) && !co_await park(c, req.keys)) co_return;
+                c.out.u8(detail::wait_stop_waiting);
+            } else if (auto no = table_.apply(req, c.out)) {
+                co_await refuse(c, std::move(*no));
+                co_return;
+            }
+            if (c.out.size() != 0) {
+                if (!recharge(c, c.in.capacity() + c.out.capacity())) {
+                    co_await refuse(
+                        c, busy("the reply of " + std::to_string(c.out.size()) + " bytes"));
+                    co_return;
                 }
-                co_return true;
+                co_await c.sock.send(c.out.view(), send_options());
             }
-            case detail::query::get: {
-                std::string key = co_await in.bytes(max_key_bytes, "key");
-                auto it = data_.find(key);
-                // torch's server has no answer for a missing key either: clients WAIT first.
-                if (it == data_.end()) co_return false;
-                out.bytes(it->second);
-                co_return true;
-            }
-            case detail::query::add: {
-                std::string key = co_await in.bytes(max_key_bytes, "key");
-                std::int64_t delta = co_await in.i64();
-                std::int64_t value = delta;
-                if (auto it = data_.find(key); it != data_.end()) {
-                    value += rendezvous::detail::parse_store_int(key, it->second);
-                }
-                put(std::move(key), std::to_string(value));
-                out.i64(value);
-                co_return true;
-            }
-            case detail::query::check: {
-                auto keys = co_await read_keys(in);
-                out.u8(all_present(keys) ? detail::check_ready : detail::check_not_ready);
-                co_return true;
-            }
-            case detail::query::wait: {
-                auto keys = co_await read_keys(in);
-                if (!all_present(keys)) {
-                    co_await park(keys);
-                    if (stopping_) co_return false;
-                }
-                out.u8(detail::wait_stop_waiting);
-                co_return true;
-            }
-            case detail::query::get_num_keys:
-                out.i64(static_cast<std::int64_t>(data_.size()));
-                co_return true;
-            case detail::query::delete_key: {
-                std::string key = co_await in.bytes(max_key_bytes, "key");
-                out.i64(static_cast<std::int64_t>(data_.erase(key)));
-                co_return true;
-            }
-            case detail::query::watch_key:
-                break;
+            // Give back what a large request or reply took.
+            if (c.out.capacity() > read_step) c.out.release();
+            c.in.shrink(std::max(small_buffer, c.in.size()));
+            recharge(c, c.in.capacity() + c.out.capacity());
         }
-        (void)s;
-        co_return false;
     }
 
-    task<std::vector<std::string>> read_keys(detail::wire_reader& in) {
-        std::uint64_t n = co_await in.u64();
-        if (n > detail::max_keys_per_request) {
-            corocoll::detail::throw_error(corocoll::errc::message_too_large,
-                                          "corocoll: store: too many keys in one request");
+    // Receives more of the request in progress, which needs `need` bytes in all to go on.
+    // False when the client closed between requests.
+    task<bool> receive(connection& c, std::uint64_t need) {
+        std::size_t have = c.in.size();
+        std::size_t step = static_cast<std::size_t>(std::clamp<std::uint64_t>(
+            need - std::min<std::uint64_t>(need, have), small_buffer, read_step));
+        // Grow by doubling, but never past what the request needs.
+        std::size_t capacity = c.in.capacity();
+        if (capacity - have < step) {
+            capacity = std::max(
+                have + step,
+                std::min<std::size_t>(2 * capacity, std::max<std::uint64_t>(need, have + step)));
         }
-        std::vector<std::string> keys;
-        keys.reserve(n);
-        for (std::uint64_t i = 0; i < n; ++i) {
-            keys.push_back(co_await in.bytes(detail::max_key_bytes, "key"));
+        if (!recharge(c, capacity + c.out.capacity())) {
+            co_await refuse(c, busy("a request of " + std::to_string(need) + " bytes or more"));
+            co_return false;
         }
-        co_return keys;
+        auto room = c.in.prepare(step, capacity);
+        auto deadline = std::chrono::steady_clock::time_point::max();
+        if (have != 0) {
+            deadline = c.request_started + options_.request_timeout;
+        } else if (options_.idle_timeout.count() > 0) {
+            deadline = io::deadline_after(options_.idle_timeout);
+        }
+        std::size_t got =
+            co_await c.sock.recv_some(room, io::op_options(deadline, stop_.get_token()));
+        if (got == 0) {
+            if (have != 0) {
+                corocoll::detail::throw_error(corocoll::errc::connection_closed,
+                                              "store: a client left mid-request");
+            }
+            co_return false;
+        }
+        if (have == 0) c.request_started = std::chrono::steady_clock::now();
+        c.in.commit(got);
+        co_return true;
     }
 
-    bool all_present(const std::vector<std::string>& keys) const {
-        return std::all_of(keys.begin(), keys.end(),
-                           [&](const std::string& k) { return data_.count(k) != 0; });
+    // Parks the connection until every key in `keys` exists. Meanwhile it reads from the
+    // client, so that a client that goes away is noticed, and its WAIT dropped with its
+    // descriptor; bytes that arrive are kept for the next request. False when the connection
+    // must close (the client left, or the server stops).
+    task<bool> park(connection& c, const std::vector<std::string>& keys) {
+        wait_state w;
+        w.ready = &wait_state::on_ready;
+        struct parked {
+            tcp_store_server& server;
+            wait_state& w;
+            const std::vector<std::string>& keys;
+            ~parked() {
+                server.table_.unpark(w, keys);
+                server.counters_.parked_waits.fetch_sub(1, std::memory_order_relaxed);
+            }
+        };
+        table_.park(w, keys);
+        counters_.parked_waits.fetch_add(1, std::memory_order_relaxed);
+        parked guard{*this, w, keys};
+        std::stop_callback on_stop(stop_.get_token(), [&w]() noexcept { w.wake.request_stop(); });
+        while (w.missing != 0 && !stopping_) {
+            if (c.in.size() >= max_behind_wait) co_return false;
+            std::size_t got = 0;
+            try {
+                std::size_t capacity = std::max(c.in.capacity(), c.in.size() + small_buffer);
+                if (!recharge(c, capacity + c.out.capacity())) co_return false;
+                auto room = c.in.prepare(small_buffer, capacity);
+                got = co_await c.sock.recv_some(room, w.wake.get_token());
+            } catch (const std::system_error& e) {
+                // Woken: the loop condition says why. Anything else: the client is gone.
+                if (e.code() == std::errc::operation_canceled) continue;
+                throw;
+            }
+            if (got == 0) co_return false;
+            c.in.commit(got);
+        }
+        co_return !stopping_;
     }
 
-    void put(std::string key, std::string value) {
-        auto [it, inserted] = data_.insert_or_assign(std::move(key), std::move(value));
-        if (!inserted) return;
-        auto w = waiting_.find(it->first);
-        if (w == waiting_.end()) return;
-        auto list = std::move(w->second);
-        waiting_.erase(w);
-        for (waiter* one : list) {
-            if (--one->missing == 0 && one->handle) std::exchange(one->handle, {}).resume();
+    // Tells a client that said HELLO why its request is refused, then closes. The rest of
+    // the request is read and dropped first (within the request deadline), so that the
+    // client finishes sending and reads the answer, rather than meeting a reset.
+    task<> refuse(connection& c, detail::refusal why) {
+        counters_.requests_refused.fetch_add(1, std::memory_order_relaxed);
+        if (!c.status_replies) co_return;
+        c.out.clear();
+        c.out.u8(static_cast<std::uint8_t>(why.status));
+        if (why.reason.size() > detail::max_refusal_bytes)
+            why.reason.resize(detail::max_refusal_bytes);
+        c.out.bytes(why.reason);
+        co_await c.sock.send(c.out.view(), send_options());
+        c.sock.shutdown(SHUT_WR);
+        auto deadline = io::deadline_after(options_.request_timeout);
+        for (;;) {
+            auto room = c.in.prepare(small_buffer, std::max(c.in.capacity(), small_buffer));
+            std::size_t got =
+                co_await c.sock.recv_some(room, io::op_options(deadline, stop_.get_token()));
+            if (got == 0) co_return;
         }
+    }
+
+    detail::refusal busy(const std::string& what) const {
+        return detail::refusal{
+            detail::reply_status::busy,
+            "store: " + what + " does not fit: the server holds " +
+                std::to_string(counters_.buffered_bytes.load(std::memory_order_relaxed)) +
+                " bytes of unfinished requests and replies, and its limit is " +
+                std::to_string(options_.max_buffered_bytes)};
+    }
+
+    // Counts `bytes` for connection `c` in the server's budget instead of what it had; false
+    // (and nothing changed) if that is more than the budget allows.
+    bool recharge(connection& c, std::uint64_t bytes) noexcept {
+        std::uint64_t now = counters_.buffered_bytes.load(std::memory_order_relaxed);
+        std::uint64_t next = now - c.charged + bytes;
+        if (bytes > c.charged && next > options_.max_buffered_bytes) return false;
+        c.charged = bytes;
+        counters_.buffered_bytes.store(next, std::memory_order_relaxed);
+        if (next > counters_.peak_buffered_bytes.load(std::memory_order_relaxed)) {
+            counters_.peak_buffered_bytes.store(next, std::memory_order_relaxed);
+        }
+        return true;
     }
 
     io::acceptor listener_;
     io::endpoint local_;
+    tcp_store_server_options options_;
+    detail::store_limits limits_;
     std::thread thread_;
     io::reactor* reactor_ = nullptr;
     shutdown_item shutdown_;
     std::stop_source stop_;
     bool stopping_ = false;
-    std::unordered_map<std::string, std::string> data_;
-    std::unordered_map<std::string, std::vector<waiter*>> waiting_;
+    detail::store_table table_;
+    counters counters_;
 };
 
 /// A client of a TCP store (`tcp_store_server`, or torch 1.13's TCPStore server, launcher
@@ -399,6 +992,11 @@ private:
 /// Like torch's client, it sends every key with a leading '/' (`set("a")` puts "/a" on the
 /// wire), so that a key names the same entry for a torch client and for this one, and a
 /// `prefix_store` over it produces the keys torchrun's workers use.
+///
+/// Each connection starts with corocoll's HELLO, so that a `tcp_store_server` can say why it
+/// refuses a request (a value over its limit, an ADD that would overflow): the error names
+/// the request, its key and the server's reason. A server that closes the connection at HELLO
+/// (torch's) is used without it from then on, at the cost of that one connection.
 class tcp_store final : public store {
 public:
     /// Connects to `server`, retrying with exponential backoff and jitter while the server is
@@ -527,7 +1125,21 @@ private:
             broken_ = true;
             fail(e, what);
         }
-        co_return detail::wire_reader(sock_, o);
+        detail::wire_reader in(sock_, o);
+        if (status_replies_) {
+            std::uint8_t status = co_await guarded(in.u8(), what, timeout);
+            if (status != static_cast<std::uint8_t>(detail::reply_status::ok)) {
+                std::string why =
+                    co_await guarded(in.bytes(detail::max_refusal_bytes, "refusal"), what, timeout);
+                // The server closes the connection after a refusal.
+                broken_ = true;
+                sock_.close();
+                corocoll::detail::throw_error(detail::refusal_code(status),
+                                              "corocoll: store " + server_.to_string() + ": " +
+                                                  what + ": refused by the server: " + why);
+            }
+        }
+        co_return in;
     }
 
     // Awaits one read of a reply; any failure leaves the stream unusable, so the connection
@@ -557,6 +1169,38 @@ private:
                                                     what + ": " + corocoll::detail::context_of(e));
     }
 
+    // Says HELLO on a new connection, unless the server is known not to understand it; true
+    // when the connection can be used, false when the server closed it (torch's server closes
+    // a connection at a query it does not know: the next one goes without HELLO).
+    task<bool> hello(std::chrono::steady_clock::time_point deadline) {
+        status_replies_ = false;
+        if (plain_server_) co_return true;
+        detail::wire_writer w;
+        w.u8(static_cast<std::uint8_t>(detail::query::hello));
+        w.u64(detail::hello_magic);
+        std::uint64_t reply = 0;
+        try {
+            co_await sock_.send(w.view(), deadline);
+            co_await sock_.recv(std::as_writable_bytes(std::span(&reply, 1)), deadline);
+        } catch (const std::system_error& e) {
+            if (e.code() != corocoll::errc::connection_closed &&
+                e.code() != std::errc::connection_reset && e.code() != std::errc::broken_pipe) {
+                throw;
+            }
+            plain_server_ = true;
+            sock_.close();
+            co_return false;
+        }
+        if (reply != detail::hello_magic) {
+            corocoll::detail::throw_error(corocoll::errc::protocol_error,
+                                          "corocoll: store " + server_.to_string() +
+                                              ": the server answered HELLO with something else; "
+                                              "is it a store?");
+        }
+        status_replies_ = true;
+        co_return true;
+    }
+
     task<> reconnect(duration timeout) {
         sock_.close();
         auto deadline = io::deadline_after(timeout);
@@ -567,8 +1211,11 @@ private:
             std::error_code last;
             try {
                 sock_ = co_await io::socket::connect(reactor_, server_, deadline);
-                broken_ = false;
-                co_return;
+                if (co_await hello(deadline)) {
+                    broken_ = false;
+                    co_return;
+                }
+                continue;  // a torch server closed the connection at our HELLO: again without
             } catch (const std::system_error& e) {
                 last = e.code();
                 // Refused, reset or unreachable: the server may not be up yet. Anything else
@@ -600,6 +1247,8 @@ private:
     io::endpoint server_;
     io::socket sock_;
     bool broken_ = true;
+    bool status_replies_ = false;  // the server said HELLO back: replies start with a status
+    bool plain_server_ = false;    // the server closed the connection at HELLO (torch's)
     async_mutex mutex_;
 };
 

@@ -1,0 +1,450 @@
+// The store server against hostile and careless clients: raw bytes on loopback sockets, and
+// corocoll's own client beside them. Every wait here is bounded by a count of tries, and the
+// checks look at what the server did (its counters, the process's descriptors and memory),
+// never at how long it took.
+
+#include <corocoll/corocoll.hpp>
+#include <corocoll/rendezvous/tcp_store.hpp>
+
+#include <doctest/doctest.h>
+
+#include "../support/io.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace cc = corocoll;
+namespace rdv = corocoll::rendezvous;
+using namespace std::chrono_literals;
+
+namespace {
+
+using corocoll_test::expect_system_error;
+
+// Polls `done` every millisecond, at most `tries` times; true once it holds.
+template <class F>
+bool eventually(F&& done, int tries = 20000) {
+    for (int i = 0; i < tries; ++i) {
+        if (done()) return true;
+        std::this_thread::sleep_for(1ms);
+    }
+    return done();
+}
+
+std::size_t open_fds() {
+    std::size_t n = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+    return n;
+}
+
+// The descriptor limit that leaves exactly `n` descriptors free for new ones (the lowest free
+// numbers are taken first).
+rlim_t limit_with_free_slots(int n) {
+    int fd = 0;
+    for (int free = 0; free < n; ++fd) {
+        if (::fcntl(fd, F_GETFD) < 0) ++free;
+    }
+    return static_cast<rlim_t>(fd);
+}
+
+// Resident set size of this process in bytes.
+std::uint64_t rss_bytes() {
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    while (std::getline(status, line)) {
+        if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+    }
+    return 0;
+}
+
+// A blocking loopback client that speaks raw bytes, as a hostile or broken one would.
+class raw_client {
+public:
+    explicit raw_client(std::uint16_t port) {
+        fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        REQUIRE(fd_ >= 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = htons(port);
+        REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+    }
+    raw_client(const raw_client&) = delete;
+    raw_client& operator=(const raw_client&) = delete;
+    raw_client(raw_client&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+    raw_client& operator=(raw_client&& o) noexcept {
+        if (this != &o) {
+            close();
+            fd_ = std::exchange(o.fd_, -1);
+        }
+        return *this;
+    }
+    ~raw_client() { close(); }
+
+    // Sends all of `bytes`; false if the server closed the connection first.
+    bool send(const std::string& bytes) {
+        std::size_t done = 0;
+        while (done < bytes.size()) {
+            ssize_t n = ::send(fd_, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
+            if (n <= 0) return false;
+            done += static_cast<std::size_t>(n);
+        }
+        return true;
+    }
+    // Reads until `n` bytes arrived or the server closed; what arrived.
+    std::string recv(std::size_t n, int timeout_ms = 10000) {
+        std::string out;
+        while (out.size() < n) {
+            pollfd p{fd_, POLLIN, 0};
+            if (::poll(&p, 1, timeout_ms) <= 0) break;
+            char buf[4096];
+            ssize_t got = ::recv(fd_, buf, std::min(sizeof(buf), n - out.size()), 0);
+            if (got <= 0) break;
+            out.append(buf, static_cast<std::size_t>(got));
+        }
+        return out;
+    }
+    // True when the server closed the connection within the poll bound (bytes before the end
+    // are read and dropped).
+    bool closed_by_server(int timeout_ms = 10000) {
+        for (;;) {
+            pollfd p{fd_, POLLIN, 0};
+            if (::poll(&p, 1, timeout_ms) <= 0) return false;
+            char buf[4096];
+            ssize_t got = ::recv(fd_, buf, sizeof(buf), 0);
+            if (got <= 0) return true;
+        }
+    }
+    void close() {
+        if (fd_ >= 0) ::close(std::exchange(fd_, -1));
+    }
+
+private:
+    int fd_ = -1;
+};
+
+// Wire-format requests, as torch's client writes them.
+struct request {
+    std::string bytes;
+    request& u8(std::uint8_t v) {
+        bytes.push_back(static_cast<char>(v));
+        return *this;
+    }
+    request& u64(std::uint64_t v) {
+        bytes.append(reinterpret_cast<const char*>(&v), sizeof(v));
+        return *this;
+    }
+    request& str(const std::string& s) {
+        u64(s.size());
+        bytes += s;
+        return *this;
+    }
+};
+
+std::string wait_request(const std::vector<std::string>& keys) {
+    request r;
+    r.u8(5).u64(keys.size());
+    for (const auto& k : keys) r.str(k);
+    return r.bytes;
+}
+
+}  // namespace
+
+TEST_CASE("tcp store server: stopping with a WAIT parked under two missing keys ends it once") {
+    raw_client client = [] {
+        rdv::tcp_store_server server(cc::io::endpoint::loopback(0));
+        raw_client c(server.port());
+        REQUIRE(c.send(wait_request({"/a", "/b", "/c"})));
+        REQUIRE(eventually([&] { return server.stats().parked_waits == 1; }));
+        return c;
+    }();  // the server stops here with the WAIT parked under three keys
+    CHECK(client.closed_by_server());
+}
+
+TEST_CASE("tcp store server: a WAIT woken by its keys is answered once, and the next request too") {
+    rdv::tcp_store_server server(cc::io::endpoint::loopback(0));
+    raw_client waiter(server.port());
+    REQUIRE(waiter.send(wait_request({"/a", "/b", "/a"})));
+    REQUIRE(eventually([&] { return server.stats().parked_waits == 1; }));
+    cc::io::reactor r;
+    auto s = r.run(rdv::tcp_store::connect(r, server.local_endpoint(), 5s));
+    r.run(s->set("a", "1"));
+    CHECK(server.stats().parked_waits == 1);
+    r.run(s->set("b", "2"));
+    CHECK(waiter.recv(1) == std::string(1, '\0'));  // STOP_WAITING
+    REQUIRE(eventually([&] { return server.stats().parked_waits == 0; }));
+    // CHECK /a: READY (0).
+    REQUIRE(waiter.send(request().u8(4).u64(1).str("/a").bytes));
+    CHECK(waiter.recv(1) == std::string(1, '\0'));
+}
+
+TEST_CASE("tcp store server: WAITs whose clients went away are dropped with their descriptors") {
+    rdv::tcp_store_server server(cc::io::endpoint::loopback(0));
+    cc::io::reactor r;
+    auto s = r.run(rdv::tcp_store::connect(r, server.local_endpoint(), 5s));
+    r.run(s->set("present", "1"));
+    REQUIRE(eventually([&] { return server.stats().open_connections == 1; }));
+    const std::size_t baseline = open_fds();
+    constexpr int abandoned = 50;
+    {
+        std::vector<raw_client> clients;
+        for (int i = 0; i < abandoned; ++i) {
+            clients.emplace_back(server.port());
+            REQUIRE(clients.back().send(
+                wait_request({"/present", "/never/" + std::to_string(i), "/never"})));
+        }
+        REQUIRE(eventually([&] { return server.stats().parked_waits == abandoned; }));
+        CHECK(open_fds() >= baseline + 2 * abandoned);  // ours and the server's ends
+    }                                                   // the clients go away without an answer
+    CHECK(eventually([&] { return server.stats().parked_waits == 0; }));
+    CHECK(eventually([&] { return server.stats().open_connections == 1; }));
+    CHECK(eventually([&] { return open_fds() == baseline; }));
+    // The store still serves, and a key that an abandoned WAIT wanted wakes nobody stale.
+    r.run(s->set("never", "now"));
+    CHECK(r.run(s->get("never")) == "now");
+    CHECK(server.stats().open_connections == 1);
+}
+
+TEST_CASE("tcp store server: a SET announcing 1 GiB allocates nothing and is refused") {
+    rdv::tcp_store_server server(cc::io::endpoint::loopback(0));
+    const std::uint64_t rss_before = rss_bytes();
+    std::vector<raw_client> hostile;
+    for (int i = 0; i < 4; ++i) {
+        hostile.emplace_back(server.port());
+        // 18 bytes of SET header: the key "/k" and a value of 1 GiB, of which nothing follows.
+        REQUIRE(hostile.back().send(request().u8(0).str("/k").u64(std::uint64_t{1} << 30).bytes));
+    }
+    for (auto& h : hostile) CHECK(h.closed_by_server());
+    CHECK(rss_bytes() < rss_before + (std::uint64_t{64} << 20));
+    // Our client hears why, with the key.
+    cc::io::reactor r;
+    auto s = r.run(rdv::tcp_store::connect(r, server.local_endpoint(), 5s));
+    std::string big(rdv::tcp_store_server_options{}.max_value_bytes + 1, 'x');
+    auto e = expect_system_error([&] { r.run(s->set("big", big)); });
+    CHECK(e.code() == cc::errc::message_too_large);
+    std::string what = e.what();
+    CHECK(what.find("set 'big'") != std::string::npos);
+    CHECK(what.find("limit") != std::string::npos);
+    // The connection is re-made for the next request, and the value was not stored.
+    CHECK_FALSE(r.run(s->check(std::vector<std::string>{"big"})));
+    r.run(s->set("small", "ok"));
+    CHECK(r.run(s->get("small")) == "ok");
+}
+
+TEST_CASE("tcp store server: a half-sent request or an idle connection is dropped at its bound") {
+    rdv::tcp_store_server_options o;
+    o.request_timeout = 200ms;
+    o.idle_timeout = 300ms;
+    rdv::tcp_store_server server(cc::io::endpoint::loopback(0), o);
+    raw_client half(server.port());
+    // A SET whose value should have 10 bytes; 3 come.
+    REQUIRE(half.send(request().u8(0).str("/k").u64(10).bytes + "abc"));
+    raw_client idle(server.port());
+    // A whole request, then nothing: dropped after the idle bound, not the request bound.
+    REQUIRE(idle.send(request().u8(6).bytes));  // GETNUMKEYS
+    CHECK(idle.recv(8).size() == 8);
+    CHECK(half.closed_by_server());
+    CHECK(idle.closed_by_server());
+    CHECK(server.stats().timed_out == 2);
+    CHECK(eventually([&] { return server.stats().open_connections == 0; }));
+}
+
+TEST_CASE("tcp store server: unfinished requests share a byte budget; over it one is refused") {
+    rdv::tcp_store_server_options o;
+    o.max_value_bytes = 1 << 20;
+    o.max_buffered_bytes = (3 << 20) / 2;  // one value and a half
+    rdv::tcp_store_server server(cc::io::endpoint::loopback(0), o);
+    raw_client a(server.port()), b(server.port());
+    std::string head = request().u8(0).str("/k").u64(1 << 20).bytes;
+    std::string part(900 << 10, 'x');
+    REQUIRE(a.send(head + part));
+    REQUIRE(eventually([&] { return server.stats().buffered_bytes >= (900u << 10); }));
+    b.send(head + part);
+    CHECK(b.closed_by_server());
+    CHECK(server.stats().requests_refused == 1);
+    CHECK(server.stats().peak_buffered_bytes <= o.max_buffered_bytes);
+    // The first one finishes; its value is there.
+    REQUIRE(a.send(std::string((1 << 20) - part.size(), 'y')));
+    cc::io::reactor r;
+    auto s = r.run(rdv::tcp_store::connect(r, server.local_endpoint(), 5s));
+    CHECK(r.run(s->get("k")).size() == (1u << 20));
+    CHECK(eventually([&] { return server.stats().buffered_bytes < (64u << 10); }));
+}
+
+TEST_CASE("tcp store server: ADD past the int64 range is refused naming the key; nothing wraps") {
+    rdv::tcp_store_server server(cc::io::endpoint::loopback(0));
+    cc::io::reactor r;
+    auto s = r.run(rdv::tcp_store::connect(r, server.local_endpoint(), 5s));
+    constexpr auto max = std::numeric_limits<std::int64_t>::max();
+    constexpr auto min = std::numeric_limits<std::int64_t>::min();
+    CHECK(r.run(s->add("n", max)) == max);
+    auto e = expect_system_error([&] { r.run(s->add("n", 1)); });
+    CHECK(e.code() == std::errc::value_too_large);
+    std::string what = e.what();
+    CHECK(what.find("add to 'n'") != std::string::npos);
+    CHECK(what.find("overflow") != std::string::npos);
+    CHECK(r.run(s->get("n")) == std::to_string(max));
+    CHECK(r.run(s->add("m", min)) == min);
+    CHECK(expect_system_error([&] { r.run(s->add("m", -1)); }).code() ==
+          std::errc::value_too_large);
+    CHECK(r.run(s->add("m", max)) == -1);
+    // A value that is not a number is refused too, naming the key.
+    r.run(s->set("text", "abc"));
+    auto t = expect_system_error([&] { r.run(s->add("text", 1)); });
+    CHECK(std::string(t.what()).find("'text'") != std::string::npos);
+}
+
+TEST_CASE("tcp store server: ADD past the int64 range closes a torch client's connection") {
+    // torch's client has no error replies: it loses the connection rather than read a
+    // wrapped sum.
+    rdv::tcp_store_server server(cc::io::endpoint::loopback(0));
+    raw_client c(server.port());
+    constexpr auto max = std::numeric_limits<std::int64_t>::max();
+    REQUIRE(c.send(request().u8(3).str("/n").u64(static_cast<std::uint64_t>(max)).bytes));
+    CHECK(c.recv(8).size() == 8);
+    REQUIRE(c.send(request().u8(3).str("/n").u64(1).bytes));
+    CHECK(c.closed_by_server());
+}
+
+TEST_CASE("tcp store server: at EMFILE the accept loop backs off and serves once fds free up") {
+    // The server runs in a child process whose descriptor limit is lowered; this process
+    // connects to it. No thread runs here while it forks. A socket pair, not pipes, links
+    // them: if one side dies, the other's writes fail rather than raise SIGPIPE.
+    int link[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, link) == 0);
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        ::close(link[0]);
+        const int parent = link[1];
+        int code = 0;
+        try {
+            rdv::tcp_store_server server(cc::io::endpoint::loopback(0));
+            std::uint16_t port = server.port();
+            // Room for two connections more than are open now.
+            rlimit lim{};
+            ::getrlimit(RLIMIT_NOFILE, &lim);
+            lim.rlim_cur = limit_with_free_slots(2);
+            if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) ::_exit(3);
+            if (::send(parent, &port, sizeof(port), MSG_NOSIGNAL) != sizeof(port)) ::_exit(4);
+            char go = 0;
+            // 1: the parent's five clients are connected and it waited a while; report.
+            if (::recv(parent, &go, 1, 0) != 1) ::_exit(5);
+            auto st = server.stats();
+            std::uint64_t report[2] = {st.accept_failures, st.connections_accepted};
+            if (::send(parent, report, sizeof(report), MSG_NOSIGNAL) != sizeof(report)) ::_exit(6);
+            // 2: the parent saw its last client served; or it went away.
+            ::recv(parent, &go, 1, 0);
+        } catch (...) {
+            code = 2;
+        }
+        ::_exit(code);
+    }
+    ::close(link[1]);
+    const int child = link[0];
+    // Ends and reaps the child however this test ends: it exits when its socket closes.
+    struct reaper {
+        int fd;
+        pid_t pid;
+        int status = -1;
+        ~reaper() { finish(); }
+        void finish() {
+            if (fd < 0) return;
+            ::close(std::exchange(fd, -1));
+            ::waitpid(pid, &status, 0);
+        }
+    } reap{child, pid};
+    auto tell_child = [&] {
+        char go = 1;
+        return ::send(child, &go, 1, MSG_NOSIGNAL) == 1;
+    };
+    std::uint16_t port = 0;
+    REQUIRE(::recv(child, &port, sizeof(port), MSG_WAITALL) == sizeof(port));
+    std::vector<raw_client> clients;
+    for (int i = 0; i < 5; ++i) clients.emplace_back(port);  // in the backlog beyond the limit
+    // Each asks for a reply: the two accepted ones answer, the others wait behind EMFILE.
+    for (auto& c : clients) REQUIRE(c.send(request().u8(6).bytes));  // GETNUMKEYS
+    CHECK(clients[0].recv(8).size() == 8);
+    CHECK(clients[1].recv(8).size() == 8);
+    std::this_thread::sleep_for(500ms);  // the server meets EMFILE for about this long
+    REQUIRE(tell_child());
+    std::uint64_t report[2] = {0, 0};
+    REQUIRE(::recv(child, report, sizeof(report), MSG_WAITALL) == sizeof(report));
+    CHECK(report[1] == 2);
+    // A loop that retries at once fails thousands of times in half a second; one that backs
+    // off, from 10 ms doubling, a handful.
+    CHECK(report[0] >= 1);
+    CHECK(report[0] <= 20);
+    // Free the two slots and drop two waiting clients: the last one is then served.
+    clients.erase(clients.begin(), clients.begin() + 4);
+    CHECK(clients[0].recv(8).size() == 8);
+    CHECK(tell_child());
+    reap.finish();
+    CHECK(WIFEXITED(reap.status));
+    CHECK(WEXITSTATUS(reap.status) == 0);
+}
+
+TEST_CASE("tcp store server: a client keeps being served while others flood it with garbage") {
+    rdv::tcp_store_server server(cc::io::endpoint::loopback(0));
+    [[maybe_unused]] const std::uint64_t rss_before = rss_bytes();
+    std::atomic<bool> done{false};
+    std::atomic<int> floods{0};
+    std::thread attacker([&]() noexcept {
+        std::vector<raw_client> held;
+        // Ten 1 GiB announcements that stay open, and garbage on fresh connections until the
+        // legitimate client is finished.
+        for (int i = 0; i < 10; ++i) {
+            held.emplace_back(server.port());
+            held.back().send(request().u8(0).str("/big").u64(std::uint64_t{1} << 30).bytes);
+        }
+        std::minstd_rand rng(14);
+        while (!done.load()) {
+            raw_client c(server.port());
+            std::string junk(1 + rng() % 4096, '\0');
+            for (char& ch : junk) ch = static_cast<char>(rng());
+            c.send(junk);
+            floods.fetch_add(1);
+        }
+    });
+    // Stops and joins the attacker however the test ends.
+    struct stopper {
+        std::atomic<bool>& done;
+        std::thread& t;
+        ~stopper() {
+            done = true;
+            t.join();
+        }
+    } stop{done, attacker};
+    REQUIRE(eventually([&] { return floods.load() >= 10; }));
+    cc::io::reactor r;
+    auto s = r.run(rdv::tcp_store::connect(r, server.local_endpoint(), 5s));
+    int ok = 0;
+    for (int i = 0; i < 100; ++i) {
+        std::string key = "legit/" + std::to_string(i);
+        r.run(s->set(key, std::to_string(i)));
+        if (r.run(s->get(key)) == std::to_string(i)) ++ok;
+    }
+    CHECK(ok == 100);
+    CHECK(server.stats().peak_buffered_bytes <= (std::uint64_t{16} << 20));
+#if !defined(__SANITIZE_ADDRESS__)  // ASan's quarantine keeps freed memory resident
+    CHECK(rss_bytes() < rss_before + (std::uint64_t{64} << 20));
+#endif
+}
