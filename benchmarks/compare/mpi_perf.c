@@ -4,13 +4,19 @@
  *   mpi_perf [--coll COLL] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1]
  *
  *   --coll  ping_pong (one-way time = round trip / 2, between ranks 0 and 1), all_reduce (sum,
- *           in place), broadcast (root 0, in place) or all_gather (out of place)
+ *           in place), broadcast (root 0, in place), all_gather (out of place),
+ *           reduce_scatter (sum, out of place: MPI_Reduce_scatter_block) or all_to_all (out of
+ *           place: MPI_Alltoall)
  *   -b, -e, -f, -n, -w, -c  as coll_perf's; the type is float
  *
+ * A size is coll_perf's (nccl-tests'): the buffer of ping_pong, all_reduce and broadcast; the
+ * whole gathered buffer of all_gather; the whole input of reduce_scatter and all_to_all (each
+ * rank keeps size / n of reduce_scatter's, and sends size / n of all_to_all's to each rank).
  * Sizes, element counts, timing (warm-up, barrier, timed loop, mean per iteration, largest
- * over the ranks), checked values and the JSON rows on rank 0's stdout are coll_perf's with
- * -d float -o sum -F json, so that the runner can put the rows side by side. (C, so it cannot
- * share benchmarks/common/ with the C++ programs; it reads the same flags and sizes.)
+ * over the ranks), checked values, busbw factors and the JSON rows on rank 0's stdout are
+ * coll_perf's with -d float -o sum -F json, so that the runner can put the rows side by side.
+ * (C, so it cannot share benchmarks/common/ with the C++ programs; it reads the same flags and
+ * sizes.)
  *
  * Built once with mpicc.openmpi and once with mpicc.mpich.
  */
@@ -23,8 +29,15 @@
 #include <string.h>
 #include <time.h>
 
-enum op { ping_pong, all_reduce, broadcast, all_gather };
-static const char* const op_names[] = {"ping_pong", "all_reduce", "broadcast", "all_gather"};
+enum op { ping_pong, all_reduce, broadcast, all_gather, reduce_scatter, all_to_all, op_count };
+static const char* const op_names[] = {"ping_pong",  "all_reduce",     "broadcast",
+                                       "all_gather", "reduce_scatter", "all_to_all"};
+
+/* The ops whose size is split over the ranks (count elements per rank), as coll_perf's
+ * elements() splits them. */
+static int split(enum op op) {
+    return op == all_gather || op == reduce_scatter || op == all_to_all;
+}
 
 struct config {
     enum op op;
@@ -80,14 +93,17 @@ static struct config parse(int argc, char** argv) {
         const char* v = argv[i + 1];
         if (strcmp(flag, "--coll") == 0) {
             int found = 0;
-            for (int k = 0; k < 4; ++k) {
+            for (int k = 0; k < op_count; ++k) {
                 if (strcmp(v, op_names[k]) == 0) {
                     c.op = (enum op)k;
                     found = 1;
                 }
             }
-            if (!found)
-                usage_error(flag, v, "expected ping_pong, all_reduce, broadcast or all_gather");
+            if (!found) {
+                usage_error(flag, v,
+                            "expected ping_pong, all_reduce, broadcast, all_gather, "
+                            "reduce_scatter or all_to_all");
+            }
         } else if (strcmp(flag, "-b") == 0) {
             c.min_bytes = parse_size(flag, v);
         } else if (strcmp(flag, "-e") == 0) {
@@ -118,10 +134,22 @@ struct bench {
     enum op op;
     int rank;
     int n;
-    size_t count; /* elements per rank: the part each rank gives, for all_gather */
-    float* a;     /* the buffer of every op; the contribution of all_gather */
-    float* b;     /* all_gather's output, count * n elements */
+    size_t count; /* elements per rank: the part each rank gives (all_gather), gets
+                     (reduce_scatter) or exchanges with each rank (all_to_all) */
+    float* a;     /* the input: count elements, count * n for reduce_scatter and all_to_all */
+    float* b;     /* the output of the out-of-place ops: count * n elements, count for
+                     reduce_scatter */
 };
+
+/* Elements in the input and in the output of the out-of-place ops (0: there is none). */
+static size_t input_count(const struct bench* x) {
+    int whole = x->op == reduce_scatter || x->op == all_to_all;
+    return x->count * (whole ? (size_t)x->n : 1);
+}
+static size_t output_count(const struct bench* x) {
+    if (x->op == all_gather || x->op == all_to_all) return x->count * (size_t)x->n;
+    return x->op == reduce_scatter ? x->count : 0;
+}
 
 static void run_once(const struct bench* x) {
     int count = (int)x->count;
@@ -144,6 +172,14 @@ static void run_once(const struct bench* x) {
         case all_gather:
             MPI_Allgather(x->a, count, MPI_FLOAT, x->b, count, MPI_FLOAT, MPI_COMM_WORLD);
             break;
+        case reduce_scatter:
+            MPI_Reduce_scatter_block(x->a, x->b, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            break;
+        case all_to_all:
+            MPI_Alltoall(x->a, count, MPI_FLOAT, x->b, count, MPI_FLOAT, MPI_COMM_WORLD);
+            break;
+        case op_count:
+            break;
     }
 }
 
@@ -163,28 +199,46 @@ static double time_op(const struct bench* x, const struct config* c) {
     return x->op == ping_pong ? per / 2 : per;
 }
 
+/* What element i of rank r's input holds, as coll_perf fills it: rank 0's values only for
+ * broadcast and ping_pong; for all_to_all, the part for rank d holds value(r + 2d, .), so that
+ * sender and receiver both show. */
+static float input(const struct bench* x, size_t i) {
+    if (x->op == all_to_all) return value(x->rank + 2 * (int)(i / x->count), i % x->count);
+    int gives = x->op != broadcast && x->op != ping_pong;
+    return gives || x->rank == 0 ? value(x->rank, i) : 0;
+}
+
+static float sum_over_ranks(const struct bench* x, size_t i) {
+    float sum = 0;
+    for (int r = 0; r < x->n; ++r) sum += value(r, i);
+    return sum;
+}
+
 /* What element j of the result must hold (rank 0's values for broadcast and ping_pong). */
 static float expected(const struct bench* x, size_t j) {
-    if (x->op == all_reduce) {
-        float sum = 0;
-        for (int r = 0; r < x->n; ++r) sum += value(r, j);
-        return sum;
+    switch (x->op) {
+        case all_reduce:
+            return sum_over_ranks(x, j);
+        case reduce_scatter:
+            return sum_over_ranks(x, (size_t)x->rank * x->count + j);
+        case all_gather:
+            return value((int)(j / x->count), j % x->count);
+        case all_to_all:
+            return value((int)(j / x->count) + 2 * x->rank, j % x->count);
+        default:
+            return value(0, j);
     }
-    if (x->op == all_gather) return value((int)(j / x->count), j % x->count);
-    return value(0, j);
 }
 
 /* Fills the inputs, runs once, and counts this rank's elements that are not what they must be. */
 static long long check_op(const struct bench* x) {
-    for (size_t i = 0; i < x->count; ++i) {
-        int gives = x->op == all_reduce || x->op == all_gather || x->rank == 0;
-        x->a[i] = gives ? value(x->rank, i) : 0;
-    }
-    size_t total = x->count;
-    float* result = x->a;
-    if (x->op == all_gather) {
-        total *= (size_t)x->n;
-        result = x->b;
+    for (size_t i = 0; i < input_count(x); ++i) x->a[i] = input(x, i);
+    size_t total = output_count(x);
+    float* result = x->b;
+    if (total == 0) {
+        total = x->count;
+        result = x->a;
+    } else {
         memset(x->b, 0, total * sizeof(float));
     }
     run_once(x);
@@ -196,9 +250,10 @@ static long long check_op(const struct bench* x) {
     return wrong;
 }
 
+/* nccl-tests' (benchmarks/common/bandwidth.hpp). */
 static double bus_factor(enum op op, int n) {
     if (op == all_reduce) return 2.0 * (n - 1) / n;
-    if (op == all_gather) return (double)(n - 1) / n;
+    if (split(op)) return (double)(n - 1) / n;
     return 1;
 }
 
@@ -219,12 +274,13 @@ int main(int argc, char** argv) {
     if (rank == 0) printf("[\n");
     for (size_t bytes = c.min_bytes; bytes <= c.max_bytes;) {
         size_t next = (size_t)((double)bytes * c.factor);
-        size_t count = bytes / sizeof(float) / (c.op == all_gather ? (size_t)n : 1);
+        size_t count = bytes / sizeof(float) / (split(c.op) ? (size_t)n : 1);
         if (count > 0) {
-            struct bench x = {c.op, rank, n, count, calloc(count, sizeof(float)), NULL};
-            if (c.op == all_gather) x.b = calloc(count * (size_t)n, sizeof(float));
+            struct bench x = {c.op, rank, n, count, NULL, NULL};
+            x.a = calloc(input_count(&x), sizeof(float));
+            if (output_count(&x) > 0) x.b = calloc(output_count(&x), sizeof(float));
             /* The bytes actually moved, as coll_perf reports them. */
-            size_t moved = count * sizeof(float) * (c.op == all_gather ? (size_t)n : 1);
+            size_t moved = count * sizeof(float) * (split(c.op) ? (size_t)n : 1);
             double mine = time_op(&x, &c);
             double time_us = 0;
             MPI_Allreduce(&mine, &time_us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -237,7 +293,7 @@ int main(int argc, char** argv) {
             double algbw = time_us > 0 ? (double)moved / time_us / 1e3 : 0;
             if (rank == 0) {
                 int rooted = c.op == broadcast;
-                int reduces = c.op == all_reduce;
+                int reduces = c.op == all_reduce || c.op == reduce_scatter;
                 int in_place = c.op == all_reduce || c.op == broadcast;
                 printf(
                     "%s  {\"op\": \"%s\", \"ranks\": %d, \"size\": %zu, \"count\": %zu, "
