@@ -5,9 +5,17 @@
 //                                                   [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1]
 //
 //   --coll  ping_pong (one-way time = round trip / 2, between ranks 0 and 1, through unbound
-//           buffers), all_reduce (sum, in place), broadcast (root 0, in place) or all_gather
-//           (out of place)
+//           buffers), all_reduce (sum, in place), broadcast (root 0, in place), all_gather
+//           (out of place), reduce_scatter (sum, in place: gloo::ReduceScatterHalvingDoubling,
+//           the only reduce_scatter this Gloo has, leaves each rank's part at the start of its
+//           input) or all_to_all (out of place, gloo::alltoall)
 //   -b, -e, -f, -n, -w, -c  as coll_perf's (benchmarks/common/args.hpp); the type is float
+//
+// A size is coll_perf's (nccl-tests'): the buffer of ping_pong, all_reduce and broadcast; the
+// whole gathered buffer of all_gather; the whole input of reduce_scatter and all_to_all (each
+// rank keeps size / n of reduce_scatter's, and sends size / n of all_to_all's to each rank).
+// reduce_scatter's timed iterations reduce what the last one left, as any in-place reduction
+// does; only the checked run starts from fresh inputs.
 //
 // Ranks meet through a gloo::rendezvous::FileStore in DIR (empty, one per run) and talk over
 // Gloo's TCP transport on 127.0.0.1. Sizes, element counts, timing (warm-up, barrier, timed
@@ -20,9 +28,11 @@
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
+#include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/transport/tcp/device.h>
@@ -51,7 +61,11 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 using reduce_fn = void (*)(void*, const void*, const void*, std::size_t);
 
-enum class op { ping_pong, all_reduce, broadcast, all_gather };
+enum class op { ping_pong, all_reduce, broadcast, all_gather, reduce_scatter, all_to_all };
+
+// The ops whose size is split over the ranks (count elements per rank), as coll_perf's
+// elements() splits them.
+bool split(op o) { return o == op::all_gather || o == op::reduce_scatter || o == op::all_to_all; }
 
 struct config {
     op what = op::all_reduce;
@@ -70,14 +84,18 @@ config parse(int argc, char** argv) {
     perf::args a("gloo_perf",
                  "coll_perf's measurements through Gloo's C++ API, for run_compare.py.\nRanks "
                  "come from RANK, WORLD_SIZE and GLOO_PERF_STORE (an empty directory).");
-    a.one_of("--coll", c.name, {"ping_pong", "all_reduce", "broadcast", "all_gather"},
+    a.one_of("--coll", c.name,
+             {"ping_pong", "all_reduce", "broadcast", "all_gather", "reduce_scatter",
+              "all_to_all"},
              "the collective");
     c.sweep.declare(a);
     perf::parse_or_exit(a, argc, argv);
     const std::pair<const char*, op> names[] = {{"ping_pong", op::ping_pong},
                                                 {"all_reduce", op::all_reduce},
                                                 {"broadcast", op::broadcast},
-                                                {"all_gather", op::all_gather}};
+                                                {"all_gather", op::all_gather},
+                                                {"reduce_scatter", op::reduce_scatter},
+                                                {"all_to_all", op::all_to_all}};
     for (const auto& [name, o] : names) {
         if (c.name == name) c.what = o;
     }
@@ -115,11 +133,13 @@ public:
         : context_(std::move(context)),
           what_(what),
           count_(count),
-          a_(count),
-          b_(what == op::all_gather ? count * static_cast<std::size_t>(context_->size) : 0),
+          n_(static_cast<std::size_t>(context_->size)),
+          a_(what == op::reduce_scatter || what == op::all_to_all ? count * n_ : count),
+          b_(what == op::all_gather || what == op::all_to_all ? count * n_ : 0),
           all_reduce_(context_),
           broadcast_(context_),
-          all_gather_(context_) {
+          all_gather_(context_),
+          all_to_all_(context_) {
         switch (what_) {
             case op::ping_pong:
                 ping_pong_ = context_->createUnboundBuffer(a_.data(), count_ * sizeof(float));
@@ -139,6 +159,17 @@ public:
                 all_gather_.setOutput(b_.data(), b_.size());
                 all_gather_.setTag(measured_tag);
                 break;
+            case op::reduce_scatter:
+                // Its constructor sets up its buffers with every peer: collective, once per size.
+                reduce_scatter_ = std::make_unique<gloo::ReduceScatterHalvingDoubling<float>>(
+                    context_, std::vector<float*>{a_.data()}, static_cast<int>(a_.size()),
+                    std::vector<int>(n_, static_cast<int>(count_)));
+                break;
+            case op::all_to_all:
+                all_to_all_.setInput(a_.data(), a_.size());
+                all_to_all_.setOutput(b_.data(), b_.size());
+                all_to_all_.setTag(measured_tag);
+                break;
         }
     }
 
@@ -155,6 +186,12 @@ public:
                 break;
             case op::all_gather:
                 gloo::allgather(all_gather_);
+                break;
+            case op::reduce_scatter:
+                reduce_scatter_->run();
+                break;
+            case op::all_to_all:
+                gloo::alltoall(all_to_all_);
                 break;
         }
     }
@@ -176,16 +213,15 @@ public:
     // must be.
     long long check() {
         const int rank = context_->rank;
-        for (std::size_t i = 0; i < count_; ++i) {
-            bool gives = what_ == op::all_reduce || what_ == op::all_gather || rank == 0;
-            a_[i] = gives ? value(rank, i) : 0;
-        }
+        for (std::size_t i = 0; i < a_.size(); ++i) a_[i] = input(i);
         std::fill(b_.begin(), b_.end(), 0.0f);
         run_once();
         if (what_ == op::ping_pong && rank > 1) return 0;  // not part of it
-        const std::vector<float>& result = what_ == op::all_gather ? b_ : a_;
+        const std::vector<float>& result = b_.empty() ? a_ : b_;
+        // reduce_scatter's part is the start of its input; the rest is Gloo's scratch.
+        std::size_t size = what_ == op::reduce_scatter ? count_ : result.size();
         long long wrong = 0;
-        for (std::size_t j = 0; j < result.size(); ++j) {
+        for (std::size_t j = 0; j < size; ++j) {
             if (result[j] != expected(j)) ++wrong;
         }
         return wrong;
@@ -207,25 +243,54 @@ private:
         }
     }
 
+    // What element i of this rank's input holds, as coll_perf fills it: rank 0's values only
+    // for broadcast and ping_pong; for all_to_all, the part for rank d holds value(rank + 2d,
+    // .), so that sender and receiver both show.
+    float input(std::size_t i) const {
+        const int rank = context_->rank;
+        if (what_ == op::all_to_all) {
+            return value(rank + 2 * static_cast<int>(i / count_), i % count_);
+        }
+        bool gives = what_ != op::broadcast && what_ != op::ping_pong;
+        return gives || rank == 0 ? value(rank, i) : 0;
+    }
+
+    float sum_over_ranks(std::size_t i) const {
+        float sum = 0;
+        for (int r = 0; r < context_->size; ++r) sum += value(r, i);
+        return sum;
+    }
+
     // What element j of the result must hold (rank 0's values for broadcast and ping_pong).
     float expected(std::size_t j) const {
-        if (what_ == op::all_reduce) {
-            float sum = 0;
-            for (int r = 0; r < context_->size; ++r) sum += value(r, j);
-            return sum;
+        const auto rank = static_cast<std::size_t>(context_->rank);
+        switch (what_) {
+            case op::all_reduce:
+                return sum_over_ranks(j);
+            case op::reduce_scatter:
+                return sum_over_ranks(rank * count_ + j);
+            case op::all_gather:
+                return value(static_cast<int>(j / count_), j % count_);
+            case op::all_to_all:
+                return value(static_cast<int>(j / count_ + 2 * rank), j % count_);
+            default:
+                return value(0, j);
         }
-        if (what_ == op::all_gather) return value(static_cast<int>(j / count_), j % count_);
-        return value(0, j);
     }
 
     std::shared_ptr<gloo::Context> context_;
     op what_;
-    std::size_t count_;  // elements per rank: the part each rank gives, for all_gather
-    std::vector<float> a_;
-    std::vector<float> b_;
+    // Elements per rank: the part each rank gives (all_gather), keeps (reduce_scatter) or
+    // exchanges with each rank (all_to_all).
+    std::size_t count_;
+    std::size_t n_;
+    std::vector<float> a_;  // the input; count_ * n_ for reduce_scatter and all_to_all
+    std::vector<float> b_;  // the output of all_gather and all_to_all, count_ * n_
     gloo::AllreduceOptions all_reduce_;
     gloo::BroadcastOptions broadcast_;
     gloo::AllgatherOptions all_gather_;
+    gloo::AlltoallOptions all_to_all_;
+    std::unique_ptr<gloo::ReduceScatterHalvingDoubling<float>> reduce_scatter_;
     std::unique_ptr<gloo::transport::UnboundBuffer> ping_pong_;
 };
 
@@ -246,7 +311,7 @@ int benchmark(const config& c) {
     std::optional<perf::report> out;
     if (rank == 0) out.emplace(perf::format::json);
     for (std::size_t bytes : c.sweep.sizes()) {
-        std::size_t parts = c.what == op::all_gather ? static_cast<std::size_t>(n) : 1;
+        std::size_t parts = split(c.what) ? static_cast<std::size_t>(n) : 1;
         std::size_t count = bytes / sizeof(float) / parts;
         if (count == 0) continue;
         bench b(context, c.what, count);
@@ -262,13 +327,15 @@ int benchmark(const config& c) {
         }
         double algbw = perf::algbw_gbs(moved, time_us);
         if (out) {
-            bool in_place = c.what == op::all_reduce || c.what == op::broadcast;
+            bool in_place = c.what == op::all_reduce || c.what == op::broadcast ||
+                            c.what == op::reduce_scatter;
+            bool reduces = c.what == op::all_reduce || c.what == op::reduce_scatter;
             out->row({{"op", c.name},
                       {"ranks", n},
                       {"size", moved},
                       {"count", count},
                       {"type", "float"},
-                      {"redop", c.what == op::all_reduce ? "sum" : "none"},
+                      {"redop", reduces ? "sum" : "none"},
                       {"root", c.what == op::broadcast ? 0 : -1},
                       {"placement", in_place ? "in-place" : "out-of-place"},
                       {"time_us", {time_us, 3}},
