@@ -5,9 +5,18 @@ with the Gloo backend, so that run_compare.py can set torch beside corocoll.
         [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1]
 
   --coll  ping_pong (one-way time = round trip / 2, between ranks 0 and 1, dist.send/recv),
-          all_reduce (sum, in place), broadcast (root 0, in place) or all_gather (into views of
-          one flat tensor: torch 1.13's Gloo backend has no all_gather_into_tensor)
+          all_reduce (sum, in place), broadcast (root 0, in place), all_gather (into views of
+          one flat tensor: torch 1.13's Gloo backend has no all_gather_into_tensor),
+          reduce_scatter (sum, out of place, from views of one flat tensor) or all_to_all
+          (dist.all_to_all_single, out of place)
   -b, -e, -f, -n, -w, -c  as coll_perf's; the type is float32
+
+A size is coll_perf's (nccl-tests'): the buffer of ping_pong, all_reduce and broadcast; the whole
+gathered buffer of all_gather; the whole input of reduce_scatter and all_to_all (each rank keeps
+size / n of reduce_scatter's, and sends size / n of all_to_all's to each rank).
+
+An op the backend cannot do (torch 1.13's Gloo has no reduce_scatter) prints one line
+"torch_perf: n/a: <why>" on stderr and exits with 77; run_compare.py shows it as n/a.
 
 Joins with init_method env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE from the launcher:
 corocollrun, torchrun, or run_compare.py itself). Gloo's sockets stay on loopback
@@ -27,7 +36,10 @@ import torch.distributed as dist
 sys.dont_write_bytecode = True  # no __pycache__ beside the sources for the import below
 from run_compare import parse_size  # noqa: E402 (the runner's, beside this file: sizes read alike)
 
-OPS = ("ping_pong", "all_reduce", "broadcast", "all_gather")
+OPS = ("ping_pong", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all")
+# The ops whose size is split over the ranks (count elements per rank), as coll_perf splits them.
+SPLIT = ("all_gather", "reduce_scatter", "all_to_all")
+NOT_AVAILABLE_EXIT = 77  # what run_compare.py reads as n/a (with the "n/a:" line)
 
 
 def parse_args():
@@ -63,10 +75,17 @@ class Bench:
         self.count = count
         self.rank = dist.get_rank()
         self.n = dist.get_world_size()
-        self.a = torch.zeros(count, dtype=torch.float32)
-        if op == "all_gather":
+        whole = op in ("reduce_scatter", "all_to_all")
+        self.a = torch.zeros(count * (self.n if whole else 1), dtype=torch.float32)
+        self.b = None
+        if op in ("all_gather", "all_to_all"):
             self.b = torch.zeros(count * self.n, dtype=torch.float32)
+        elif op == "reduce_scatter":
+            self.b = torch.zeros(count, dtype=torch.float32)
+        if op == "all_gather":
             self.parts = list(self.b.chunk(self.n))
+        elif op == "reduce_scatter":
+            self.parts = list(self.a.chunk(self.n))
         self.run_once = getattr(self, op)
 
     def ping_pong(self):
@@ -86,6 +105,12 @@ class Bench:
     def all_gather(self):
         dist.all_gather(self.parts, self.a)
 
+    def reduce_scatter(self):
+        dist.reduce_scatter(self.b, self.parts)
+
+    def all_to_all(self):
+        dist.all_to_all_single(self.b, self.a)
+
     def time(self, iters, warmup):
         """Mean time per operation on this rank, in microseconds."""
         for _ in range(warmup):
@@ -99,18 +124,30 @@ class Bench:
 
     def check(self):
         """Fills the inputs, runs once, and counts this rank's elements that are wrong."""
-        gives = self.op in ("all_reduce", "all_gather") or self.rank == 0
-        self.a.copy_(values(self.rank, self.count) if gives else torch.zeros(self.count))
-        if self.op == "all_gather":
+        n, c = self.n, self.count
+        if self.op == "all_to_all":
+            # The part for rank d holds values(rank + 2d): sender and receiver both show.
+            self.a.copy_(torch.cat([values(self.rank + 2 * d, c) for d in range(n)]))
+        elif self.op in ("broadcast", "ping_pong") and self.rank != 0:
+            self.a.zero_()
+        else:
+            self.a.copy_(values(self.rank, self.a.numel()))
+        if self.b is not None:
             self.b.zero_()
         self.run_once()
         if self.op == "ping_pong" and self.rank > 1:
             return 0  # not part of it
         if self.op == "all_reduce":
-            want = sum(values(r, self.count) for r in range(self.n))
+            want = sum(values(r, c) for r in range(n))
             got = self.a
+        elif self.op == "reduce_scatter":
+            want = sum(values(r, c * n) for r in range(n))[self.rank * c:(self.rank + 1) * c]
+            got = self.b
         elif self.op == "all_gather":
-            want = torch.cat([values(r, self.count) for r in range(self.n)])
+            want = torch.cat([values(r, c) for r in range(n)])
+            got = self.b
+        elif self.op == "all_to_all":
+            want = torch.cat([values(s + 2 * self.rank, c) for s in range(n)])
             got = self.b
         else:
             want = values(0, self.count)
@@ -119,9 +156,10 @@ class Bench:
 
 
 def bus_factor(op, n):
+    """nccl-tests' (benchmarks/common/bandwidth.hpp)."""
     if op == "all_reduce":
         return 2 * (n - 1) / n
-    if op == "all_gather":
+    if op in SPLIT:
         return (n - 1) / n
     return 1
 
@@ -132,7 +170,7 @@ def json_row(op, n, size, count, time_us, wrong):
     return ('{"op": "%s", "ranks": %d, "size": %d, "count": %d, "type": "float", "redop": "%s", '
             '"root": %d, "placement": "%s", "time_us": %.3f, "algbw_gbs": %.4f, '
             '"busbw_gbs": %.4f, "wrong": %d}'
-            % (op, n, size, count, "sum" if op == "all_reduce" else "none",
+            % (op, n, size, count, "sum" if op in ("all_reduce", "reduce_scatter") else "none",
                0 if op == "broadcast" else -1,
                "in-place" if op in ("all_reduce", "broadcast") else "out-of-place",
                time_us, algbw, algbw * bus_factor(op, n), wrong))
@@ -145,6 +183,18 @@ def all_reduce_one(number, dtype, op):
     return t.item()
 
 
+def not_available(op):
+    """Why the backend cannot do `op`, or None: it runs once on one element per rank. torch's
+    Gloo refuses what it lacks before it sends anything, so every rank learns it alike."""
+    try:
+        Bench(op, 1).run_once()
+    except RuntimeError as e:
+        if "does not support" in str(e):
+            return str(e).splitlines()[0]
+        raise
+    return None
+
+
 def main():
     a = parse_args()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -152,6 +202,11 @@ def main():
     rank, n = dist.get_rank(), dist.get_world_size()
     if a.op == "ping_pong" and n < 2:
         sys.exit("torch_perf: ping_pong needs 2 ranks or more")
+    why = not_available(a.op) if a.op in ("reduce_scatter", "all_to_all") else None
+    if why:
+        print(f"torch_perf: n/a: {why} (torch {torch.__version__})", file=sys.stderr)
+        dist.destroy_process_group()
+        sys.exit(NOT_AVAILABLE_EXIT)
     rows = 0
     wrong_total = 0
     if rank == 0:
@@ -159,7 +214,7 @@ def main():
     bytes_ = a.min_bytes
     while bytes_ <= a.max_bytes:
         nxt = int(bytes_ * a.factor)
-        parts = n if a.op == "all_gather" else 1
+        parts = n if a.op in SPLIT else 1
         count = bytes_ // 4 // parts
         if count > 0:
             bench = Bench(a.op, count)
