@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """run_compare: corocoll beside torch.distributed (Gloo), Gloo C++, Open MPI and MPICH.
 
-    python3 benchmarks/compare/run_compare.py [--ranks 2,4] [--ops OP,...] [--systems SYS,...]
+    python3 benchmarks/compare/run_compare.py [--ranks 2,4,8] [--ops OP,...] [--systems SYS,...]
         [-b 4] [-e 64M] [-f 4] [--time-per-size SECONDS | --iters N] [--out-dir docs]
         [--build-dir DIR] [--coll-perf PATH] [--corocollrun PATH] [--python PATH]
         [--timeout SECONDS] [--quick]
@@ -11,7 +11,10 @@ corocoll's coll_perf times them (warm-up, barrier, timed loop, mean per iteratio
 the ranks) and checked once per size (-c 1): coll_perf for corocoll, and for the others the
 programs beside this file (torch_perf.py, gloo_perf.cpp, mpi_perf.c), which print coll_perf's
 JSON rows. Systems run one at a time, each invocation under a time limit; one that fails is
-reported in the tables, and the others go on.
+reported in the tables, and the others go on. corocoll runs twice: corocoll_shm and corocoll_tcp
+are coll_perf with COROCOLL_TRANSPORT=shm and =tcp (--systems corocoll means both). An op that a
+system cannot do (its program prints "<program>: n/a: <why>" on stderr, and exits with 77) shows
+as n/a and is not a failure.
 
 Writes, under --out-dir: performance.md (only between <!-- compare:begin --> and
 <!-- compare:end -->; the rest of the file is kept), perf/<op>_<N>ranks.png (latency and busbw
@@ -41,17 +44,31 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 
-OPS = ("ping_pong", "all_reduce", "broadcast", "all_gather")
+OPS = ("ping_pong", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all")
 
 # What each system is, as the markdown names it.
 SYSTEMS = {
-    "corocoll": "corocoll's coll_perf: TCP on loopback, io_uring",
+    "corocoll_shm": "corocoll's coll_perf, COROCOLL_TRANSPORT=shm: corocoll's shared-memory "
+                    "channel (the default between ranks of one host), io_uring reactor",
+    "corocoll_tcp": "corocoll's coll_perf, COROCOLL_TRANSPORT=tcp: TCP on loopback, io_uring "
+                    "reactor",
     "torch_gloo": "torch.distributed, Gloo backend (torch_perf.py): TCP on loopback",
     "gloo": "Gloo C++ (gloo_perf.cpp): TCP on loopback",
     "ompi_tcp": "Open MPI, pml ob1, btl tcp,self (mpi_perf.c): TCP on loopback",
     "ompi_vader": "Open MPI, pml ob1, btl vader,self (mpi_perf.c): shared memory",
     "mpich": "MPICH, ch4:ucx (mpi_perf.c): UCX's shared memory; network devices limited to lo",
 }
+
+# The corocoll systems: coll_perf with this COROCOLL_TRANSPORT.
+COROCOLL = {"corocoll_shm": "shm", "corocoll_tcp": "tcp"}
+# Names --systems accepts for several systems.
+ALIASES = {"corocoll": list(COROCOLL)}
+# The ratio columns divide by the first of these that ran: corocoll_shm, the default on one host.
+REFERENCES = list(COROCOLL)
+
+# What a program does when it cannot do an op: a line "<program>: n/a: <why>" on stderr (read
+# through launchers, which need not pass the exit code on) and exit code 77.
+NOT_AVAILABLE = re.compile(r"^\s*[\w.-]+: n/a: (.+)$", re.MULTILINE)
 
 BEGIN_MARK = "<!-- compare:begin -->"
 END_MARK = "<!-- compare:end -->"
@@ -80,14 +97,23 @@ def parse_size(text):
     return max(1, int(value))
 
 
-def parse_list(known):
+def parse_list(known, aliases=None):
+    """A comma-separated list of `known` names; an alias stands for its names. Each name once,
+    in the order given."""
+    aliases = aliases or {}
+
     def parse(text):
         items = [x for x in text.split(",") if x]
-        unknown = [x for x in items if x not in known]
+        unknown = [x for x in items if x not in known and x not in aliases]
         if unknown or not items:
             raise argparse.ArgumentTypeError(
-                f"{text}: expected a comma-separated list of {', '.join(known)}")
-        return items
+                f"{text}: expected a comma-separated list of {', '.join([*known, *aliases])}")
+        out = []
+        for x in items:
+            for name in aliases.get(x, [x]):
+                if name not in out:
+                    out.append(name)
+        return out
     return parse
 
 
@@ -105,7 +131,8 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=parse_ranks, default=[2, 4])
     p.add_argument("--ops", type=parse_list(OPS), default=list(OPS))
-    p.add_argument("--systems", type=parse_list(list(SYSTEMS)), default=list(SYSTEMS))
+    p.add_argument("--systems", type=parse_list(list(SYSTEMS), ALIASES), default=list(SYSTEMS),
+                   help="corocoll stands for corocoll_shm,corocoll_tcp")
     p.add_argument("-b", dest="min_bytes", type=parse_size, default=4)
     p.add_argument("-e", dest="max_bytes", type=parse_size, default=64 << 20)
     p.add_argument("-f", dest="factor", type=float, default=4)
@@ -228,9 +255,9 @@ def free_port():
 def launches(a, system, ranks, perf_args, scratch):
     """The processes that run `system` on `ranks` ranks: a list of (argv, extra environment)."""
     n = str(ranks)
-    if system == "corocoll":
+    if system in COROCOLL:
         return [([str(a.coll_perf), "--nproc", n, "-d", "float", "-o", "sum", "-F", "json",
-                  *perf_args], {})]
+                  *perf_args], {"COROCOLL_TRANSPORT": COROCOLL[system]})]
     if system == "torch_gloo":
         torch_perf = [a.python, str(HERE / "torch_perf.py"), *perf_args]
         if a.corocollrun.exists():
@@ -303,9 +330,16 @@ def wait_all(procs, timeout):
         time.sleep(0.02)
 
 
+@dataclass
+class Failure:
+    """How a run of processes failed."""
+    error: str                # what happened and the likely reason
+    stderr: str               # the end of the failed process's stderr (rank 0's on a timeout)
+    not_available: str = ""   # why the program cannot do the op, when it said so ("n/a: ...")
+
+
 def run_processes(commands, timeout):
-    """Runs the processes together. Returns rank 0's stdout, and None or the error with the
-    end of the failed process's stderr (rank 0's on a timeout)."""
+    """Runs the processes together. Returns rank 0's stdout, and None or a Failure."""
     with tempfile.TemporaryDirectory(prefix="run_compare.") as logs, ExitStack() as files:
         # Files, not pipes: a chatty rank can never block on a full pipe.
         outs, errs = ([files.enter_context(open(Path(logs) / f"{i}.{kind}", "w+"))
@@ -318,7 +352,7 @@ def run_processes(commands, timeout):
                                               start_new_session=True))
             failure = wait_all(procs, timeout)
         except OSError as e:
-            return "", (f"could not start {e.filename}: {e.strerror}", "")
+            return "", Failure(f"could not start {e.filename}: {e.strerror}", "")
         finally:
             stop(procs)  # also on Ctrl-C: no rank outlives the runner
         outs[0].seek(0)
@@ -328,7 +362,9 @@ def run_processes(commands, timeout):
         errs[i].seek(0)
         stderr = errs[i].read()
         tail = "\n".join(stderr.splitlines()[-20:])
-        return outs[0].read(), (f"{what}: {reason(stderr)}", tail)
+        na = NOT_AVAILABLE.search(stderr)
+        return outs[0].read(), Failure(f"{what}: {reason(stderr)}", tail,
+                                       na[1].strip() if na else "")
 
 
 def json_rows(stdout):
@@ -351,6 +387,7 @@ class Outcome:
     commands: list = field(default_factory=list)
     error: str = ""
     stderr: str = ""  # the end of the failed process's stderr
+    not_available: str = ""  # why the system cannot do the op (shown as n/a; not an error)
 
 
 def measure(a, system, op, ranks, build_error):
@@ -372,12 +409,15 @@ def measure(a, system, op, ranks, build_error):
         wrong = [r for r in rows if r["wrong"] > 0]
         if wrong:
             out.error = f"{wrong[0]['wrong']} wrong element(s) at {wrong[0]['size']} B"
+        elif failure and failure.not_available and not rows:
+            out.not_available = failure.not_available
         elif failure:
-            out.error, out.stderr = failure
-        print(f"  {system:>10} {op} {ranks} ranks, {first}..{last} B, n={n} w={w}: "
+            out.error, out.stderr = failure.error, failure.stderr
+        print(f"  {system:>12} {op} {ranks} ranks, {first}..{last} B, n={n} w={w}: "
               f"{len(rows)} rows in {time.monotonic() - started:.1f} s"
-              + (f", {out.error}" if out.error else ""), file=sys.stderr)
-        if out.error:
+              + (f", {out.error}" if out.error else "")
+              + (f", n/a: {out.not_available}" if out.not_available else ""), file=sys.stderr)
+        if out.error or out.not_available:
             break  # the larger sizes would likely fail the same way
     return out
 
@@ -403,19 +443,27 @@ def fmt_ratio(r):
     return f"{r:.2g}" if r < 1 else f"{r:.2f}" if r < 10 else f"{r:.0f}"
 
 
+def reference(systems):
+    """The system the ratio columns divide by (None: no corocoll system ran)."""
+    return next((s for s in REFERENCES if s in systems), None)
+
+
 def table(op, ranks, systems, outcomes):
     """The markdown table for one op and rank count."""
     by_size = {}
     for s in systems:
         for r in outcomes[s].rows:
             by_size.setdefault(r["size"], {})[s] = r
-    ratios = [s for s in systems if s != "corocoll"] if "corocoll" in systems else []
+    ref = reference(systems)
+    ratios = [s for s in systems if s != ref] if ref else []
     head = (["size"] + [f"time µs {s}" for s in systems] + [f"busbw GB/s {s}" for s in systems]
-            + [f"corocoll ÷ {s} time" for s in ratios])
+            + [f"{ref} ÷ {s} time" for s in ratios])
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
 
     def status(s):
         o = outcomes[s]
+        if o.not_available:
+            return "n/a: " + o.not_available.replace("|", "/")
         if o.error:
             return "failed: " + o.error.replace("|", "/")
         if not o.rows:
@@ -425,14 +473,17 @@ def table(op, ranks, systems, outcomes):
         return f"wrong = {sum(r['wrong'] for r in o.rows)}"
     check = ["check"] + [status(s) for s in systems] + [""] * (len(systems) + len(ratios))
     lines.append("| " + " | ".join(check) + " |")
+    def missing(s):
+        return "n/a" if outcomes[s].not_available else "–"
     for size in sorted(by_size):
         got = by_size[size]
         cells = [fmt_size(size)]
-        cells += [fmt_time(got[s]["time_us"]) if s in got else "–" for s in systems]
-        cells += [fmt_bw(got[s]["busbw_gbs"]) if s in got else "–" for s in systems]
+        cells += [fmt_time(got[s]["time_us"]) if s in got else missing(s) for s in systems]
+        cells += [fmt_bw(got[s]["busbw_gbs"]) if s in got else missing(s) for s in systems]
         for s in ratios:
-            ok = s in got and "corocoll" in got and got[s]["time_us"] > 0
-            cells.append(fmt_ratio(got["corocoll"]["time_us"] / got[s]["time_us"]) if ok else "–")
+            ok = s in got and ref in got and got[s]["time_us"] > 0
+            cells.append(fmt_ratio(got[ref]["time_us"] / got[s]["time_us"]) if ok
+                         else missing(s) if ref in got else "–")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -451,13 +502,17 @@ def plot(path, op, ranks, systems, outcomes):
         x = [r["size"] for r in rows]
         # A system keeps its colour in every figure, whichever systems ran.
         style = dict(marker="o", markersize=3, color=f"C{list(SYSTEMS).index(s)}",
-                     linewidth=2.2 if s == "corocoll" else 1.2)
+                     linewidth=2.2 if s in COROCOLL else 1.2,
+                     linestyle="--" if s == "corocoll_tcp" else "-")
         lat.loglog(x, [r["time_us"] for r in rows], label=s, **style)
         bw.semilogx(x, [r["busbw_gbs"] for r in rows], label=s, **style)
     lat.set(title=f"{op}, {ranks} ranks: time per operation", xlabel="size (bytes)",
             ylabel="time (µs)")
     bw.set(title=f"{op}, {ranks} ranks: bus bandwidth", xlabel="size (bytes)",
            ylabel="busbw (GB/s)")
+    if not_available := [s for s in systems if outcomes[s].not_available]:
+        lat.text(0.02, 0.98, "n/a: " + ", ".join(not_available), transform=lat.transAxes,
+                 va="top", fontsize=8)
     ticks = sorted({r["size"] for s in systems for r in outcomes[s].rows})
     ticks = ticks[::2] if len(ticks) > 13 else ticks  # room for each label
     for ax in (lat, bw):
@@ -518,6 +573,9 @@ def section(a, m, results, plots):
                   f"to [{MIN_ITERS}, {MAX_ITERS}] and rounded down to 1, 2 or 5 × 10^k, where "
                   f"the estimate is {LATENCY_PER_PEER_US:g} µs × (ranks − 1) + size at 1 GB/s; "
                   "max(2, n / 10) warm-up iterations")
+    ref = reference(a.systems)
+    cpus = m["cpus"] or 0
+    oversubscribed = " and ".join(f"{n} ranks" for n in a.ranks if n > cpus)
     out = [
         BEGIN_MARK,
         "<!-- Written by benchmarks/compare/run_compare.py; edits here are overwritten. -->",
@@ -536,16 +594,29 @@ def section(a, m, results, plots):
         "",
         "Every system runs the same sizes with the same iterations, timed as coll_perf times "
         "them: warm-up iterations, a barrier, the timed iterations; the mean per iteration on "
-        "each rank, then the largest over the ranks. float32; all_reduce sums in place, "
-        "broadcast is from rank 0 in place, all_gather's size is the whole gathered buffer, "
-        "ping_pong's time is half a round trip between ranks 0 and 1. busbw is nccl-tests' "
-        "(all_reduce 2(n−1)/n × algbw, all_gather (n−1)/n, the others 1). Every size is "
-        "checked once after timing (the check row gives the total of wrong elements). "
-        f"Iterations: {policy}. The machine has {m['cpus']} CPUs, so runs with more ranks "
-        "than that share cores, which costs most the systems that poll (the MPIs).",
+        "each rank, then the largest over the ranks. float32. A size is nccl-tests': "
+        "all_reduce sums in place and broadcast is from rank 0 in place, on a buffer of that "
+        "size; all_gather's size is the whole gathered buffer; reduce_scatter's (a sum) and "
+        "all_to_all's is the whole input of each rank, of which each rank keeps, or sends to "
+        "each rank, size / n; ping_pong's time is half a round trip between ranks 0 and 1. "
+        "All work out of place except all_reduce, broadcast and Gloo C++'s reduce_scatter "
+        "(gloo::ReduceScatterHalvingDoubling, the only one it has, works in place). busbw is "
+        "nccl-tests' (all_reduce 2(n−1)/n × algbw; all_gather, reduce_scatter and all_to_all "
+        "(n−1)/n; the others 1). Every size is checked once after timing (the check row gives "
+        "the total of wrong elements); n/a marks an op the system does not have. "
+        f"Iterations: {policy}.",
         "",
-        "Columns \"corocoll ÷ X time\": below 1, corocoll takes less time than X at that size "
-        "(it is also X's busbw ÷ corocoll's busbw).",
+        (f"The machine has {cpus} CPUs, so the runs with {oversubscribed} are "
+         "oversubscribed: ranks share cores, which costs most the systems that poll while "
+         "they wait (the MPIs' shared memory; corocoll's reactor polls for a bounded time "
+         "before it sleeps, and yields between polls when ranks outnumber CPUs)."
+         if oversubscribed else
+         f"The machine has {cpus} CPUs; no run here has more ranks than that (more would be "
+         "oversubscribed: ranks would share cores)."),
+        "",
+        f"Columns \"{ref} ÷ X time\": below 1, {ref} takes less time than X at that size "
+        f"(it is also X's busbw ÷ {ref}'s busbw)." if ref else
+        "No corocoll system ran, so there are no ratio columns.",
         "",
         "| system | what | launched as (first invocation) |",
         "|---|---|---|",
@@ -558,7 +629,8 @@ def section(a, m, results, plots):
         out.append(f"| {s} | {SYSTEMS[s]} | `{first.get(s, '(not run)')}` |")
     for ranks in a.ranks:
         for op in a.ops:
-            out += ["", f"### {op}, {ranks} ranks", ""]
+            note = f" (oversubscribed: {ranks} ranks on {cpus} CPUs)" if ranks > cpus else ""
+            out += ["", f"### {op}, {ranks} ranks{note}", ""]
             outcomes = {s: results[(s, op, ranks)] for s in a.systems}
             out.append(table(op, ranks, a.systems, outcomes))
             png = plots.get((op, ranks))
@@ -591,9 +663,10 @@ def main():
         print(f"run_compare: {sys.executable} has no matplotlib, so there will be no plots "
               "(Debian's python3-matplotlib is for /usr/bin/python3)", file=sys.stderr)
     build_errors = build(a, a.systems)
-    if "corocoll" in a.systems and not a.coll_perf.exists():
-        build_errors["corocoll"] = (f"{a.coll_perf} not found (meson compile -C build-release, "
-                                    "or name it with --coll-perf)")
+    for s in COROCOLL:
+        if s in a.systems and not a.coll_perf.exists():
+            build_errors[s] = (f"{a.coll_perf} not found (meson compile -C build-release, "
+                               "or name it with --coll-perf)")
     results = {}
     for ranks in a.ranks:
         for op in a.ops:
@@ -614,7 +687,9 @@ def main():
     raw = {"machine": m, "command": reproduce(a),
            "rows": [r for o in results.values() for r in o.rows],
            "failures": [{"system": s, "op": op, "ranks": n, "error": o.error, "stderr": o.stderr}
-                        for (s, op, n), o in results.items() if o.error]}
+                        for (s, op, n), o in results.items() if o.error],
+           "not_available": [{"system": s, "op": op, "ranks": n, "why": o.not_available}
+                             for (s, op, n), o in results.items() if o.not_available]}
     (perf_dir / "results.json").write_text(json.dumps(raw, indent=1) + "\n")
     text = section(a, m, results, plots)
     write_markdown(a.out_dir / "performance.md", text)
