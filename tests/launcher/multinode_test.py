@@ -69,14 +69,14 @@ def clean_env():
     return env
 
 
-def run_job(run, worker_args):
+def run_job(run, worker_args, extra_env=None):
     """Starts node 0 with --master_port=0, reads the port it picked, starts node 1 with it."""
     common = ["--nnodes=2", "--nproc_per_node=2", f"--master_addr={ADDR[0]}",
               "--grace_period=2", "--rdzv_conf", "join_timeout=30,exit_barrier_timeout=30"]
     node0 = subprocess.Popen(["ip", "netns", "exec", NS[0], run, *common, "--node_rank=0",
                               "--master_port=0", *worker_args],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=clean_env())
+                             env={**clean_env(), **(extra_env or {})})
     procs = [node0]
     try:
         first = node0.stderr.readline()
@@ -87,7 +87,7 @@ def run_job(run, worker_args):
         node1 = subprocess.Popen(["ip", "netns", "exec", NS[1], run, *common, "--node_rank=1",
                                   f"--master_port={port}", *worker_args],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 env=clean_env())
+                                 env={**clean_env(), **(extra_env or {})})
         procs.append(node1)
         results = []
         for p in procs:
@@ -121,12 +121,23 @@ def main():
     failures = []
     try:
         start = time.monotonic()
-        results = run_job(run, [worker, "collectives"])
+        # COROCOLL_DEBUG=INFO: each rank logs the channel of every pair and why.
+        results = run_job(run, [worker, "collectives"], {"COROCOLL_DEBUG": "INFO"})
         print(f"collectives across 2 hosts took {time.monotonic() - start:.2f} s")
         show(results)
-        for i, (code, out, _) in enumerate(results):
+        for i, (code, out, err) in enumerate(results):
             if code != 0:
                 failures.append(f"host {i + 1}: exit code {code}")
+            # The two ranks of a host share memory; ranks on the other host (another network
+            # namespace on this kernel: same boot id) are reached over TCP.
+            for r in (2 * i, 2 * i + 1):
+                same = 2 * i + (1 - r % 2)
+                for other in range(4):
+                    if other == r:
+                        continue
+                    kind = "shm" if other == same else "tcp"
+                    if not re.search(rf"rank {r} - rank {other}: {kind} \(", out + err):
+                        failures.append(f"host {i + 1}: rank {r} does not log {kind} to rank {other}")
             for r in (2 * i, 2 * i + 1):
                 for want in (f"[rank {r}] all_reduce ok: 10",
                              f"[rank {r}] broadcast ok: 42 (world 4, node {i})"):

@@ -173,9 +173,18 @@ inline fd_guard listen_abstract(int backlog, std::string& name) {
 // What the lower rank of a pair says over TCP: whether it offers a segment, and its nonce.
 struct shm_verdict {
     std::uint32_t magic = 0x4d485343;  // "CSHM"
+    // 1: a segment is offered; otherwise why not (see `verdict_text`).
     std::uint32_t offered = 0;
     std::uint64_t nonce = 0;
 };
+enum : std::uint32_t { not_offered = 0, offered = 1, unreachable = 2, offer_failed = 3 };
+
+inline std::string verdict_text(std::uint32_t v, int lower) {
+    std::string who = "rank " + std::to_string(lower);
+    if (v == unreachable) return who + " cannot reach this rank's unix socket (another network namespace)";
+    return who + " could not offer a segment";
+}
+
 // What comes with the segment's descriptor on the unix socket.
 struct shm_intro {
     std::uint64_t magic = shm_magic;
@@ -424,13 +433,16 @@ inline task<std::vector<std::unique_ptr<channel>>> connect_channels(io::reactor&
                     intro.address = reinterpret_cast<std::uintptr_t>(pl.map.addr);
                     intro.rank = static_cast<std::uint32_t>(rank);
                     detail::send_intro(pl.sock.fd, memfd.fd, intro);
-                    v.offered = 1;
+                    v.offered = detail::offered;
                     v.nonce = pl.nonce;
+                } else {
+                    v.offered = detail::unreachable;
                 }
             } catch (const std::system_error& e) {
                 pl.why = e.what();
+                v.offered = detail::offer_failed;
             }
-            if (v.offered == 0) {
+            if (v.offered != detail::offered) {
                 pl.map.reset();
                 pl.sock.reset();
             }
@@ -448,13 +460,13 @@ inline task<std::vector<std::unique_ptr<channel>>> connect_channels(io::reactor&
                                               " sent no channel verdict");
         }
         auto& pl = plan[at(p)];
-        if (v.offered != 0) {
+        if (v.offered == detail::offered) {
             pl.nonce = v.nonce;
             pl.candidate = true;
             ++offered;
         } else if (pl.candidate) {
             pl.candidate = false;
-            pl.why = "rank " + std::to_string(p) + " could not offer a segment";
+            pl.why = detail::verdict_text(v.offered, p);
         }
     }
     while (offered > 0) {
@@ -533,13 +545,19 @@ inline task<std::vector<std::unique_ptr<channel>>> connect_channels(io::reactor&
         }
         int side = p < rank ? 1 : 0;
         auto* seg = static_cast<detail::shm_segment*>(pl.map.addr);
-        COROCOLL_LOG(info, "INIT", pair,
-                     ": shm (same boot id, one segment mapped by both; single copies from rank ",
-                     rank, ": ",
-                     co.shm_single_copy_bytes == 0 ? "off"
-                     : seg->can_read_peer[1 - side].load() != 0
-                         ? "on"
-                         : "not yet (the peer's probe is still running, or it failed)",
+        // The creator has both probes' results; single copies need the reader to see the
+        // writer's memory.
+        std::string copies;
+        if (co.shm_single_copy_bytes == 0) {
+            copies = "; single copies off";
+        } else if (side == 0) {
+            bool in = seg->can_read_peer[0].load() != 0, out = seg->can_read_peer[1].load() != 0;
+            copies = in && out ? "; single copies both ways"
+                     : in      ? "; single copies only to this rank"
+                     : out     ? "; single copies only from this rank"
+                               : "; no single copies (process_vm_readv refused)";
+        }
+        COROCOLL_LOG(info, "INIT", pair, ": shm (same boot id, one segment mapped by both", copies,
                      ")");
         socks[at(p)].close();
         out[at(p)] = std::make_unique<shm_channel>(r, side, pl.map.addr, pl.map.bytes,
