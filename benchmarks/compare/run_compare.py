@@ -75,7 +75,10 @@ END_MARK = "<!-- compare:end -->"
 
 # Iterations per size come from this model of one operation's time, so that a size costs about
 # --time-per-size on a system that keeps to it: a fixed cost per peer and 1 GB/s. It is kept
-# simple and the same for every system, so that every system runs the same iterations.
+# simple and the same for every system, so that every system runs the same iterations. With
+# more ranks than CPUs the fixed cost grows by ranks / CPUs, as the ranks take turns on the
+# cores (without it, 8 ranks on 2 CPUs ran 2000 iterations of MPICH's small all_reduce at
+# 40-60 ms each, past the time limit of an invocation).
 LATENCY_PER_PEER_US = 20.0
 BYTES_PER_US = 1e3
 MIN_ITERS = 5
@@ -174,12 +177,17 @@ def sizes(a):
     return out
 
 
+def crowding(ranks):
+    """How many ranks take turns on each CPU (1 when there are enough CPUs)."""
+    return max(1.0, ranks / (os.cpu_count() or 1))
+
+
 def iterations(a, size, ranks):
     """(timed, warm-up) iterations at one size: the same for every system."""
     if a.iters is not None:
         n = a.iters
     else:
-        estimate_us = LATENCY_PER_PEER_US * (ranks - 1) + size / BYTES_PER_US
+        estimate_us = LATENCY_PER_PEER_US * (ranks - 1) * crowding(ranks) + size / BYTES_PER_US
         raw = min(max(a.time_per_size * 1e6 / estimate_us, MIN_ITERS), MAX_ITERS)
         n = max(x for x in NICE_ITERS if x <= raw)
     return n, max(2, n // 10)
@@ -571,8 +579,8 @@ def section(a, m, results, plots):
     else:
         policy = (f"at each size, n timed iterations: {a.time_per_size} s / estimate, clamped "
                   f"to [{MIN_ITERS}, {MAX_ITERS}] and rounded down to 1, 2 or 5 × 10^k, where "
-                  f"the estimate is {LATENCY_PER_PEER_US:g} µs × (ranks − 1) + size at 1 GB/s; "
-                  "max(2, n / 10) warm-up iterations")
+                  f"the estimate is {LATENCY_PER_PEER_US:g} µs × (ranks − 1) × max(1, ranks / "
+                  "CPUs) + size at 1 GB/s; max(2, n / 10) warm-up iterations")
     ref = reference(a.systems)
     cpus = m["cpus"] or 0
     oversubscribed = " and ".join(f"{n} ranks" for n in a.ranks if n > cpus)
