@@ -10,6 +10,7 @@
 #include <liburing.h>
 #include <sched.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +26,15 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define COROCOLL_HAS_TSAN_FEATURE 1
+#endif
+#endif
+#ifndef COROCOLL_HAS_TSAN_FEATURE
+#define COROCOLL_HAS_TSAN_FEATURE 0
+#endif
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -69,7 +79,21 @@ public:
         live_reactors().fetch_sub(1, std::memory_order_relaxed);
         current_ref() = nullptr;
         // Closing the ring cancels whatever is still in flight, our eventfd read included.
+#if defined(__SANITIZE_THREAD__) || COROCOLL_HAS_TSAN_FEATURE
+        // liburing 2.3 maps and unmaps the ring with raw system calls, which TSan does not
+        // see: a later reactor's ring at the same address would look like a race with this
+        // one's. So under TSan the ring is taken down here as io_uring_queue_exit does (unmap
+        // the SQEs and the rings, close the descriptor; this reactor registers no ring fd),
+        // but through libc, whose munmap TSan intercepts and forgets the ranges for.
+        ::munmap(ring_.sq.sqes, ring_.sq.ring_entries * sizeof(io_uring_sqe));
+        ::munmap(ring_.sq.ring_ptr, ring_.sq.ring_sz);
+        if (ring_.cq.ring_ptr != nullptr && ring_.cq.ring_ptr != ring_.sq.ring_ptr) {
+            ::munmap(ring_.cq.ring_ptr, ring_.cq.ring_sz);
+        }
+        ::close(ring_.ring_fd);
+#else
         io_uring_queue_exit(&ring_);
+#endif
         ::close(wake_fd_);
     }
 
