@@ -106,9 +106,10 @@ struct timer_entry {
 /// A completion that no file descriptor signals (a CUDA event, a flag another library sets),
 /// which the loop therefore asks about on every turn: `reactor::watch` it and the loop calls
 /// `poll` on its thread at each turn until it is unwatched. `poll` returns true when it made
-/// progress (its wait is over). It may unwatch its own entry and `post` work (resume a
-/// coroutine through a posted item), but must not resume coroutines itself nor touch other
-/// entries. Intrusive, like `timer_entry`: watching allocates nothing.
+/// progress (its wait is over). It may resume the coroutine that waited, which may then watch
+/// or unwatch entries, this one included (the loop's walk over the entries allows that); it
+/// must not destroy an entry other than its own. Intrusive, like `timer_entry`: watching
+/// allocates nothing.
 ///
 /// While an entry is watched the loop never sleeps in the kernel for long: it polls without
 /// sleeping for `reactor_options::busy_poll` after the last progress (yielding the processor
