@@ -50,10 +50,12 @@ public:
     /// first.
     virtual task<> recv(std::span<std::byte> out, io::op_options o) = 0;
 
-    /// True when the next `bytes` of the stream are not in the channel but still in the
-    /// peer's memory, from where a receive copies them once (a shared-memory single copy):
-    /// worth holding until the receive that wants them is posted. Never for a socket.
-    virtual bool holds_in_peer(std::uint64_t bytes) noexcept {
+    /// True when a payload of `bytes` that no receive wants yet is better left in the channel
+    /// for a while than buffered: the receive usually comes soon, and then the payload goes
+    /// straight into it (see `engine_options::hold`). Shared memory says yes for large
+    /// payloads (buffering one costs an allocation, page faults and a second copy); a socket
+    /// says no (its reader keeps draining it, as before).
+    virtual bool worth_holding(std::uint64_t bytes) noexcept {
         (void)bytes;
         return false;
     }

@@ -80,8 +80,8 @@ struct peer {
     const frame_header* blocked = nullptr;
     std::coroutine_handle<> blocked_reader;
     posted_recv* handed = nullptr;
-    // Ends the hold of a message whose payload waits in the peer's memory (see
-    // engine_options::single_copy_hold).
+    // Ends the hold of a large message that came before its receive (see
+    // engine_options::hold).
     struct hold_timer : io::timer_entry {
         peer* owner = nullptr;
     } hold;

@@ -135,7 +135,7 @@ public:
     /// Payloads of at least `single_copy_bytes` go as single copies where the peer may read
     /// this process's memory (0: never).
     shm_channel(io::reactor& r, int side, void* mapping, std::size_t map_bytes, int fd,
-                std::size_t single_copy_bytes = std::size_t{32} << 10)
+                std::size_t single_copy_bytes = 0)
         : reactor_(r),
           side_(side),
           seg_(static_cast<detail::shm_segment*>(mapping)),
@@ -195,10 +195,11 @@ public:
         return got;
     }
 
-    bool holds_in_peer(std::uint64_t bytes) noexcept override {
-        if (in_left_ == 0 && !next_record()) return false;
-        return in_kind_ == detail::shm_record::single_copy && in_left_ == bytes;
+    bool worth_holding(std::uint64_t bytes) noexcept override {
+        return bytes >= hold_bytes;
     }
+    /// Payloads from this size on are held for their receive (`worth_holding`).
+    static constexpr std::size_t hold_bytes = std::size_t{32} << 10;
 
     task<std::size_t> recv_some(std::span<std::byte> out, io::op_options o) override {
         for (;;) {

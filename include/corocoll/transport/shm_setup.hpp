@@ -64,7 +64,7 @@ struct channel_options {
     std::size_t shm_ring_bytes = std::size_t{1} << 20;
     /// Payloads of at least this many bytes go from the sender's buffer straight into the
     /// receiver's (process_vm_readv) where the receiver may read the sender's memory; 0: never.
-    std::size_t shm_single_copy_bytes = std::size_t{32} << 10;
+    std::size_t shm_single_copy_bytes = 0;
     /// See `engine_options::same_host_send_buffer`.
     std::size_t same_host_send_buffer = std::size_t{256} << 10;
 };
