@@ -85,17 +85,14 @@ config parse(int argc, char** argv) {
                  "coll_perf's measurements through Gloo's C++ API, for run_compare.py.\nRanks "
                  "come from RANK, WORLD_SIZE and GLOO_PERF_STORE (an empty directory).");
     a.one_of("--coll", c.name,
-             {"ping_pong", "all_reduce", "broadcast", "all_gather", "reduce_scatter",
-              "all_to_all"},
+             {"ping_pong", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"},
              "the collective");
     c.sweep.declare(a);
     perf::parse_or_exit(a, argc, argv);
-    const std::pair<const char*, op> names[] = {{"ping_pong", op::ping_pong},
-                                                {"all_reduce", op::all_reduce},
-                                                {"broadcast", op::broadcast},
-                                                {"all_gather", op::all_gather},
-                                                {"reduce_scatter", op::reduce_scatter},
-                                                {"all_to_all", op::all_to_all}};
+    const std::pair<const char*, op> names[] = {
+        {"ping_pong", op::ping_pong},           {"all_reduce", op::all_reduce},
+        {"broadcast", op::broadcast},           {"all_gather", op::all_gather},
+        {"reduce_scatter", op::reduce_scatter}, {"all_to_all", op::all_to_all}};
     for (const auto& [name, o] : names) {
         if (c.name == name) c.what = o;
     }
@@ -327,8 +324,8 @@ int benchmark(const config& c) {
         }
         double algbw = perf::algbw_gbs(moved, time_us);
         if (out) {
-            bool in_place = c.what == op::all_reduce || c.what == op::broadcast ||
-                            c.what == op::reduce_scatter;
+            bool in_place =
+                c.what == op::all_reduce || c.what == op::broadcast || c.what == op::reduce_scatter;
             bool reduces = c.what == op::all_reduce || c.what == op::reduce_scatter;
             out->row({{"op", c.name},
                       {"ranks", n},

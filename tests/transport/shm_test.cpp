@@ -56,8 +56,8 @@ thread_ranks_options with(cc::transport::transport_choice c) {
 }  // namespace
 
 TEST_CASE("ranks on one host get shared memory by default, and tcp when asked") {
-    for (auto choice : {cc::transport::transport_choice::automatic,
-                        cc::transport::transport_choice::tcp}) {
+    for (auto choice :
+         {cc::transport::transport_choice::automatic, cc::transport::transport_choice::tcp}) {
         bool tcp = choice == cc::transport::transport_choice::tcp;
         CAPTURE(tcp);
         std::vector<std::string> kinds(3);
@@ -81,15 +81,15 @@ TEST_CASE("ranks on one host get shared memory by default, and tcp when asked") 
 TEST_CASE("an unknown COROCOLL_TRANSPORT is refused at set-up with a message naming it") {
     scoped_env env("COROCOLL_TRANSPORT", "infiniband");
     auto errors = run_threads(2, [](cc::process_group&) -> cc::task<> { co_return; });
-    for (const auto& e : errors) CHECK(what(e).find("COROCOLL_TRANSPORT='infiniband'") != std::string::npos);
+    for (const auto& e : errors)
+        CHECK(what(e).find("COROCOLL_TRANSPORT='infiniband'") != std::string::npos);
 }
 
 TEST_CASE("messages of every size cross shared memory whole and in order, pre-posted or early") {
     // 0, 1, around the ring's record boundaries and the single-copy threshold, and several
     // times the 64 KiB ring used here, so that a message wraps and waits for room.
-    const std::vector<std::size_t> sizes = {0,     1,     7,         8,          64,
-                                            4095,  32767, 32 << 10,  (32 << 10) + 1,
-                                            100000, 1 << 20, (3 << 20) + 5};
+    const std::vector<std::size_t> sizes = {
+        0, 1, 7, 8, 64, 4095, 32767, 32 << 10, (32 << 10) + 1, 100000, 1 << 20, (3 << 20) + 5};
     for (bool single_copy : {true, false}) {
         CAPTURE(single_copy);
         thread_ranks_options o = with(cc::transport::transport_choice::shm);
@@ -120,16 +120,19 @@ TEST_CASE("messages of every size cross shared memory whole and in order, pre-po
                         co_await pg.send(go, 0, 2);
                         co_await op;
                         if (!std::equal(want.begin(), want.end(), in.begin()))
-                            throw std::runtime_error("posted message " + std::to_string(k) + " differs");
+                            throw std::runtime_error("posted message " + std::to_string(k) +
+                                                     " differs");
                         co_await pg.reactor().sleep_for(2ms);  // the next one arrives first
                         std::vector<std::byte> early(sizes[k]);
                         co_await pg.recv(early, 0, 3);
                         if (early != want)
-                            throw std::runtime_error("early message " + std::to_string(k) + " differs");
+                            throw std::runtime_error("early message " + std::to_string(k) +
+                                                     " differs");
                         std::vector<int> tail(1);
                         co_await pg.recv(tail, 0, 4);
                         if (tail[0] != static_cast<int>(k))
-                            throw std::runtime_error("message behind " + std::to_string(k) + " differs");
+                            throw std::runtime_error("message behind " + std::to_string(k) +
+                                                     " differs");
                     }
                 }
             },
@@ -177,8 +180,9 @@ TEST_CASE("a rank waiting on shared memory sleeps in the kernel and the sender w
     CHECK(sleeps[1] >= 1);
 }
 
-TEST_CASE("SIGKILL of a rank during a 64 MiB shm all_reduce fails every peer naming it, and "
-          "leaves /dev/shm as it was") {
+TEST_CASE(
+    "SIGKILL of a rank during a 64 MiB shm all_reduce fails every peer naming it, and "
+    "leaves /dev/shm as it was") {
     auto shm_before = dev_shm_entries();
     char stamp_path[] = "/tmp/corocoll-shm-kill-XXXXXX";
     int fd = ::mkstemp(stamp_path);
@@ -198,7 +202,8 @@ TEST_CASE("SIGKILL of a rank during a 64 MiB shm all_reduce fails every peer nam
                 cc::work<> w = cc::start(pg.all_reduce(v));
                 co_await pg.reactor().sleep_for(200ms);
                 auto now = std::chrono::steady_clock::now().time_since_epoch();
-                std::ofstream(stamp) << std::chrono::duration_cast<std::chrono::microseconds>(now).count();
+                std::ofstream(stamp)
+                    << std::chrono::duration_cast<std::chrono::microseconds>(now).count();
                 ::raise(SIGKILL);
             }
             try {

@@ -541,7 +541,8 @@ private:
             // Entering the kernel costs much more than a poll of shared memory (0.5-1 µs
             // here): every 10 µs, or when there is something to submit (the completions of a
             // deferred-task-run ring appear only then).
-            if (io_uring_sq_ready(&ring_) > 0 || now - last_enter_ >= std::chrono::microseconds(10)) {
+            if (io_uring_sq_ready(&ring_) > 0 ||
+                now - last_enter_ >= std::chrono::microseconds(10)) {
                 last_enter_ = now;
                 submit_and_collect();
             }

@@ -37,7 +37,6 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -46,8 +45,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <iterator>
 #include <exception>
+#include <iterator>
 #include <new>
 #include <optional>
 #include <span>
@@ -195,9 +194,7 @@ public:
         return got;
     }
 
-    bool worth_holding(std::uint64_t bytes) noexcept override {
-        return bytes >= hold_bytes;
-    }
+    bool worth_holding(std::uint64_t bytes) noexcept override { return bytes >= hold_bytes; }
     /// Payloads from this size on are held for their receive (`worth_holding`). Buffering an
     /// early message cost 15-45 µs per broadcast of 8-31 KiB (2 ranks) against 1-2 µs held;
     /// below 4 KiB a held message would keep the ones behind it waiting for little gain.
@@ -545,9 +542,9 @@ private:
         void await_resume() {
             stopping.reset();
             if (error) {
-                corocoll::detail::throw_error(error, std::string("corocoll: ") +
-                                                         (for_room ? "send to" : "recv from") +
-                                                         " shm");
+                corocoll::detail::throw_error(
+                    error,
+                    std::string("corocoll: ") + (for_room ? "send to" : "recv from") + " shm");
             }
         }
     };

@@ -84,9 +84,12 @@ inline transport_choice transport_from_env() {
 
 inline const char* to_string(transport_choice c) noexcept {
     switch (c) {
-        case transport_choice::tcp: return "tcp";
-        case transport_choice::shm: return "shm";
-        default: return "auto";
+        case transport_choice::tcp:
+            return "tcp";
+        case transport_choice::shm:
+            return "shm";
+        default:
+            return "auto";
     }
 }
 
@@ -181,7 +184,8 @@ enum : std::uint32_t { not_offered = 0, offered = 1, unreachable = 2, offer_fail
 
 inline std::string verdict_text(std::uint32_t v, int lower) {
     std::string who = "rank " + std::to_string(lower);
-    if (v == unreachable) return who + " cannot reach this rank's unix socket (another network namespace)";
+    if (v == unreachable)
+        return who + " cannot reach this rank's unix socket (another network namespace)";
     return who + " could not offer a segment";
 }
 
@@ -220,7 +224,8 @@ inline mapping create_segment(std::size_t ring_bytes, std::uint64_t nonce, fd_gu
     if (::ftruncate(memfd.fd, static_cast<off_t>(bytes)) != 0) {
         corocoll::detail::throw_errno(errno, "ftruncate of the segment");
     }
-    void* addr = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, memfd.fd, 0);
+    void* addr =
+        ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, memfd.fd, 0);
     if (addr == MAP_FAILED) corocoll::detail::throw_errno(errno, "mmap of the segment");
     mapping m(addr, bytes);
     auto* seg = new (addr) shm_segment;
@@ -238,7 +243,8 @@ inline mapping map_segment(int fd, const shm_intro& intro, std::uint64_t nonce, 
         why = "the segment's size is not what its creator announced";
         return {};
     }
-    void* addr = ::mmap(nullptr, intro.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    void* addr =
+        ::mmap(nullptr, intro.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (addr == MAP_FAILED) {
         why = std::string("mmap: ") + std::strerror(errno);
         return {};
@@ -290,8 +296,7 @@ inline bool recv_intro(int sock, shm_intro& intro, fd_guard& memfd) {
             memfd = fd_guard(fd);
         }
     }
-    return n == static_cast<ssize_t>(sizeof(intro)) && intro.magic == shm_magic &&
-           memfd.fd >= 0;
+    return n == static_cast<ssize_t>(sizeof(intro)) && intro.magic == shm_magic && memfd.fd >= 0;
 }
 
 // Connects to the abstract unix socket `name`; an empty guard with `why` when it is not there.
@@ -389,9 +394,9 @@ inline task<std::vector<std::unique_ptr<channel>>> connect_channels(io::reactor&
     for (int p = 0; p < size; ++p) {
         if (p != rank) keys.push_back("mesh/shm/" + std::to_string(p));
     }
-    co_await store.wait(keys, std::chrono::duration_cast<std::chrono::milliseconds>(std::max(
-                                  mo.deadline - std::chrono::steady_clock::now(),
-                                  std::chrono::steady_clock::duration{})));
+    co_await store.wait(keys, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::max(mo.deadline - std::chrono::steady_clock::now(),
+                                           std::chrono::steady_clock::duration{})));
     std::vector<detail::shm_peer_info> info(at(size));
     std::vector<detail::pair_plan> plan(at(size));
     for (int p = 0; p < size; ++p) {
@@ -423,8 +428,8 @@ inline task<std::vector<std::unique_ptr<channel>>> connect_channels(io::reactor&
                 pl.nonce = detail::fresh_nonce();
                 detail::fd_guard memfd;
                 pl.map = detail::create_segment(ring, pl.nonce, memfd);
-                pl.sock = co_await detail::connect_abstract(r, info[at(q)].socket_name,
-                                                            mo.deadline, pl.why);
+                pl.sock = co_await detail::connect_abstract(r, info[at(q)].socket_name, mo.deadline,
+                                                            pl.why);
                 if (pl.sock.fd >= 0) {
                     detail::shm_intro intro;
                     intro.group = group;
@@ -455,9 +460,9 @@ inline task<std::vector<std::unique_ptr<channel>>> connect_channels(io::reactor&
         detail::shm_verdict v;
         co_await socks[at(p)].recv(std::as_writable_bytes(std::span(&v, 1)), mo.deadline);
         if (v.magic != detail::shm_verdict{}.magic) {
-            corocoll::detail::throw_error(corocoll::errc::protocol_error,
-                                          "corocoll: init: rank " + std::to_string(p) +
-                                              " sent no channel verdict");
+            corocoll::detail::throw_error(
+                corocoll::errc::protocol_error,
+                "corocoll: init: rank " + std::to_string(p) + " sent no channel verdict");
         }
         auto& pl = plan[at(p)];
         if (v.offered == detail::offered) {
@@ -471,8 +476,8 @@ inline task<std::vector<std::unique_ptr<channel>>> connect_channels(io::reactor&
     }
     while (offered > 0) {
         co_await r.poll(listener.fd, POLLIN, io::op_options(mo.deadline));
-        detail::fd_guard conn(::accept4(listener.fd, nullptr, nullptr,
-                                        SOCK_CLOEXEC | SOCK_NONBLOCK));
+        detail::fd_guard conn(
+            ::accept4(listener.fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
         if (conn.fd < 0) continue;
         co_await r.poll(conn.fd, POLLIN, io::op_options(mo.deadline));
         detail::shm_intro intro;
@@ -491,9 +496,8 @@ inline task<std::vector<std::unique_ptr<channel>>> connect_channels(io::reactor&
         if (pl.map.addr != nullptr) {
             auto* seg = static_cast<detail::shm_segment*>(pl.map.addr);
             seg->pid[1] = static_cast<std::int32_t>(::getpid());
-            seg->can_read_peer[1].store(detail::can_read(seg->pid[0], intro.address, pl.nonce)
-                                            ? 1
-                                            : 0);
+            seg->can_read_peer[1].store(detail::can_read(seg->pid[0], intro.address, pl.nonce) ? 1
+                                                                                               : 0);
             reply.mapped = 1;
             reply.address = reinterpret_cast<std::uintptr_t>(pl.map.addr);
         }
@@ -519,8 +523,7 @@ inline task<std::vector<std::unique_ptr<channel>>> connect_channels(io::reactor&
             continue;
         }
         auto* seg = static_cast<detail::shm_segment*>(pl.map.addr);
-        seg->can_read_peer[0].store(detail::can_read(seg->pid[1], reply.address, pl.nonce) ? 1
-                                                                                           : 0);
+        seg->can_read_peer[0].store(detail::can_read(seg->pid[1], reply.address, pl.nonce) ? 1 : 0);
         pl.shm = true;
     }
     listener.reset();
