@@ -596,33 +596,14 @@ private:
                     reactor_.arm(ps.hold);
                     co_await blocked_awaiter{ps};
                     reactor_.disarm(ps.hold);
-                    ps.blocked = nullptr;
-                    if (closing_ || failure_) {
-                        if (posted_recv* handed = std::exchange(ps.handed, nullptr)) {
-                            handed->error = failure_;
-                            matching_.complete(*handed);
-                        }
-                        co_return;
-                    }
-                    pr = std::exchange(ps.handed, nullptr);
-                    if (pr == nullptr) pr = matching_.match(p, h);
+                    if (!unblocked(ps, p, h, pr)) co_return;
                 }
                 while (pr == nullptr && h.length > 0 &&
                        ps.unexpected_bytes + h.length > options_.unexpected_bytes_per_peer &&
                        !ps.unexpected.empty()) {
                     ps.blocked = &h;
                     co_await blocked_awaiter{ps};
-                    ps.blocked = nullptr;
-                    if (closing_ || failure_) {
-                        // A receive handed over meanwhile is in no queue: end it here.
-                        if (posted_recv* handed = std::exchange(ps.handed, nullptr)) {
-                            handed->error = failure_;
-                            matching_.complete(*handed);
-                        }
-                        co_return;
-                    }
-                    pr = std::exchange(ps.handed, nullptr);
-                    if (pr == nullptr) pr = matching_.match(p, h);
+                    if (!unblocked(ps, p, h, pr)) co_return;
                 }
                 if (pr != nullptr) {
                     if (!verify(*pr, p, h)) {
@@ -683,6 +664,23 @@ private:
             pr->error = failure_;
             matching_.complete(*pr);
         }
+    }
+
+    // A reader that held back header `h` (`ps.blocked`) goes on: with the receive handed to
+    // it meanwhile, else whatever matches now (in `pr`). False when the group failed or is
+    // closing: a receive handed over meanwhile is in no queue, so it ends here.
+    bool unblocked(peer& ps, int p, const frame_header& h, posted_recv*& pr) {
+        ps.blocked = nullptr;
+        posted_recv* handed = std::exchange(ps.handed, nullptr);
+        if (closing_ || failure_) {
+            if (handed != nullptr) {
+                handed->error = failure_;
+                matching_.complete(*handed);
+            }
+            return false;
+        }
+        pr = handed != nullptr ? handed : matching_.match(p, h);
+        return true;
     }
 
     struct blocked_awaiter {

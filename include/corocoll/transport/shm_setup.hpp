@@ -260,14 +260,24 @@ inline mapping map_segment(int fd, const shm_intro& intro, std::uint64_t nonce, 
     return m;
 }
 
-inline void send_intro(int sock, int memfd, const shm_intro& intro) {
-    iovec iov{const_cast<shm_intro*>(&intro), sizeof(intro)};
+// A message of one intro with room for one descriptor beside it (SCM_RIGHTS).
+struct intro_message {
+    iovec iov;
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
     msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
+    explicit intro_message(shm_intro& intro) : iov{&intro, sizeof(intro)} {
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control;
+        msg.msg_controllen = sizeof(control);
+    }
+    intro_message(const intro_message&) = delete;
+    intro_message& operator=(const intro_message&) = delete;
+};
+
+inline void send_intro(int sock, int memfd, shm_intro intro) {
+    intro_message m(intro);
+    msghdr& msg = m.msg;
     cmsghdr* c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
@@ -281,13 +291,8 @@ inline void send_intro(int sock, int memfd, const shm_intro& intro) {
 // Reads an intro and the descriptor that came with it (-1 when none did); false when what
 // arrived is not an intro.
 inline bool recv_intro(int sock, shm_intro& intro, fd_guard& memfd) {
-    iovec iov{&intro, sizeof(intro)};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
+    intro_message m(intro);
+    msghdr& msg = m.msg;
     ssize_t n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n >= 0 && c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
         if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
