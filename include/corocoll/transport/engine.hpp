@@ -245,10 +245,9 @@ private:
                                                               const engine_options& o) {
         std::vector<std::unique_ptr<channel>> out(sockets.size());
         for (std::size_t p = 0; p < sockets.size(); ++p) {
-            if (!sockets[p].is_open()) continue;
-            auto c = std::make_unique<tcp_channel>(std::move(sockets[p]));
-            c->size_send_buffer(o.same_host_send_buffer);
-            out[p] = std::move(c);
+            if (sockets[p].is_open()) {
+                out[p] = tcp_channel::make(std::move(sockets[p]), o.same_host_send_buffer);
+            }
         }
         return out;
     }

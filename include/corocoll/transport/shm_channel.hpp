@@ -273,11 +273,7 @@ public:
 
     void send_now(std::span<iovec> iov) noexcept override {
         if (shut_ || peer_ended_) return;
-        std::size_t need = 0;
-        for (const iovec& v : iov) need += sizeof(detail::shm_record) + detail::pad8(v.iov_len);
-        if (room() < need) return;
-        for (const iovec& v : iov) put_inline(static_cast<const std::byte*>(v.iov_base), v.iov_len);
-        publish();
+        if (put_gathered(iov, detail::iov_bytes(iov))) publish();
     }
 
     void leave_last_words(std::span<iovec> iov) noexcept override {

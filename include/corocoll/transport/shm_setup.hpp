@@ -376,11 +376,6 @@ inline task<std::vector<std::unique_ptr<channel>>> connect_channels(io::reactor&
     std::vector<io::socket> socks = co_await connect_mesh(r, store, rank, size, mo);
     std::vector<std::unique_ptr<channel>> out(static_cast<std::size_t>(size));
     auto at = [](int p) { return static_cast<std::size_t>(p); };
-    auto tcp_for = [&](int p) {
-        auto c = std::make_unique<tcp_channel>(std::move(socks[at(p)]));
-        c->size_send_buffer(co.same_host_send_buffer);
-        out[at(p)] = std::move(c);
-    };
     if (size == 1) co_return out;
 
     std::size_t ring = co.shm_ring_bytes;
@@ -480,11 +475,29 @@ inline task<std::vector<std::unique_ptr<channel>>> connect_channels(io::reactor&
         }
     }
     while (offered > 0) {
-        co_await r.poll(listener.fd, POLLIN, io::op_options(mo.deadline));
+        try {
+            co_await r.poll(listener.fd, POLLIN, io::op_options(mo.deadline));
+        } catch (const std::system_error& e) {
+            corocoll::detail::throw_error(
+                e.code(), "corocoll: init: rank " + std::to_string(rank) + " waited for " +
+                              std::to_string(offered) +
+                              " shared-memory segment(s) from lower ranks: " +
+                              corocoll::detail::context_of(e));
+        }
         detail::fd_guard conn(
             ::accept4(listener.fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
         if (conn.fd < 0) continue;
-        co_await r.poll(conn.fd, POLLIN, io::op_options(mo.deadline));
+        // A rank sends its intro as it connects: a connection that says nothing for a few
+        // seconds is a stray, dropped without stalling set-up.
+        try {
+            co_await r.poll(
+                conn.fd, POLLIN,
+                io::op_options(std::min(mo.deadline, io::deadline_after(std::chrono::seconds(5)))));
+        } catch (const std::system_error&) {
+            COROCOLL_LOG(warn, "INIT", "rank ", rank,
+                         " drops a connection to its unix socket that sent nothing");
+            continue;
+        }
         detail::shm_intro intro;
         detail::fd_guard memfd;
         bool ok = detail::recv_intro(conn.fd, intro, memfd);
@@ -548,7 +561,7 @@ inline task<std::vector<std::unique_ptr<channel>>> connect_channels(io::reactor&
                         pl.why);
             }
             COROCOLL_LOG(info, "INIT", pair, ": tcp (", pl.why, ")");
-            tcp_for(p);
+            out[at(p)] = tcp_channel::make(std::move(socks[at(p)]), co.same_host_send_buffer);
             continue;
         }
         int side = p < rank ? 1 : 0;

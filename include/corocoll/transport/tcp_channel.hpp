@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -26,6 +27,13 @@ namespace transport {
 class tcp_channel final : public channel {
 public:
     explicit tcp_channel(io::socket s) : sock_(std::move(s)), address_(sock_.peer().to_string()) {}
+
+    /// The channel over `s`, its send buffer sized as `size_send_buffer` says.
+    static std::unique_ptr<channel> make(io::socket s, std::size_t same_host_send_buffer) {
+        auto c = std::make_unique<tcp_channel>(std::move(s));
+        c->size_send_buffer(same_host_send_buffer);
+        return c;
+    }
 
     const char* kind() const noexcept override { return "tcp"; }
     std::string address() const override { return address_; }
