@@ -79,6 +79,10 @@ struct context {
     /// The group's reusable buffers; null gives the call (and its copies) buffers of its own.
     scratch_buffers* scratch_pool = nullptr;
     std::shared_ptr<scratch_buffers> own_scratch{};
+    /// The deadline ends only the receive that reaches it: for a wait with a bound of its own
+    /// that it survives (monitored_barrier). Otherwise a receive past its deadline fails the
+    /// group, naming the rank to blame.
+    bool soft_deadline = false;
 
     /// Slots of `scratch`: the ring steps use `ring_slot` and `ring_slot + 1`; an algorithm
     /// that calls no other uses `algorithm_slot` and `algorithm_slot + 1`; the group's own
@@ -115,7 +119,7 @@ struct context {
     /// result posts the receive before it is awaited (see `transport::recv_op`).
     recv_operation recv(std::span<std::byte> buf, int src, std::uint32_t round,
                         std::uint32_t chunk = 0) {
-        return net.recv_coll(buf, src, meta, step(round, chunk), deadline);
+        return net.recv_coll(buf, src, meta, step(round, chunk), deadline, soft_deadline);
     }
     /// Sends and receives at once (both directions of one exchange).
     task<> exchange(std::span<const std::byte> out, int dst, std::span<std::byte> in, int src,

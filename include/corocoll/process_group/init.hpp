@@ -241,6 +241,7 @@ inline task<std::shared_ptr<process_group>> init_process_group(io::reactor& r,
                                  : "") +
             ")"));
     }
+    if (!o.limits.stall) o.limits.stall = transport::stall_from_env();
     auto rv = co_await detail::rendezvous_for(r, o);
     co_return co_await detail::build_group(
         r, std::move(rv.group_store), rv.rank, rv.world_size, o.group_name, o.timeout, o.limits,

@@ -561,10 +561,13 @@ private:
         meta.root = static_cast<std::uint32_t>(root);
         meta.count = count;
         meta.seq = ++collective_seq_;
-        collectives::context c{engine_, meta, deadline(), chunk_bytes_, &scratch_};
         engine_.begin_collective(meta);
+        collectives::context c{engine_, meta, deadline(), chunk_bytes_, &scratch_};
         co_await body(c);
         scratch_.trim();
+        // A call whose last message arrived after the group failed (a rank that was stopped
+        // and woke up) is not done: the other ranks reported it failed.
+        engine_.raise_if_failed(meta);
     }
 
     template <class Body>

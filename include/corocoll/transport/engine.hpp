@@ -13,6 +13,7 @@
 #include <corocoll/transport/peer.hpp>
 #include <corocoll/transport/posted_recv.hpp>
 #include <corocoll/transport/recv_op.hpp>
+#include <corocoll/transport/status.hpp>
 #include <corocoll/transport/tcp_channel.hpp>
 #include <corocoll/version.hpp>
 
@@ -20,10 +21,12 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <coroutine>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -74,7 +77,30 @@ struct engine_options {
     /// bound keeps a program whose ranks all send before they receive from stalling. 0:
     /// buffer at once.
     std::chrono::microseconds hold{1000};
+    /// When the receives of this rank have waited this long without a frame arriving, the
+    /// ranks compare notes (see `engine`): a rank that does not answer, or ranks whose calls
+    /// differ, fail the group now; a slow but consistent group is reported at WARN and waits
+    /// on. Unset: COROCOLL_STALL_S (seconds), 60 s when that is unset too; 0: never.
+    std::optional<std::chrono::milliseconds> stall;
+    /// How long a rank that compares notes waits for the answers; a rank that has not
+    /// answered by then is taken to be stopped. Unset: a quarter of the stall interval,
+    /// between 1 and 10 s (3 s without stall checks).
+    std::optional<std::chrono::milliseconds> answer_window;
 };
+
+/// The stall interval from COROCOLL_STALL_S (seconds, a number >= 0; 0: no stall checks),
+/// 60 s when it is unset. A value that is not a number is refused, naming the variable.
+inline std::chrono::milliseconds stall_from_env() {
+    const char* v = std::getenv("COROCOLL_STALL_S");
+    if (v == nullptr || *v == '\0') return std::chrono::seconds(60);
+    char* end = nullptr;
+    double seconds = std::strtod(v, &end);
+    if (end == v || *end != '\0' || !(seconds >= 0) || seconds > 1e9) {
+        throw std::invalid_argument(std::string("corocoll: COROCOLL_STALL_S='") + v +
+                                    "' is not a number of seconds >= 0 (0 turns stall checks off)");
+    }
+    return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+}
 
 /// Point-to-point messaging over a mesh of connections, on one reactor: the transport under
 /// a process group. Messages are matched by (source, tag) in the order receives were posted;
@@ -83,6 +109,16 @@ struct engine_options {
 /// (one copy). The first failure of any peer (closed connection, reset, timeout mid-message,
 /// a broken header) fails every pending operation and every later one with an error naming
 /// that peer; the engine is then unusable. Must be `close()`d before it is destroyed.
+///
+/// A rank that gives up on a peer fails the whole group, and tells every peer the rank to
+/// blame: every rank reports the same cause. When a receive's deadline passes, or when this
+/// rank's receives made no progress for the stall interval, the engine asks every peer what
+/// it is doing (a status query over the same connections; the readers answer it, whatever
+/// the program is doing, as long as its reactor runs). A rank that does not answer within the
+/// answer window is the one that stopped; ranks whose collectives differ are a divergence;
+/// both fail the group at once, with a report of what each rank was doing. Every collective
+/// frame carries a fingerprint of its sender's earlier collectives, and a frame of a
+/// collective that this rank ran differently fails the group when it arrives.
 class engine {
     using posted_recv = detail::posted_recv;
     using peer = detail::peer;
@@ -95,12 +131,28 @@ public:
     engine(io::reactor& r, int rank, int size, std::vector<std::unique_ptr<channel>> channels,
            engine_options options = {})
         : reactor_(r), rank_(rank), size_(size), options_(options), peers_(channels.size()) {
+        if (!options_.stall) options_.stall = stall_from_env();
+        if (!options_.answer_window) {
+            options_.answer_window =
+                options_.stall->count() == 0
+                    ? std::chrono::milliseconds(3000)
+                    : std::clamp<std::chrono::milliseconds>(*options_.stall / 4,
+                                                            std::chrono::seconds(1),
+                                                            std::chrono::seconds(10));
+        }
+        matching_.on_expiry(&on_expired, this);
         for (std::size_t p = 0; p < peers_.size(); ++p) {
             peers_[p].link = std::move(channels[p]);
             if (peers_[p].connected()) {
                 peers_[p].address = peers_[p].link->address();
                 readers_.spawn(read_loop(static_cast<int>(p)));
             }
+        }
+        if (options_.stall->count() > 0) {
+            stall_timer_.owner = this;
+            stall_timer_.fire = &on_stall_timer;
+            stall_timer_.when = std::chrono::steady_clock::now() + *options_.stall / 4;
+            reactor_.arm(stall_timer_);
         }
     }
     /// Over one connected socket per rank (TCP channels).
@@ -151,21 +203,25 @@ public:
     /// Receives one step of a collective from `src` into `buf`; yields the length. A message
     /// whose metadata differs from `meta` (another collective, size, root, op or type on that
     /// rank) fails the whole group with a message naming both calls, on every rank.
+    /// With `soft_deadline`, the deadline ends only this receive (see `context`).
     recv_op<recv_yields::length> recv_coll(std::span<std::byte> buf, int src,
                                            const collective_meta& meta, std::uint32_t step,
-                                           time_point deadline) {
+                                           time_point deadline, bool soft_deadline = false) {
         op_label what;
         what.peer = src;
         what.collective = true;
         what.meta = meta;
-        return {*this, buf, src, frame_kind::collective, meta.seq, step, what, deadline};
+        return {*this, buf,  src,     frame_kind::collective, meta.seq, step,
+                what,  deadline, soft_deadline};
     }
 
-    /// Declares the collective this rank runs now (collectives of a group run one at a time):
-    /// any frame of the same sequence number that disagrees with it, already buffered or
-    /// arriving later, from whichever rank, is a mismatch at once, even if no posted receive
-    /// would ever match it. `end_collective` when done.
-    void begin_collective(const collective_meta& meta) {
+    /// Declares the collective this rank runs now (collectives of a group run one at a time)
+    /// and stamps `meta.history` with the fingerprint of the ones before it: any frame of the
+    /// same sequence number that disagrees with it, already buffered or arriving later, from
+    /// whichever rank, is a mismatch at once, even if no posted receive would ever match it.
+    /// `end_collective` when done.
+    void begin_collective(collective_meta& meta) {
+        meta.history = fingerprint_;
         active_ = meta;
         has_active_ = true;
         for (int p = 0; p < size_ && !failure_; ++p) {
@@ -178,7 +234,28 @@ public:
             }
         }
     }
-    void end_collective() noexcept { has_active_ = false; }
+    /// The running collective is over (done or failed): it joins the fingerprint.
+    void end_collective() noexcept {
+        if (!has_active_) return;
+        has_active_ = false;
+        remembered_[active_.seq % remembered_.size()] = active_;
+        fingerprint_ = active_.fold(fingerprint_);
+        done_seq_ = active_.seq;
+    }
+
+    /// Throws the group's failure, as an error of the collective `meta`, if it failed: an
+    /// operation that completes after the group failed does not count as done.
+    void raise_if_failed(const collective_meta& meta) const {
+        op_label what;
+        what.collective = true;
+        what.meta = meta;
+        check_usable(what);
+    }
+
+    /// How long a stall lasts before the ranks compare notes (0: never), and how long they
+    /// wait for each other's answers.
+    std::chrono::milliseconds stall_interval() const noexcept { return *options_.stall; }
+    std::chrono::milliseconds answer_window() const noexcept { return *options_.answer_window; }
 
     /// How collective metadata reads in error messages ("all_reduce(sum, float32 x 100)");
     /// the collectives layer installs its own.
@@ -282,12 +359,14 @@ private:
         std::size_t sent = ps.link->try_send(all);
         if (sent < sizeof(h) + data.size()) {
             iovec rest_space[2];
+            ++sends_waiting_;
             try {
                 co_await ps.link->send(detail::iov_after(all, sent, rest_space),
                                        io::op_options(deadline, stop_.get_token()));
             } catch (const std::system_error& e) {
                 failed = e.code();
             }
+            --sends_waiting_;
         }
         if (failed) {
             // A peer that failed the group tells us why in its last frame; a send that hits
@@ -338,18 +417,22 @@ private:
         }
     }
 
-    // A collective frame of the running collective's sequence number must describe the same
-    // call; false (and the group failed) when it does not.
+    // A collective frame must describe the same call as this rank's of that number: the
+    // running one, or one it finished (and still remembers). False (and the group failed)
+    // when it does not. A frame of a finished collective that this rank called the same way
+    // is left alone (monitored_barrier's late arrivals).
     bool check_active(int p, const frame_header& h) {
-        if (!has_active_ || h.kind != frame_kind::collective || h.seq != active_.seq) return true;
+        if (h.kind != frame_kind::collective) return true;
+        const collective_meta* mine = nullptr;
+        if (has_active_ && h.seq == active_.seq) {
+            mine = &active_;
+        } else if (h.seq <= done_seq_ && done_seq_ - h.seq < remembered_.size()) {
+            mine = &remembered_[h.seq % remembered_.size()];
+        }
+        if (mine == nullptr) return true;
         collective_meta theirs = collective_meta::of(h);
-        if (theirs == active_) return true;
-        fail_verbatim(p, make_error_code(corocoll::errc::protocol_error),
-                      "collective #" + std::to_string(active_.seq) +
-                          " does not match across ranks: rank " + std::to_string(rank_) +
-                          " called " + describe_(active_) + ", rank " + std::to_string(p) +
-                          " called " + describe_(theirs));
-        return false;
+        if (theirs == *mine) return true;
+        return mismatch(p, *mine, theirs);
     }
 
     // A collective message matched by (sequence, step) must also agree on what the call is;
@@ -358,12 +441,36 @@ private:
         if (pr.expect == nullptr || h.kind != frame_kind::collective) return true;
         collective_meta theirs = collective_meta::of(h);
         if (theirs == *pr.expect) return true;
-        std::string text = "collective #" + std::to_string(pr.expect->seq) +
-                           " does not match across ranks: rank " + std::to_string(rank_) +
-                           " called " + describe_(*pr.expect) + ", rank " + std::to_string(p) +
-                           " called " + describe_(theirs);
+        return mismatch(p, *pr.expect, theirs);
+    }
+
+    // Rank `p` called `theirs` where this rank called `mine`: the group fails, naming both.
+    bool mismatch(int p, const collective_meta& mine, const collective_meta& theirs) {
+        std::string text = "collective #" + std::to_string(mine.seq);
+        if (mine.same_call(theirs)) {
+            // Same call, different fingerprints: an earlier collective differed without a
+            // frame of it ever reaching a rank that ran it differently.
+            text += " (" + describe_(mine) + "): rank " + std::to_string(rank_) + " and rank " +
+                    std::to_string(p) + " ran different collectives before it; rank " +
+                    std::to_string(rank_) + " ran " + recent_calls();
+        } else {
+            text += " does not match across ranks: rank " + std::to_string(rank_) + " called " +
+                    describe_(mine) + ", rank " + std::to_string(p) + " called " +
+                    describe_(theirs);
+        }
         fail_verbatim(p, make_error_code(corocoll::errc::protocol_error), text);
         return false;
+    }
+
+    // "#7 all_reduce(...), #8 broadcast(...)": the last collectives this rank finished.
+    std::string recent_calls() const {
+        std::string s;
+        std::uint64_t first = done_seq_ > 4 ? done_seq_ - 3 : 1;
+        for (std::uint64_t k = first; k <= done_seq_; ++k) {
+            s += (s.empty() ? "#" : ", #") + std::to_string(k) + " " +
+                 describe_(remembered_[k % remembered_.size()]);
+        }
+        return s.empty() ? "none" : s;
     }
 
     task<> say_goodbyes() {
@@ -378,6 +485,7 @@ private:
     }
 
     task<> close_now() {
+        reactor_.disarm(stall_timer_);
         if (!failure_ && !goodbyes_said_) co_await say_goodbyes();
         if (!failure_) failure_ = closed_error();
         closing_ = true;
@@ -531,6 +639,8 @@ private:
         }
         for (auto& p : peers_) matching_.fail_all(p.posted, failure_);
         matching_.fail_all(matching_.any_source_queue(), failure_);
+        matching_.fail_all(matching_.expired_queue(), failure_);
+        round_.wake.request_stop();
     }
 
     // Reads peer `p`'s frames until its connection ends: each goes to the receive posted
@@ -573,12 +683,25 @@ private:
                     }
                     co_return;
                 }
-                if ((h.kind != frame_kind::p2p && h.kind != frame_kind::collective) ||
-                    h.src != static_cast<std::uint32_t>(p) ||
-                    h.dst != static_cast<std::uint32_t>(rank_)) {
+                bool ranks_ok = h.src == static_cast<std::uint32_t>(p) &&
+                                h.dst == static_cast<std::uint32_t>(rank_);
+                if (ranks_ok && h.kind == frame_kind::status_query && h.length == 0) {
+                    answer(p, h.seq);
+                    continue;
+                }
+                if (ranks_ok && h.kind == frame_kind::status_reply &&
+                    h.length <= detail::rank_status::max_bytes(size_)) {
+                    std::string bytes(h.length, '\0');
+                    co_await ps.read_payload(std::as_writable_bytes(std::span(bytes)),
+                                             stop_.get_token());
+                    take_answer(p, h.seq, bytes);
+                    continue;
+                }
+                if ((h.kind != frame_kind::p2p && h.kind != frame_kind::collective) || !ranks_ok) {
                     corocoll::detail::throw_error(corocoll::errc::protocol_error,
                                                   "unexpected frame kind or ranks in a header");
                 }
+                ++frames_in_;
                 if (!check_active(p, h)) co_return;  // the group failed
                 posted_recv* pr = matching_.match(p, h);
                 if (pr == nullptr && h.length > 0 && options_.hold.count() > 0 &&
@@ -682,6 +805,182 @@ private:
         return true;
     }
 
+    // ---- status queries: who is stuck, and who to blame ----
+
+    // What this rank does now, as it answers a status query.
+    detail::rank_status my_status() const {
+        detail::rank_status s;
+        s.in_collective = has_active_;
+        s.current = active_;
+        s.done = done_seq_;
+        s.fingerprint = fingerprint_;
+        std::uint64_t n = std::min<std::uint64_t>(done_seq_, detail::rank_status::remembered);
+        for (std::uint64_t k = done_seq_ - n + 1; n > 0 && k <= done_seq_; ++k) {
+            s.recent.push_back(remembered_[k % remembered_.size()]);
+        }
+        auto note = [&s](const detail::recv_queue& q) {
+            for (const posted_recv* pr = q.front(); pr != nullptr; pr = pr->next) {
+                if (std::find(s.waiting_for.begin(), s.waiting_for.end(), pr->src) ==
+                    s.waiting_for.end()) {
+                    s.waiting_for.push_back(pr->src);
+                }
+                if (pr->kind == frame_kind::p2p && !s.p2p_wait) {
+                    s.p2p_wait = true;
+                    s.p2p_tag = pr->tag;
+                }
+            }
+        };
+        for (const auto& p : peers_) note(p.posted);
+        note(matching_.any_source_queue());
+        note(matching_.expired_queue());
+        return s;
+    }
+
+    bool anything_waits() {
+        if (sends_waiting_ > 0 || !matching_.any_source_queue().empty()) return true;
+        for (const auto& p : peers_) {
+            if (!p.posted.empty()) return true;
+        }
+        return false;
+    }
+
+    // "collective #3 broadcast(root 0, ...)" or "recv from rank 1 (tag 7)": what `pr` is for.
+    std::string describe_wait(const posted_recv& pr) const {
+        if (pr.expect != nullptr) return "collective #" + std::to_string(pr.seq) + " " + describe_(*pr.expect);
+        return "recv from " +
+               (pr.src == any_source ? std::string("any rank") : "rank " + std::to_string(pr.src)) +
+               " (tag " + std::to_string(pr.tag) + ")";
+    }
+
+    // Sends a status frame (`h`, then `payload`) to `p` once its connection is free, unless
+    // the group failed or `until` passed meanwhile. A frame cut off by `until` or an error
+    // fails the group: the stream could not go on.
+    task<> send_status_frame(int p, frame_header h, std::string payload, time_point until) {
+        peer& ps = peer_at(p);
+        auto guard = co_await ps.send_lock.scoped_lock();
+        if (failure_ || !ps.connected() || ps.departed || std::chrono::steady_clock::now() > until)
+            co_return;
+        h.src = static_cast<std::uint32_t>(rank_);
+        h.dst = static_cast<std::uint32_t>(p);
+        h.length = payload.size();
+        h.seal();
+        iovec iov[2] = {{&h, sizeof(h)}, {payload.data(), payload.size()}};
+        try {
+            co_await ps.link->send(std::span(iov, payload.empty() ? 1 : 2),
+                                   io::op_options(until, stop_.get_token()));
+        } catch (const std::system_error& e) {
+            if (!failure_) fail(p, e.code(), "a status frame could not be sent");
+        }
+    }
+
+    // Peer `p` asks what this rank is doing (question `id`): the answer goes out as soon as
+    // the connection is free.
+    void answer(int p, std::uint64_t id) {
+        frame_header h;
+        h.kind = frame_kind::status_reply;
+        h.seq = id;
+        readers_.spawn(send_status_frame(p, h, my_status().encode(),
+                                         std::chrono::steady_clock::now() + answer_window()));
+    }
+
+    void take_answer(int p, std::uint64_t id, const std::string& bytes) {
+        status_round& rd = round_;
+        if (!rd.running || id != rd.id || rd.answers[static_cast<std::size_t>(p)]) return;
+        auto status = detail::rank_status::decode(bytes);
+        if (!status) return;
+        rd.answers[static_cast<std::size_t>(p)] = std::move(*status);
+        if (--rd.missing == 0) rd.wake.request_stop();
+    }
+
+    // Asks every peer what it is doing, waits for the answers (the answer window at most),
+    // then judges them: a receive past its deadline fails the group, naming the rank to
+    // blame; a stall fails it only when a rank did not answer or the calls differ.
+    task<> run_status_round() {
+        status_round& rd = round_;
+        rd.running = true;
+        rd.id += 1;
+        rd.wake = std::stop_source();
+        rd.answers.assign(static_cast<std::size_t>(size_), std::nullopt);
+        rd.answers[static_cast<std::size_t>(rank_)] = my_status();
+        rd.missing = 0;
+        time_point until = std::chrono::steady_clock::now() + answer_window();
+        frame_header q;
+        q.kind = frame_kind::status_query;
+        q.seq = rd.id;
+        for (int p = 0; p < size_; ++p) {
+            if (p == rank_) continue;
+            peer& ps = peer_at(p);
+            if (ps.departed || !ps.connected()) {
+                detail::rank_status gone;
+                gone.left = true;
+                rd.answers[static_cast<std::size_t>(p)] = gone;
+                continue;
+            }
+            ++rd.missing;
+            readers_.spawn(send_status_frame(p, q, {}, until));
+        }
+        if (rd.missing > 0) {
+            try {
+                co_await reactor_.sleep_until(until, rd.wake.get_token());
+            } catch (const std::system_error&) {
+                // every answer came (or the group failed)
+            }
+        }
+        rd.running = false;
+        if (failure_ || closing_) co_return;
+        const posted_recv* expired = matching_.expired_queue().front();
+        auto why = expired != nullptr ? detail::status_reason::deadline
+                                      : detail::status_reason::stalled;
+        std::string waiting = expired != nullptr
+                                  ? describe_wait(*expired)
+                                  : "its receives, with no progress for " +
+                                        std::to_string(stall_interval().count()) + " ms";
+        auto verdict = detail::judge_status(rd.answers, rank_, why,
+                                            expired != nullptr ? expired->src : any_source,
+                                            waiting, answer_window(), describe_);
+        if (verdict.fail) {
+            fail_verbatim(verdict.culprit,
+                          verdict.timed_out ? std::make_error_code(std::errc::timed_out)
+                                            : make_error_code(corocoll::errc::protocol_error),
+                          verdict.text);
+        } else {
+            COROCOLL_LOG(warn, "P2P", "rank ", rank_, " made no progress for ",
+                         stall_interval().count(), " ms: ", verdict.text);
+            progress_at_ = std::chrono::steady_clock::now();
+        }
+    }
+
+    void start_status_round() noexcept {
+        if (round_.running || failure_ || closing_) return;
+        try {
+            readers_.spawn(run_status_round());
+        } catch (const std::exception&) {
+            // Out of memory: the receive that expired stays until the group closes.
+        }
+    }
+
+    // A receive's deadline passed (it waits in the expired queue): the group fails once the
+    // ranks have been asked who to blame.
+    static void on_expired(void* self, posted_recv&) noexcept {
+        static_cast<engine*>(self)->start_status_round();
+    }
+
+    // Every quarter of the stall interval: if something has waited without a frame arriving
+    // for the whole interval, the ranks compare notes.
+    static void on_stall_timer(io::timer_entry& t) noexcept {
+        engine& e = *static_cast<stall_timer_entry&>(t).owner;
+        if (e.failure_ || e.closing_) return;
+        auto now = std::chrono::steady_clock::now();
+        if (e.frames_in_ != e.frames_at_check_ || !e.anything_waits()) {
+            e.frames_at_check_ = e.frames_in_;
+            e.progress_at_ = now;
+        } else if (now - e.progress_at_ >= e.stall_interval()) {
+            e.start_status_round();
+        }
+        t.when = now + e.stall_interval() / 4;
+        e.reactor_.arm(t);
+    }
+
     struct blocked_awaiter {
         peer& ps;
         bool await_ready() const noexcept { return false; }
@@ -719,6 +1018,27 @@ private:
     std::exception_ptr failure_;
     collective_meta active_;
     bool has_active_ = false;
+    // The collectives this rank finished: how many, their fingerprint, the last 64 calls.
+    std::uint64_t done_seq_ = 0;
+    std::uint32_t fingerprint_ = 0;
+    std::array<collective_meta, 64> remembered_{};
+    // Progress, for the stall checks: frames that arrived, sends that wait for room, and when
+    // the count last moved (or nothing waited).
+    std::uint64_t frames_in_ = 0;
+    std::uint64_t frames_at_check_ = 0;
+    int sends_waiting_ = 0;
+    time_point progress_at_ = std::chrono::steady_clock::now();
+    struct stall_timer_entry : io::timer_entry {
+        engine* owner = nullptr;
+    } stall_timer_;
+    // The status round this rank runs (one at a time).
+    struct status_round {
+        bool running = false;
+        std::uint64_t id = 0;
+        std::vector<std::optional<detail::rank_status>> answers;
+        int missing = 0;
+        std::stop_source wake;
+    } round_;
     std::string failure_text_;
     int failed_peer_ = -1;
     std::error_code failure_code_;

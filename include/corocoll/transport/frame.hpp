@@ -16,13 +16,19 @@ namespace transport {
 inline constexpr std::uint32_t frame_magic = 0x4c4f4343;
 /// Bumped whenever the frame layout or the meaning of a field changes; peers with different
 /// versions refuse each other at connection time.
-inline constexpr std::uint16_t protocol_version = 2;
+inline constexpr std::uint16_t protocol_version = 3;
 
 enum class frame_kind : std::uint8_t {
     hello = 1,       ///< first frame on a connection: who is calling, for which group
     p2p = 2,         ///< a point-to-point message; `length` payload bytes follow
     collective = 3,  ///< a collective's message (layer 5)
     goodbye = 4,     ///< the sender closed its process group; nothing follows
+    /// "what are you doing?": asked when a wait stalls or times out (`seq`: the question's
+    /// number); nothing follows
+    status_query = 5,
+    /// the answer to a status query (`seq` repeats the question's number); a `rank_status`
+    /// of `length` bytes follows
+    status_reply = 6,
 };
 
 /// `flags` of a goodbye: the sender's group failed because of rank `root` (error code in
@@ -48,7 +54,7 @@ struct frame_header {
     std::uint8_t op = 0;       ///< collective kind / reduce op
     std::uint8_t dtype = 0;    ///< element type
     std::uint16_t reserved0 = 0;
-    std::uint32_t reserved1 = 0;
+    std::uint32_t history = 0;  ///< collective: fingerprint of the sender's earlier collectives
     std::uint32_t checksum = 0;
 
     /// FNV-1a over the 15 32-bit words before `checksum` (a word at a time: a quarter of the
@@ -82,8 +88,8 @@ static_assert(sizeof(frame_header) == 64, "the wire header is 64 bytes");
 
 /// What every rank's call of one collective must agree on; carried in each of its frames
 /// (`op` = collective, `flags` = algorithm, `reserved0` = reduce op, `dtype`, `root`, `count`,
-/// `seq`) and checked
-/// by the receiver against its own call. The values are the collectives layer's enums.
+/// `seq`, `history`) and checked by the receiver against its own call. The values are the
+/// collectives layer's enums.
 struct collective_meta {
     std::uint8_t collective = 0;
     std::uint8_t redop = 0;
@@ -92,6 +98,9 @@ struct collective_meta {
     std::uint32_t root = 0;
     std::uint64_t count = 0;
     std::uint64_t seq = 0;  ///< the group's count of collectives so far, this one's number
+    /// The fingerprint of every collective the rank ran before this one (`fold`): ranks whose
+    /// earlier calls differed disagree here even when this call is the same.
+    std::uint32_t history = 0;
 
     void apply_to(frame_header& h) const noexcept {
         h.kind = frame_kind::collective;
@@ -102,12 +111,32 @@ struct collective_meta {
         h.root = root;
         h.count = count;
         h.seq = seq;
+        h.history = history;
     }
     static collective_meta of(const frame_header& h) noexcept {
-        return {h.op, static_cast<std::uint8_t>(h.reserved0), h.dtype, h.flags, h.root, h.count,
-                h.seq};
+        return {h.op,   static_cast<std::uint8_t>(h.reserved0), h.dtype, h.flags, h.root, h.count,
+                h.seq, h.history};
     }
     friend bool operator==(const collective_meta&, const collective_meta&) = default;
+    /// The same call, whatever came before it.
+    bool same_call(const collective_meta& o) const noexcept {
+        return collective == o.collective && redop == o.redop && dtype == o.dtype &&
+               algorithm == o.algorithm && root == o.root && count == o.count && seq == o.seq;
+    }
+
+    /// `fingerprint` extended by this call (FNV-1a over its fields, `history` left out).
+    std::uint32_t fold(std::uint32_t fingerprint) const noexcept {
+        std::uint32_t words[7] = {collective,
+                                  redop,
+                                  dtype,
+                                  algorithm,
+                                  root,
+                                  static_cast<std::uint32_t>(count),
+                                  static_cast<std::uint32_t>(count >> 32)};
+        std::uint32_t h = fingerprint == 0 ? 2166136261u : fingerprint;
+        for (std::uint32_t w : words) h = (h ^ w) * 16777619u;
+        return (h ^ static_cast<std::uint32_t>(seq)) * 16777619u;
+    }
 };
 
 /// The last words of a rank whose group failed: a goodbye frame with `goodbye_abort`, which

@@ -39,13 +39,28 @@ public:
     matcher& operator=(const matcher&) = delete;
 
     recv_queue& any_source_queue() noexcept { return any_; }
+    const recv_queue& any_source_queue() const noexcept { return any_; }
 
     recv_queue& queue_of(const posted_recv& pr) noexcept {
+        if (pr.expired) return expired_;
         return pr.src == any_source ? any_ : peer_at(pr.src).posted;
     }
 
+    /// Receives whose deadline passed, waiting for the group's verdict (see `on_expiry`).
+    recv_queue& expired_queue() noexcept { return expired_; }
+    const recv_queue& expired_queue() const noexcept { return expired_; }
+
+    /// What happens when a receive's deadline passes: by default it completes with
+    /// `timed_out`. With `expire` set, a receive without `soft_deadline` is moved to the
+    /// expired queue instead (no frame matches it there any more) and `expire(context, pr)` is
+    /// called: the engine then decides whom to blame and fails the group.
+    void on_expiry(void (*expire)(void*, posted_recv&), void* context) noexcept {
+        expire_ = expire;
+        expire_context_ = context;
+    }
+
     /// Queues `pr` and arms its deadline: when it passes before a frame matched, the receive
-    /// completes with `timed_out`.
+    /// completes with `timed_out` (see `on_expiry`).
     void enqueue(posted_recv& pr) {
         pr.order = posted_++;
         queue_of(pr).push_back(pr);
@@ -182,6 +197,12 @@ private:
         matcher* self = timer.owner;
         if (pr.state != posted_recv::waiting) return;
         self->unlink(pr);
+        if (self->expire_ != nullptr && !pr.soft_deadline) {
+            pr.expired = true;
+            self->expired_.push_back(pr);
+            self->expire_(self->expire_context_, pr);
+            return;
+        }
         pr.error = std::make_exception_ptr(std::system_error(
             std::make_error_code(std::errc::timed_out), "no matching message arrived in time"));
         self->complete(pr);
@@ -190,6 +211,9 @@ private:
     io::reactor& reactor_;
     std::vector<peer>& peers_;
     recv_queue any_;
+    recv_queue expired_;
+    void (*expire_)(void*, posted_recv&) = nullptr;
+    void* expire_context_ = nullptr;
     std::uint64_t posted_ = 0;
     std::uint64_t arrivals_ = 0;
 };

@@ -77,6 +77,11 @@ struct posted_recv {
     // A collective receive checks the sender's metadata against this.
     const collective_meta* expect = nullptr;
     std::chrono::steady_clock::time_point deadline;
+    // Its deadline ends only this receive, never the group (a wait with a bound of its own,
+    // like monitored_barrier's).
+    bool soft_deadline = false;
+    // Its deadline passed; it waits in the matcher's expired queue for the group's verdict.
+    bool expired = false;
     // Order of posting, engine-wide: a frame that two queues could take goes to the receive
     // posted first.
     std::uint64_t order = 0;

@@ -80,8 +80,10 @@ private:
     friend class engine;
     auto result();
     recv_op(engine& e, std::span<std::byte> buf, int src, frame_kind kind, std::uint64_t seq,
-            std::int64_t tag, detail::op_label what, std::chrono::steady_clock::time_point deadline)
+            std::int64_t tag, detail::op_label what, std::chrono::steady_clock::time_point deadline,
+            bool soft_deadline = false)
         : engine_(&e), what_(what) {
+        pr_.soft_deadline = soft_deadline;
         pr_.buf = buf;
         pr_.src = src;
         pr_.kind = kind;

@@ -1,0 +1,278 @@
+#pragma once
+
+// What a rank says it is doing when a peer asks (a wait of the peer's stalled or timed out),
+// and what the answers of a whole group add up to: who to blame, and the report that lists
+// every rank.
+
+#include <corocoll/transport/frame.hpp>
+#include <corocoll/transport/posted_recv.hpp>
+#include <corocoll/version.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport::detail {
+
+/// One rank's answer to a status query.
+struct rank_status {
+    /// The collective it is in, if any.
+    bool in_collective = false;
+    collective_meta current;
+    /// The number of the last collective it finished, and the fingerprint of all of them.
+    std::uint64_t done = 0;
+    std::uint32_t fingerprint = 0;
+    /// The last collectives it finished (at most `remembered`), oldest first.
+    std::vector<collective_meta> recent;
+    /// The ranks its receives wait for (`any_source` for a receive from anyone).
+    std::vector<std::int32_t> waiting_for;
+    /// One of those receives is a point-to-point one, with this tag.
+    bool p2p_wait = false;
+    std::int64_t p2p_tag = 0;
+    /// Not sent: the asking rank's note that this rank closed its group (said goodbye).
+    bool left = false;
+
+    static constexpr std::size_t remembered = 16;
+
+    /// The call it made as collective #`seq`, if it still remembers it.
+    const collective_meta* call(std::uint64_t seq) const noexcept {
+        if (in_collective && current.seq == seq) return &current;
+        for (const auto& m : recent) {
+            if (m.seq == seq) return &m;
+        }
+        return nullptr;
+    }
+
+    /// "#3 broadcast(root 0, ...), waiting for rank 1", "idle after #2 all_reduce(...)".
+    std::string describe(describer d) const {
+        if (left) return "closed its process group";
+        std::string s;
+        if (in_collective) {
+            s = "#" + std::to_string(current.seq) + " " + d(current);
+        } else if (done > 0) {
+            const collective_meta* last = call(done);
+            s = "in no collective, after #" + std::to_string(done) + (last ? " " + d(*last) : "");
+        } else {
+            s = "in no collective, none run yet";
+        }
+        if (waiting_for.empty()) return s + (in_collective ? ", waiting for nobody" : "");
+        s += p2p_wait ? ", waiting in a recv (tag " + std::to_string(p2p_tag) + ") for " : ", waiting for ";
+        for (std::size_t i = 0; i < waiting_for.size(); ++i) {
+            if (i > 0) s += i + 1 == waiting_for.size() ? " and " : ", ";
+            s += waiting_for[i] == any_source ? "any rank" : "rank " + std::to_string(waiting_for[i]);
+        }
+        return s;
+    }
+
+    std::string encode() const {
+        fixed f;
+        f.in_collective = in_collective ? 1 : 0;
+        f.p2p_wait = p2p_wait ? 1 : 0;
+        f.recent = static_cast<std::uint16_t>(recent.size());
+        f.waiting = static_cast<std::uint16_t>(waiting_for.size());
+        f.fingerprint = fingerprint;
+        f.done = done;
+        f.p2p_tag = p2p_tag;
+        f.current = current;
+        std::string out(sizeof(f) + recent.size() * sizeof(collective_meta) +
+                            waiting_for.size() * sizeof(std::int32_t),
+                        '\0');
+        char* at = out.data();
+        std::memcpy(at, &f, sizeof(f));
+        at += sizeof(f);
+        if (!recent.empty()) std::memcpy(at, recent.data(), recent.size() * sizeof(collective_meta));
+        at += recent.size() * sizeof(collective_meta);
+        if (!waiting_for.empty())
+            std::memcpy(at, waiting_for.data(), waiting_for.size() * sizeof(std::int32_t));
+        return out;
+    }
+
+    /// Nothing when `bytes` is not a whole answer.
+    static std::optional<rank_status> decode(std::string_view bytes) {
+        fixed f;
+        if (bytes.size() < sizeof(f)) return std::nullopt;
+        std::memcpy(&f, bytes.data(), sizeof(f));
+        if (f.recent > remembered ||
+            bytes.size() != sizeof(f) + f.recent * sizeof(collective_meta) +
+                                f.waiting * sizeof(std::int32_t)) {
+            return std::nullopt;
+        }
+        rank_status s;
+        s.in_collective = f.in_collective != 0;
+        s.p2p_wait = f.p2p_wait != 0;
+        s.fingerprint = f.fingerprint;
+        s.done = f.done;
+        s.p2p_tag = f.p2p_tag;
+        s.current = f.current;
+        s.recent.resize(f.recent);
+        s.waiting_for.resize(f.waiting);
+        const char* at = bytes.data() + sizeof(f);
+        if (f.recent > 0) std::memcpy(s.recent.data(), at, f.recent * sizeof(collective_meta));
+        at += f.recent * sizeof(collective_meta);
+        if (f.waiting > 0)
+            std::memcpy(s.waiting_for.data(), at, f.waiting * sizeof(std::int32_t));
+        return s;
+    }
+
+    /// The largest encoding a peer may send (its waits are bounded by the group's size).
+    static std::size_t max_bytes(int group_size) noexcept {
+        return sizeof(fixed) + remembered * sizeof(collective_meta) +
+               static_cast<std::size_t>(group_size + 1) * sizeof(std::int32_t);
+    }
+
+private:
+    struct fixed {
+        std::uint8_t in_collective = 0;
+        std::uint8_t p2p_wait = 0;
+        std::uint16_t recent = 0;
+        std::uint16_t waiting = 0;
+        std::uint16_t unused = 0;
+        std::uint32_t fingerprint = 0;
+        std::uint64_t done = 0;
+        std::int64_t p2p_tag = 0;
+        collective_meta current;
+    };
+};
+
+/// Why the ranks were asked.
+enum class status_reason {
+    stalled,   ///< no progress for a stall interval; a consistent group keeps waiting
+    deadline,  ///< a receive's deadline passed; the group fails whatever the answers
+};
+
+/// What a group's answers add up to.
+struct status_verdict {
+    bool fail = false;
+    int culprit = -1;
+    bool timed_out = false;  ///< the cause is a rank that did not answer or a deadline
+    std::string text;        ///< the cause, then what every rank was doing
+};
+
+/// Judges the answers `all` (indexed by rank, this rank's own included; empty where no answer
+/// came within `window`) collected by rank `me`, which asked because of `why` while it waited
+/// in `waiting` for rank `waited_for` (any_source: no particular one).
+inline status_verdict judge_status(const std::vector<std::optional<rank_status>>& all, int me,
+                                   status_reason why, int waited_for, const std::string& waiting,
+                                   std::chrono::milliseconds window, describer d) {
+    auto rank_name = [](int r) { return "rank " + std::to_string(r); };
+    auto list = [&](const std::vector<int>& ranks) {
+        std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+        for (std::size_t i = 0; i < ranks.size(); ++i) {
+            if (i > 0) s += i + 1 == ranks.size() ? " and " : ", ";
+            s += std::to_string(ranks[i]);
+        }
+        return s;
+    };
+    // What every rank was doing, at most 32 of them listed.
+    std::string report = "what each rank was doing: ";
+    int listed = 0;
+    for (std::size_t r = 0; r < all.size(); ++r) {
+        if (listed == 32) {
+            report += "; ...";
+            break;
+        }
+        report += (listed++ > 0 ? "; " : "") + rank_name(static_cast<int>(r)) + ": " +
+                  (all[r] ? all[r]->describe(d) : "no answer");
+    }
+
+    status_verdict v;
+    std::vector<int> silent;
+    for (std::size_t r = 0; r < all.size(); ++r) {
+        if (!all[r]) silent.push_back(static_cast<int>(r));
+    }
+    if (!silent.empty()) {
+        v.fail = true;
+        v.timed_out = true;
+        v.culprit = silent.front();
+        v.text = list(silent) + " stopped responding: no answer to a status query within " +
+                 std::to_string(window.count()) + " ms (asked by " + rank_name(me) +
+                 ", waiting in " + waiting + "); " + report;
+        return v;
+    }
+
+    // The first collective that two ranks called differently, or whose earlier history
+    // differs (same call, different fingerprint before it).
+    std::optional<std::uint64_t> first_seq;
+    int first_rank = -1, other_rank = -1;
+    std::map<std::uint64_t, std::pair<int, collective_meta>> seen;
+    for (std::size_t r = 0; r < all.size(); ++r) {
+        if (all[r]->left) continue;
+        auto consider = [&](const collective_meta& m) {
+            auto [at, fresh] = seen.try_emplace(m.seq, static_cast<int>(r), m);
+            if (fresh || at->second.second.same_call(m)) return;
+            if (!first_seq || m.seq < *first_seq) {
+                first_seq = m.seq;
+                first_rank = at->second.first;
+                other_rank = static_cast<int>(r);
+            }
+        };
+        for (const auto& m : all[r]->recent) consider(m);
+        if (all[r]->in_collective) consider(all[r]->current);
+    }
+    if (first_seq) {
+        const collective_meta& a = *all[static_cast<std::size_t>(first_rank)]->call(*first_seq);
+        const collective_meta& b = *all[static_cast<std::size_t>(other_rank)]->call(*first_seq);
+        v.fail = true;
+        v.culprit = other_rank;
+        v.text = "collective #" + std::to_string(*first_seq) + " does not match across ranks: " +
+                 rank_name(first_rank) + " called " + d(a) + ", " + rank_name(other_rank) +
+                 " called " + d(b) + "; " + report;
+        return v;
+    }
+    // Same calls where they remember them, but different histories before those.
+    for (std::size_t r = 1; r < all.size(); ++r) {
+        const rank_status& a = *all[0];
+        const rank_status& b = *all[r];
+        if (a.left || b.left) continue;
+        if (a.done == b.done && a.fingerprint != b.fingerprint) {
+            v.fail = true;
+            v.culprit = static_cast<int>(r);
+            v.text = "rank 0 and " + rank_name(static_cast<int>(r)) +
+                     " ran different collectives before #" +
+                     std::to_string(a.done - std::min<std::uint64_t>(a.done, a.recent.size())) +
+                     " (their fingerprints of collectives 1 to " + std::to_string(a.done) +
+                     " differ); " + report;
+            return v;
+        }
+    }
+    // A rank that waits in collective #k for a rank that has finished #k waits for a message
+    // that was never sent.
+    for (std::size_t r = 0; r < all.size(); ++r) {
+        const rank_status& s = *all[r];
+        if (!s.in_collective) continue;
+        for (std::int32_t q : s.waiting_for) {
+            if (q < 0 || static_cast<std::size_t>(q) >= all.size()) continue;
+            if (!all[static_cast<std::size_t>(q)]->left && all[static_cast<std::size_t>(q)]->done >= s.current.seq) {
+                v.fail = true;
+                v.culprit = q;
+                v.text = rank_name(static_cast<int>(r)) + " waits in collective #" +
+                         std::to_string(s.current.seq) + " for " + rank_name(q) +
+                         ", which finished it without sending to it; " + report;
+                return v;
+            }
+        }
+    }
+    if (why == status_reason::stalled) {
+        v.text = "every rank answered and their calls agree; " + report;
+        return v;
+    }
+    v.fail = true;
+    v.timed_out = true;
+    v.culprit = waited_for >= 0 ? waited_for : me;
+    v.text = rank_name(me) + " timed out waiting in " + waiting +
+             (waited_for >= 0 ? " for " + rank_name(waited_for) : std::string()) +
+             "; every rank answered and their calls agree; " + report;
+    return v;
+}
+
+}  // namespace transport::detail
+
+COROCOLL_END_NAMESPACE
