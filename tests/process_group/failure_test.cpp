@@ -53,8 +53,8 @@ struct board {
 };
 
 board* new_board() {
-    void* m = ::mmap(nullptr, sizeof(board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                     -1, 0);
+    void* m =
+        ::mmap(nullptr, sizeof(board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     REQUIRE(m != MAP_FAILED);
     return new (m) board();
 }
@@ -228,8 +228,9 @@ void stopped_rank_case(int victim, std::size_t floats, long after, job j) {
 
 }  // namespace
 
-TEST_CASE("a stopped rank is named by every rank, fails too when it wakes, and nothing "
-          "completes after the failure") {
+TEST_CASE(
+    "a stopped rank is named by every rank, fails too when it wakes, and nothing "
+    "completes after the failure") {
     SUBCASE("rank 2, small all_reduces, found by the stall check") {
         stopped_rank_case(2, 1, 50, job{});
     }
@@ -290,78 +291,73 @@ TEST_CASE("ranks that each pass their own root fail on every rank, naming the co
     // 2 and 3 ranks: in each, every rank believes it is the root.
     SUBCASE("broadcast") {
         for (int n : {2, 3}) {
-            desync_case(
-                n,
-                [](cc::process_group& pg) -> cc::task<> {
-                    std::vector<int> v(8, pg.rank());
-                    co_await pg.broadcast(v, pg.rank());
-                },
-                {"collective #1 does not match", "broadcast(root "});
+            desync_case(n,
+                        [](cc::process_group& pg) -> cc::task<> {
+                            std::vector<int> v(8, pg.rank());
+                            co_await pg.broadcast(v, pg.rank());
+                        },
+                        {"collective #1 does not match", "broadcast(root "});
         }
     }
     SUBCASE("reduce") {
         for (int n : {2, 3}) {
-            desync_case(
-                n,
-                [](cc::process_group& pg) -> cc::task<> {
-                    std::vector<int> v(8, 1);
-                    co_await pg.reduce(v, pg.rank());
-                },
-                {"collective #1 does not match", "reduce("});
+            desync_case(n,
+                        [](cc::process_group& pg) -> cc::task<> {
+                            std::vector<int> v(8, 1);
+                            co_await pg.reduce(v, pg.rank());
+                        },
+                        {"collective #1 does not match", "reduce("});
         }
     }
     SUBCASE("gather") {
         for (int n : {2, 3}) {
-            desync_case(
-                n,
-                [](cc::process_group& pg) -> cc::task<> {
-                    std::vector<int> v(2, pg.rank());
-                    std::vector<int> all(2 * static_cast<std::size_t>(pg.size()));
-                    co_await pg.gather_into(v, all, pg.rank());
-                },
-                {"collective #1 does not match", "gather("});
+            desync_case(n,
+                        [](cc::process_group& pg) -> cc::task<> {
+                            std::vector<int> v(2, pg.rank());
+                            std::vector<int> all(2 * static_cast<std::size_t>(pg.size()));
+                            co_await pg.gather_into(v, all, pg.rank());
+                        },
+                        {"collective #1 does not match", "gather("});
         }
     }
     SUBCASE("scatter") {
         for (int n : {2, 3}) {
-            desync_case(
-                n,
-                [](cc::process_group& pg) -> cc::task<> {
-                    std::vector<int> all(2 * static_cast<std::size_t>(pg.size()), pg.rank());
-                    std::vector<int> mine(2);
-                    co_await pg.scatter_from(mine, all, pg.rank());
-                },
-                {"collective #1 does not match", "scatter("});
+            desync_case(n,
+                        [](cc::process_group& pg) -> cc::task<> {
+                            std::vector<int> all(2 * static_cast<std::size_t>(pg.size()),
+                                                 pg.rank());
+                            std::vector<int> mine(2);
+                            co_await pg.scatter_from(mine, all, pg.rank());
+                        },
+                        {"collective #1 does not match", "scatter("});
         }
     }
 }
 
 TEST_CASE("a rank that skips a collective makes every rank fail at the next one, naming both") {
-    desync_case(
-        3,
-        [](cc::process_group& pg) -> cc::task<> {
-            std::vector<float> v(4, 1.0f);
-            co_await pg.all_reduce(v);
-            if (pg.rank() != 1) co_await pg.all_reduce(v);  // rank 1 skips collective #2
-            co_await pg.broadcast(v, 0);
-        },
-        {"collective #2 does not match", "all_reduce(", "broadcast("});
+    desync_case(3,
+                [](cc::process_group& pg) -> cc::task<> {
+                    std::vector<float> v(4, 1.0f);
+                    co_await pg.all_reduce(v);
+                    if (pg.rank() != 1) co_await pg.all_reduce(v);  // rank 1 skips collective #2
+                    co_await pg.broadcast(v, 0);
+                },
+                {"collective #2 does not match", "all_reduce(", "broadcast("});
 }
 
 TEST_CASE("ranks calling all_reduce and broadcast in opposite orders fail on every rank") {
-    desync_case(
-        2,
-        [](cc::process_group& pg) -> cc::task<> {
-            std::vector<float> v(4, 1.0f);
-            if (pg.rank() == 0) {
-                co_await pg.all_reduce(v);
-                co_await pg.broadcast(v, 0);
-            } else {
-                co_await pg.broadcast(v, 0);
-                co_await pg.all_reduce(v);
-            }
-        },
-        {"collective #1 does not match", "all_reduce(", "broadcast("});
+    desync_case(2,
+                [](cc::process_group& pg) -> cc::task<> {
+                    std::vector<float> v(4, 1.0f);
+                    if (pg.rank() == 0) {
+                        co_await pg.all_reduce(v);
+                        co_await pg.broadcast(v, 0);
+                    } else {
+                        co_await pg.broadcast(v, 0);
+                        co_await pg.all_reduce(v);
+                    }
+                },
+                {"collective #1 does not match", "all_reduce(", "broadcast("});
 }
 
 TEST_CASE("a slow rank that answers is waited for: the stall is reported, not a failure") {

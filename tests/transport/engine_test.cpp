@@ -194,3 +194,97 @@ TEST_CASE(
         ep.e1->end_collective();
     }());
 }
+
+TEST_CASE("the same call after different earlier collectives is a mismatch that says so") {
+    cc::io::reactor r;
+    engine_pair ep(r);
+    cc::transport::collective_meta extra{}, call{};
+    extra.collective = 2;
+    extra.seq = 1;
+    call.collective = 3;
+    call.count = 4;
+    call.seq = 2;
+    // Rank 1 ran collective #1 as `extra` without a frame of it reaching rank 0; rank 0 ran
+    // another #1. Collective #2 is the same call on both, but its frames carry different
+    // fingerprints.
+    cc::transport::collective_meta other = extra;
+    other.root = 1;
+    ep.e0->begin_collective(other);
+    ep.e0->end_collective();
+    ep.e1->begin_collective(extra);
+    ep.e1->end_collective();
+    cc::transport::collective_meta on0 = call, on1 = call;
+    ep.e0->begin_collective(on0);
+    ep.e1->begin_collective(on1);
+    CHECK(on0.history != on1.history);
+    auto data = pattern(16, 1);
+    std::vector<std::byte> in(16);
+    std::string error;
+    r.run([&]() -> cc::task<> {
+        co_await ep.e0->send_coll(data, 1, on0, 0, soon());
+        try {
+            co_await ep.e1->recv_coll(in, 0, on1, 0, soon());
+        } catch (const std::system_error& x) {
+            error = x.what();
+        }
+    }());
+    CHECK(error.find("collective #2") != std::string::npos);
+    CHECK(error.find("rank 1 and rank 0 ran different collectives before it") != std::string::npos);
+    ep.e0->end_collective();
+    ep.e1->end_collective();
+}
+
+TEST_CASE("status answers: silent ranks are blamed first, then different calls, then the wait") {
+    namespace td = cc::transport::detail;
+    auto in_call = [](std::uint64_t seq, std::uint32_t root, std::vector<std::int32_t> waits) {
+        td::rank_status s;
+        s.in_collective = true;
+        s.current.collective = 4;
+        s.current.seq = seq;
+        s.current.root = root;
+        s.done = seq - 1;
+        s.waiting_for = std::move(waits);
+        return s;
+    };
+    std::vector<std::optional<td::rank_status>> all(3);
+    all[0] = in_call(3, 0, {1});
+    all[2] = in_call(3, 0, {1});
+    // The encoding goes through a status frame unchanged.
+    auto round_trip = td::rank_status::decode(all[0]->encode());
+    REQUIRE(round_trip);
+    CHECK(round_trip->current == all[0]->current);
+    CHECK(round_trip->waiting_for == all[0]->waiting_for);
+    CHECK_FALSE(td::rank_status::decode(all[0]->encode().substr(1)));
+
+    auto judge = [&](td::status_reason why) {
+        return td::judge_status(all, 0, why, 1, "collective #3", 1000ms, &td::describe_raw);
+    };
+    auto v = judge(td::status_reason::stalled);
+    CHECK(v.fail);
+    CHECK(v.culprit == 1);
+    CHECK(v.text.find("rank 1 stopped responding") == 0);
+    CHECK(v.text.find("rank 1: no answer") != std::string::npos);
+
+    all[1] = in_call(3, 1, {});  // rank 1 believes it is the root
+    v = judge(td::status_reason::stalled);
+    CHECK(v.fail);
+    CHECK(v.culprit == 1);
+    CHECK(v.text.find("collective #3 does not match across ranks: rank 0 called") == 0);
+
+    all[1] = td::rank_status{};  // rank 1 is behind: in no collective, #2 not done yet
+    all[1]->done = 1;
+    v = judge(td::status_reason::stalled);
+    CHECK_FALSE(v.fail);  // slow, not wrong: reported and waited for
+    CHECK(v.text.find("rank 1: in no collective, after #1") != std::string::npos);
+    v = judge(td::status_reason::deadline);
+    CHECK(v.fail);
+    CHECK(v.culprit == 1);
+    CHECK(v.text.find("rank 0 timed out waiting in collective #3 for rank 1") == 0);
+
+    all[1]->done = 3;  // rank 1 finished #3 (the same call) without sending to rank 0
+    all[1]->recent = {all[0]->current};
+    v = judge(td::status_reason::stalled);
+    CHECK(v.fail);
+    CHECK(v.culprit == 1);
+    CHECK(v.text.find("rank 0 waits in collective #3 for rank 1, which finished it") == 0);
+}

@@ -567,7 +567,7 @@ private:
         scratch_.trim();
         // A call whose last message arrived after the group failed (a rank that was stopped
         // and woke up) is not done: the other ranks reported it failed.
-        engine_.raise_if_failed(meta);
+        co_await engine_.finish_collective(meta);
     }
 
     template <class Body>

@@ -19,6 +19,7 @@
 
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
 
 #include <algorithm>
 #include <array>
@@ -136,9 +137,8 @@ public:
             options_.answer_window =
                 options_.stall->count() == 0
                     ? std::chrono::milliseconds(3000)
-                    : std::clamp<std::chrono::milliseconds>(*options_.stall / 4,
-                                                            std::chrono::seconds(1),
-                                                            std::chrono::seconds(10));
+                    : std::clamp<std::chrono::milliseconds>(
+                          *options_.stall / 4, std::chrono::seconds(1), std::chrono::seconds(10));
         }
         matching_.on_expiry(&on_expired, this);
         for (std::size_t p = 0; p < peers_.size(); ++p) {
@@ -148,12 +148,11 @@ public:
                 readers_.spawn(read_loop(static_cast<int>(p)));
             }
         }
-        if (options_.stall->count() > 0) {
-            stall_timer_.owner = this;
-            stall_timer_.fire = &on_stall_timer;
-            stall_timer_.when = std::chrono::steady_clock::now() + *options_.stall / 4;
-            reactor_.arm(stall_timer_);
-        }
+        // Armed without stall checks too: `paused` reads it.
+        stall_timer_.owner = this;
+        stall_timer_.fire = &on_stall_timer;
+        stall_timer_.when = std::chrono::steady_clock::now() + timer_period();
+        reactor_.arm(stall_timer_);
     }
     /// Over one connected socket per rank (TCP channels).
     engine(io::reactor& r, int rank, int size, std::vector<io::socket> sockets,
@@ -211,8 +210,8 @@ public:
         what.peer = src;
         what.collective = true;
         what.meta = meta;
-        return {*this, buf,  src,     frame_kind::collective, meta.seq, step,
-                what,  deadline, soft_deadline};
+        return {*this, buf,  src,      frame_kind::collective, meta.seq,
+                step,  what, deadline, soft_deadline};
     }
 
     /// Declares the collective this rank runs now (collectives of a group run one at a time)
@@ -243,9 +242,13 @@ public:
         done_seq_ = active_.seq;
     }
 
-    /// Throws the group's failure, as an error of the collective `meta`, if it failed: an
-    /// operation that completes after the group failed does not count as done.
-    void raise_if_failed(const collective_meta& meta) const {
+    /// Ends collective `meta` on this rank: throws the group's failure, as an error of that
+    /// call, if the group failed; a call that completes after the group failed does not
+    /// count as done. A rank that did not run for a while (stopped, or its thread held
+    /// elsewhere) may finish a call from messages that arrived meanwhile, before it has read
+    /// the abort notices that came after them: it first lets its readers catch up.
+    task<> finish_collective(const collective_meta& meta) {
+        if (!failure_ && paused()) co_await reactor_.sleep_for(std::chrono::milliseconds(5));
         op_label what;
         what.collective = true;
         what.meta = meta;
@@ -360,6 +363,7 @@ private:
         if (sent < sizeof(h) + data.size()) {
             iovec rest_space[2];
             ++sends_waiting_;
+            ++ps.sends_waiting;
             try {
                 co_await ps.link->send(detail::iov_after(all, sent, rest_space),
                                        io::op_options(deadline, stop_.get_token()));
@@ -367,6 +371,7 @@ private:
                 failed = e.code();
             }
             --sends_waiting_;
+            --ps.sends_waiting;
         }
         if (failed) {
             // A peer that failed the group tells us why in its last frame; a send that hits
@@ -647,14 +652,17 @@ private:
     // for it, straight into that buffer, or is kept until one is posted.
     task<> read_loop(int p) {
         peer& ps = peer_at(p);
-        // However the loop ends, a sender waiting for it (see reader_exit) is released.
+        // However the loop ends, the receives it held back complete (with the failure, if
+        // any) and a sender waiting for it (see reader_exit) is released.
         struct exit_mark {
+            engine& e;
             peer& ps;
             ~exit_mark() {
+                e.complete_deferred(ps);
                 ps.reader_exited = true;
                 if (ps.exit_waiter) std::exchange(ps.exit_waiter, {}).resume();
             }
-        } mark{ps};
+        } mark{*this, ps};
         try {
             for (;;) {
                 frame_header h;
@@ -663,7 +671,10 @@ private:
                 while (!ps.header_staged()) {
                     std::span<std::byte> room = ps.staging_room();
                     std::size_t n = ps.link->try_recv(room, false);
-                    if (n == 0) n = co_await ps.link->recv_some(room, stop_.get_token());
+                    if (n == 0) {
+                        complete_deferred(ps);
+                        n = co_await ps.link->recv_some(room, stop_.get_token());
+                    }
                     if (n == 0) {
                         corocoll::detail::throw_error(
                             corocoll::errc::connection_closed,
@@ -716,6 +727,7 @@ private:
                         if (held.blocked_reader) std::exchange(held.blocked_reader, {}).resume();
                     };
                     reactor_.arm(ps.hold);
+                    complete_deferred(ps);
                     co_await blocked_awaiter{ps};
                     reactor_.disarm(ps.hold);
                     if (!unblocked(ps, p, h, pr)) co_return;
@@ -724,6 +736,7 @@ private:
                        ps.unexpected_bytes + h.length > options_.unexpected_bytes_per_peer &&
                        !ps.unexpected.empty()) {
                     ps.blocked = &h;
+                    complete_deferred(ps);
                     co_await blocked_awaiter{ps};
                     if (!unblocked(ps, p, h, pr)) co_return;
                 }
@@ -747,17 +760,19 @@ private:
                     std::span<std::byte> rest;
                     if (h.length <= pr->buf.size()) rest = ps.take_staged(pr->buf.first(h.length));
                     if (!rest.empty() || h.length > pr->buf.size()) {
+                        complete_deferred(ps);
                         ps.delivering = pr;
                         co_await deliver(ps, p, h, rest,
                                          io::op_options(pr->deadline, stop_.get_token()));
                         pr = std::exchange(ps.delivering, nullptr);
                         if (pr == nullptr) continue;  // withdrawn
                     }
-                    matching_.complete(*pr);
+                    complete_after_staged(ps, *pr);
                     continue;
                 }
                 detail::unexpected_msg m{h, matching_.next_arrival(),
                                          detail::message_bytes(h.length)};
+                if (ps.staged_end - ps.staged_begin < h.length) complete_deferred(ps);
                 co_await ps.read_payload(m.data, stop_.get_token());
                 // A receive may have been posted while the payload arrived.
                 if (posted_recv* late = matching_.match(p, h)) {
@@ -765,7 +780,7 @@ private:
                     matching_.unlink(*late);
                     detail::matcher::fill_from(*late, p, m.data);
                     late->state = posted_recv::receiving;
-                    matching_.complete(*late);
+                    complete_after_staged(ps, *late);
                 } else {
                     ps.unexpected_bytes += m.data.size();
                     ps.unexpected.push_back(std::move(m));
@@ -788,6 +803,33 @@ private:
         }
     }
 
+    // Completes `pr`, whose message is in, at once; or, when more of this peer's bytes are
+    // already staged behind it, once the reader has gone through them (before it waits
+    // again). A rank that was stopped finds the message that ends a collective and, behind
+    // it, the abort notice of a peer that has given up on it: the notice is read before the
+    // collective's owner resumes, so the call is not reported done.
+    void complete_after_staged(peer& ps, posted_recv& pr) {
+        if (ps.staged_end == ps.staged_begin) {
+            matching_.complete(pr);
+            return;
+        }
+        pr.next = nullptr;
+        (ps.deferred_tail != nullptr ? ps.deferred_tail->next : ps.deferred_head) = &pr;
+        ps.deferred_tail = &pr;
+    }
+
+    // Completes what `complete_after_staged` held back, in order; with the group's failure if
+    // it failed meanwhile.
+    void complete_deferred(peer& ps) {
+        while (posted_recv* pr = ps.deferred_head) {
+            ps.deferred_head = pr->next;
+            if (ps.deferred_head == nullptr) ps.deferred_tail = nullptr;
+            pr->next = nullptr;
+            if (failure_ && !pr->error) pr->error = failure_;
+            matching_.complete(*pr);
+        }
+    }
+
     // A reader that held back header `h` (`ps.blocked`) goes on: with the receive handed to
     // it meanwhile, else whatever matches now (in `pr`). False when the group failed or is
     // closing: a receive handed over meanwhile is in no queue, so it ends here.
@@ -806,6 +848,17 @@ private:
     }
 
     // ---- status queries: who is stuck, and who to blame ----
+
+    // True when the stall timer is overdue by more than 10 ms: the reactor has not run for a
+    // while. Read from the coarse clock (a few ns; the same clock as steady_clock, at a
+    // resolution of a few ms), so every collective can afford it.
+    bool paused() const noexcept {
+        timespec ts{};
+        ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+        auto now = std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+        return stall_timer_.armed() &&
+               now > stall_timer_.when.time_since_epoch() + std::chrono::milliseconds(10);
+    }
 
     // What this rank does now, as it answers a status query.
     detail::rank_status my_status() const {
@@ -830,7 +883,10 @@ private:
                 }
             }
         };
-        for (const auto& p : peers_) note(p.posted);
+        for (std::size_t p = 0; p < peers_.size(); ++p) {
+            note(peers_[p].posted);
+            if (peers_[p].sends_waiting > 0) s.sending_to.push_back(static_cast<std::int32_t>(p));
+        }
         note(matching_.any_source_queue());
         note(matching_.expired_queue());
         return s;
@@ -846,7 +902,8 @@ private:
 
     // "collective #3 broadcast(root 0, ...)" or "recv from rank 1 (tag 7)": what `pr` is for.
     std::string describe_wait(const posted_recv& pr) const {
-        if (pr.expect != nullptr) return "collective #" + std::to_string(pr.seq) + " " + describe_(*pr.expect);
+        if (pr.expect != nullptr)
+            return "collective #" + std::to_string(pr.seq) + " " + describe_(*pr.expect);
         return "recv from " +
                (pr.src == any_source ? std::string("any rank") : "rank " + std::to_string(pr.src)) +
                " (tag " + std::to_string(pr.tag) + ")";
@@ -929,15 +986,15 @@ private:
         rd.running = false;
         if (failure_ || closing_) co_return;
         const posted_recv* expired = matching_.expired_queue().front();
-        auto why = expired != nullptr ? detail::status_reason::deadline
-                                      : detail::status_reason::stalled;
+        auto why =
+            expired != nullptr ? detail::status_reason::deadline : detail::status_reason::stalled;
         std::string waiting = expired != nullptr
                                   ? describe_wait(*expired)
                                   : "its receives, with no progress for " +
                                         std::to_string(stall_interval().count()) + " ms";
         auto verdict = detail::judge_status(rd.answers, rank_, why,
-                                            expired != nullptr ? expired->src : any_source,
-                                            waiting, answer_window(), describe_);
+                                            expired != nullptr ? expired->src : any_source, waiting,
+                                            answer_window(), describe_);
         if (verdict.fail) {
             fail_verbatim(verdict.culprit,
                           verdict.timed_out ? std::make_error_code(std::errc::timed_out)
@@ -974,11 +1031,15 @@ private:
         if (e.frames_in_ != e.frames_at_check_ || !e.anything_waits()) {
             e.frames_at_check_ = e.frames_in_;
             e.progress_at_ = now;
-        } else if (now - e.progress_at_ >= e.stall_interval()) {
+        } else if (e.stall_interval().count() > 0 && now - e.progress_at_ >= e.stall_interval()) {
             e.start_status_round();
         }
-        t.when = now + e.stall_interval() / 4;
+        t.when = now + e.timer_period();
         e.reactor_.arm(t);
+    }
+
+    std::chrono::milliseconds timer_period() const noexcept {
+        return stall_interval().count() > 0 ? stall_interval() / 4 : std::chrono::seconds(1);
     }
 
     struct blocked_awaiter {

@@ -114,8 +114,10 @@ struct collective_meta {
         h.history = history;
     }
     static collective_meta of(const frame_header& h) noexcept {
-        return {h.op,   static_cast<std::uint8_t>(h.reserved0), h.dtype, h.flags, h.root, h.count,
-                h.seq, h.history};
+        return {h.op,    static_cast<std::uint8_t>(h.reserved0),
+                h.dtype, h.flags,
+                h.root,  h.count,
+                h.seq,   h.history};
     }
     friend bool operator==(const collective_meta&, const collective_meta&) = default;
     /// The same call, whatever came before it.

@@ -111,6 +111,14 @@ public:
         if (pr.state == posted_recv::receiving && pr.from >= 0) {
             peer& ps = peer_at(pr.from);
             if (ps.delivering == &pr) ps.delivering = nullptr;
+            // Or its message is in and its completion held back behind staged bytes.
+            posted_recv* before = nullptr;
+            for (posted_recv* d = ps.deferred_head; d != nullptr; before = d, d = d->next) {
+                if (d != &pr) continue;
+                (before != nullptr ? before->next : ps.deferred_head) = d->next;
+                if (ps.deferred_tail == d) ps.deferred_tail = before;
+                break;
+            }
         }
     }
 

@@ -91,6 +91,12 @@ struct peer {
     // The peer closed its group (a goodbye frame): its EOF is no failure.
     bool departed = false;
     bool reader_exited = false;
+    // Sends to this peer that wait for room (for the status report).
+    int sends_waiting = 0;
+    // Receives whose message is in, completed once the reader has gone through the bytes
+    // staged behind it (engine::complete_after_staged); linked through `next`.
+    posted_recv* deferred_head = nullptr;
+    posted_recv* deferred_tail = nullptr;
     std::coroutine_handle<> exit_waiter;
     bool connected() const noexcept { return link != nullptr && link->is_open(); }
 

@@ -37,6 +37,8 @@ struct rank_status {
     /// One of those receives is a point-to-point one, with this tag.
     bool p2p_wait = false;
     std::int64_t p2p_tag = 0;
+    /// The ranks it is sending to, waiting for room (their side does not read).
+    std::vector<std::int32_t> sending_to;
     /// Not sent: the asking rank's note that this rank closed its group (said goodbye).
     bool left = false;
 
@@ -63,11 +65,27 @@ struct rank_status {
         } else {
             s = "in no collective, none run yet";
         }
-        if (waiting_for.empty()) return s + (in_collective ? ", waiting for nobody" : "");
-        s += p2p_wait ? ", waiting in a recv (tag " + std::to_string(p2p_tag) + ") for " : ", waiting for ";
-        for (std::size_t i = 0; i < waiting_for.size(); ++i) {
-            if (i > 0) s += i + 1 == waiting_for.size() ? " and " : ", ";
-            s += waiting_for[i] == any_source ? "any rank" : "rank " + std::to_string(waiting_for[i]);
+        if (!sending_to.empty()) s += ", sending to " + ranks(sending_to);
+        if (!waiting_for.empty()) {
+            s += p2p_wait ? ", waiting in a recv (tag " + std::to_string(p2p_tag) + ") for "
+                          : ", waiting for ";
+            s += ranks(waiting_for);
+        } else if (in_collective && sending_to.empty()) {
+            s += ", waiting for nobody";
+        }
+        return s;
+    }
+
+    /// "rank 1", "ranks 1, 2 and 3", "any rank".
+    static std::string ranks(const std::vector<std::int32_t>& list) {
+        std::string s = list.size() > 1 ? "ranks " : "";
+        for (std::size_t i = 0; i < list.size(); ++i) {
+            if (i > 0) s += i + 1 == list.size() ? " and " : ", ";
+            if (list[i] == any_source) {
+                s += "any rank";
+            } else {
+                s += (list.size() == 1 ? "rank " : "") + std::to_string(list[i]);
+            }
         }
         return s;
     }
@@ -78,20 +96,25 @@ struct rank_status {
         f.p2p_wait = p2p_wait ? 1 : 0;
         f.recent = static_cast<std::uint16_t>(recent.size());
         f.waiting = static_cast<std::uint16_t>(waiting_for.size());
+        f.sending = static_cast<std::uint16_t>(sending_to.size());
         f.fingerprint = fingerprint;
         f.done = done;
         f.p2p_tag = p2p_tag;
         f.current = current;
         std::string out(sizeof(f) + recent.size() * sizeof(collective_meta) +
-                            waiting_for.size() * sizeof(std::int32_t),
+                            (waiting_for.size() + sending_to.size()) * sizeof(std::int32_t),
                         '\0');
         char* at = out.data();
         std::memcpy(at, &f, sizeof(f));
         at += sizeof(f);
-        if (!recent.empty()) std::memcpy(at, recent.data(), recent.size() * sizeof(collective_meta));
+        if (!recent.empty())
+            std::memcpy(at, recent.data(), recent.size() * sizeof(collective_meta));
         at += recent.size() * sizeof(collective_meta);
         if (!waiting_for.empty())
             std::memcpy(at, waiting_for.data(), waiting_for.size() * sizeof(std::int32_t));
+        at += waiting_for.size() * sizeof(std::int32_t);
+        if (!sending_to.empty())
+            std::memcpy(at, sending_to.data(), sending_to.size() * sizeof(std::int32_t));
         return out;
     }
 
@@ -102,7 +125,7 @@ struct rank_status {
         std::memcpy(&f, bytes.data(), sizeof(f));
         if (f.recent > remembered ||
             bytes.size() != sizeof(f) + f.recent * sizeof(collective_meta) +
-                                f.waiting * sizeof(std::int32_t)) {
+                                (f.waiting + f.sending) * sizeof(std::int32_t)) {
             return std::nullopt;
         }
         rank_status s;
@@ -114,18 +137,20 @@ struct rank_status {
         s.current = f.current;
         s.recent.resize(f.recent);
         s.waiting_for.resize(f.waiting);
+        s.sending_to.resize(f.sending);
         const char* at = bytes.data() + sizeof(f);
         if (f.recent > 0) std::memcpy(s.recent.data(), at, f.recent * sizeof(collective_meta));
         at += f.recent * sizeof(collective_meta);
-        if (f.waiting > 0)
-            std::memcpy(s.waiting_for.data(), at, f.waiting * sizeof(std::int32_t));
+        if (f.waiting > 0) std::memcpy(s.waiting_for.data(), at, f.waiting * sizeof(std::int32_t));
+        at += f.waiting * sizeof(std::int32_t);
+        if (f.sending > 0) std::memcpy(s.sending_to.data(), at, f.sending * sizeof(std::int32_t));
         return s;
     }
 
     /// The largest encoding a peer may send (its waits are bounded by the group's size).
     static std::size_t max_bytes(int group_size) noexcept {
         return sizeof(fixed) + remembered * sizeof(collective_meta) +
-               static_cast<std::size_t>(group_size + 1) * sizeof(std::int32_t);
+               static_cast<std::size_t>(2 * group_size + 1) * sizeof(std::int32_t);
     }
 
 private:
@@ -134,7 +159,7 @@ private:
         std::uint8_t p2p_wait = 0;
         std::uint16_t recent = 0;
         std::uint16_t waiting = 0;
-        std::uint16_t unused = 0;
+        std::uint16_t sending = 0;
         std::uint32_t fingerprint = 0;
         std::uint64_t done = 0;
         std::int64_t p2p_tag = 0;
@@ -163,14 +188,6 @@ inline status_verdict judge_status(const std::vector<std::optional<rank_status>>
                                    status_reason why, int waited_for, const std::string& waiting,
                                    std::chrono::milliseconds window, describer d) {
     auto rank_name = [](int r) { return "rank " + std::to_string(r); };
-    auto list = [&](const std::vector<int>& ranks) {
-        std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-        for (std::size_t i = 0; i < ranks.size(); ++i) {
-            if (i > 0) s += i + 1 == ranks.size() ? " and " : ", ";
-            s += std::to_string(ranks[i]);
-        }
-        return s;
-    };
     // What every rank was doing, at most 32 of them listed.
     std::string report = "what each rank was doing: ";
     int listed = 0;
@@ -184,7 +201,7 @@ inline status_verdict judge_status(const std::vector<std::optional<rank_status>>
     }
 
     status_verdict v;
-    std::vector<int> silent;
+    std::vector<std::int32_t> silent;
     for (std::size_t r = 0; r < all.size(); ++r) {
         if (!all[r]) silent.push_back(static_cast<int>(r));
     }
@@ -192,7 +209,8 @@ inline status_verdict judge_status(const std::vector<std::optional<rank_status>>
         v.fail = true;
         v.timed_out = true;
         v.culprit = silent.front();
-        v.text = list(silent) + " stopped responding: no answer to a status query within " +
+        v.text = rank_status::ranks(silent) +
+                 " stopped responding: no answer to a status query within " +
                  std::to_string(window.count()) + " ms (asked by " + rank_name(me) +
                  ", waiting in " + waiting + "); " + report;
         return v;
@@ -222,9 +240,9 @@ inline status_verdict judge_status(const std::vector<std::optional<rank_status>>
         const collective_meta& b = *all[static_cast<std::size_t>(other_rank)]->call(*first_seq);
         v.fail = true;
         v.culprit = other_rank;
-        v.text = "collective #" + std::to_string(*first_seq) + " does not match across ranks: " +
-                 rank_name(first_rank) + " called " + d(a) + ", " + rank_name(other_rank) +
-                 " called " + d(b) + "; " + report;
+        v.text = "collective #" + std::to_string(*first_seq) +
+                 " does not match across ranks: " + rank_name(first_rank) + " called " + d(a) +
+                 ", " + rank_name(other_rank) + " called " + d(b) + "; " + report;
         return v;
     }
     // Same calls where they remember them, but different histories before those.
@@ -250,7 +268,8 @@ inline status_verdict judge_status(const std::vector<std::optional<rank_status>>
         if (!s.in_collective) continue;
         for (std::int32_t q : s.waiting_for) {
             if (q < 0 || static_cast<std::size_t>(q) >= all.size()) continue;
-            if (!all[static_cast<std::size_t>(q)]->left && all[static_cast<std::size_t>(q)]->done >= s.current.seq) {
+            if (!all[static_cast<std::size_t>(q)]->left &&
+                all[static_cast<std::size_t>(q)]->done >= s.current.seq) {
                 v.fail = true;
                 v.culprit = q;
                 v.text = rank_name(static_cast<int>(r)) + " waits in collective #" +
