@@ -8,6 +8,7 @@
 #include <corocoll/core/task.hpp>
 #include <corocoll/io/endpoint.hpp>
 #include <corocoll/io/reactor.hpp>
+#include <corocoll/process_group/environment.hpp>
 #include <corocoll/process_group/process_group.hpp>
 #include <corocoll/rendezvous/file_store.hpp>
 #include <corocoll/rendezvous/launch_env.hpp>
@@ -43,8 +44,9 @@ struct init_options {
     /// -1: from the launcher's environment.
     int world_size = -1;
     int rank = -1;
-    /// Deadline of set-up and default deadline of every operation (c10d's 30 minutes).
-    std::chrono::milliseconds timeout = std::chrono::minutes(30);
+    /// Deadline of set-up and default deadline of every operation: COROCOLL_TIMEOUT seconds
+    /// when that is set, else c10d's 30 minutes.
+    std::chrono::milliseconds timeout = detail::default_timeout();
     /// A store to rendezvous through instead of `init_method` (rank and world_size required).
     std::shared_ptr<rendezvous::store> store;
     /// Groups with different names keep apart in one store.
@@ -159,6 +161,17 @@ inline task<rendezvous_result> rendezvous_for(io::reactor& r, init_options& o) {
                                " is outside [0, world_size=" + std::to_string(o.world_size) + ")"));
     }
     detail::log_rank() = o.rank;
+    // Every COROCOLL_* value is checked before anything starts: a misspelt one fails every
+    // rank at once, here, instead of an abort or a hang later in set-up.
+    try {
+        auto settings = read_environment();
+        if (!o.limits.transport) o.limits.transport = settings.transport;
+    } catch (const std::invalid_argument& e) {
+        std::string why = e.what();
+        if (why.rfind("corocoll: ", 0) == 0) why.erase(0, 10);
+        throw std::invalid_argument(
+            detail::init_error("rank " + std::to_string(o.rank) + ": " + why));
+    }
 
     rendezvous_result s;
     if (o.store) {
