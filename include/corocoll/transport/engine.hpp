@@ -633,9 +633,8 @@ private:
                     matching_.complete(*pr);
                     continue;
                 }
-                detail::unexpected_msg m{h, matching_.next_arrival(),
-                                         detail::message_bytes(h.length)};
-                co_await ps.read_payload(m.data, stop_.get_token());
+                detail::unexpected_msg m{h, matching_.next_arrival(), {}};
+                co_await ps.read_growing(m.data, h.length, stop_.get_token());
                 // A receive may have been posted while the payload arrived.
                 if (posted_recv* late = matching_.match(p, h)) {
                     if (!verify(*late, p, h)) co_return;
