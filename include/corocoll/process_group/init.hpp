@@ -20,6 +20,8 @@
 #include <corocoll/transport/shm_setup.hpp>
 #include <corocoll/version.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -27,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -77,7 +80,8 @@ struct rendezvous_result {
 // Rank 0 serves the store at host:port; everyone connects to it.
 inline task<rendezvous_result> tcp_rendezvous(io::reactor& r, const std::string& host,
                                               std::uint16_t port, int rank,
-                                              std::chrono::milliseconds timeout) {
+                                              std::chrono::milliseconds timeout,
+                                              const std::string& source) {
     rendezvous_result out;
     io::endpoint master = io::endpoint::resolve(host, port);
     out.master = master;
@@ -94,8 +98,96 @@ inline task<rendezvous_result> tcp_rendezvous(io::reactor& r, const std::string&
                                      ": " + corocoll::detail::context_of(e)));
         }
     }
-    out.store = co_await rendezvous::tcp_store::connect(r, master, timeout);
+    try {
+        out.store = co_await rendezvous::tcp_store::connect(r, master, timeout);
+    } catch (const std::system_error& e) {
+        if (e.code() != corocoll::errc::protocol_error) throw;
+        corocoll::detail::throw_error(
+            e.code(), init_error("rank " + std::to_string(rank) + ": " + master.to_string() + " (" +
+                                 source + ") is not a store: " + corocoll::detail::context_of(e) +
+                                 " (fix " + source + ")"));
+    }
     co_return out;
+}
+
+// Who this process is, for messages about a clash: "rank 1 (pid 4242 on node7)".
+inline std::string who_is(int rank) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    return "rank " + std::to_string(rank) + " (pid " + std::to_string(::getpid()) + " on " + host +
+           ")";
+}
+
+inline std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadline) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::max(
+        deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration{}));
+}
+
+// Before any connection is made, every rank of a group claims its number and states the
+// world size in the group's store, and waits until all have. A number claimed twice or a
+// world size that differs from the first rank's is written under "init/verdict" in place of
+// "ok", so every rank waiting there learns it at once, by name, instead of at the deadline;
+// a rank that never came is named when the deadline passes. Costs four store round trips.
+inline task<> roll_call(rendezvous::store& store, int rank, int size, const std::string& name,
+                        std::chrono::steady_clock::time_point deadline) {
+    std::string me = who_is(rank);
+    // The claim carries a random number: ranks that are threads of one process look alike.
+    std::string claim = me + " #" + std::to_string(std::random_device{}());
+    auto description = [](const std::string& v) { return v.substr(v.find(' ') + 1); };
+    std::string problem;
+    std::string first =
+        co_await store.compare_set("init/world_size", "", std::to_string(size) + " " + claim);
+    if (first.substr(0, first.find(' ')) != std::to_string(size)) {
+        std::string them = description(first);
+        problem = "the world size differs between ranks: " + them.substr(0, them.rfind(" #")) +
+                  " has world size " + first.substr(0, first.find(' ')) + ", " + me +
+                  " has world size " + std::to_string(size) +
+                  " (start every rank with the same WORLD_SIZE)";
+    } else if (std::string holder =
+                   co_await store.compare_set("init/rank/" + std::to_string(rank), "", claim);
+               holder != claim) {
+        problem = "rank " + std::to_string(rank) +
+                  " was claimed by two processes: " + holder.substr(0, holder.rfind(" #")) +
+                  " and " + me + " (every process needs its own RANK)";
+    }
+    const std::string verdict_key = "init/verdict";
+    if (!problem.empty()) {
+        co_await store.compare_set(verdict_key, "", "group '" + name + "': " + problem);
+        throw std::invalid_argument(init_error(problem));
+    }
+    if (co_await store.add("init/joined", 1) == size) {
+        co_await store.compare_set(verdict_key, "", "ok");
+    }
+    std::vector<std::string> keys{verdict_key};
+    std::optional<std::system_error> late;
+    try {
+        co_await store.wait(keys, left_until(deadline));
+    } catch (const std::system_error& e) {
+        if (e.code() != std::errc::timed_out) throw;
+        late = e;
+    }
+    if (late) {
+        // Named claims, one at a time: g++ 12.2 rejects an initializer_list temporary inside
+        // co_await ("array used as initializer").
+        std::string missing;
+        int count = 0;
+        for (int k = 0; k < size; ++k) {
+            std::vector<std::string> claim_key{"init/rank/" + std::to_string(k)};
+            if (co_await store.check(claim_key)) continue;
+            if (++count <= 16) missing += (count > 1 ? ", " : "") + std::to_string(k);
+        }
+        if (count > 16) missing += ", ...";
+        corocoll::detail::throw_error(
+            late->code(),
+            init_error("rank " + std::to_string(rank) + " of group '" + name +
+                       "': " + std::to_string(count) + " of " + std::to_string(size) +
+                       " ranks did not join before the timeout; missing: rank(s) " + missing));
+    }
+    std::string verdict = co_await store.get(verdict_key);
+    if (verdict != "ok") {
+        throw std::invalid_argument(
+            init_error("rank " + std::to_string(rank) + " cannot join: " + verdict));
+    }
 }
 
 // The part of set-up every group shares, the world and subgroups alike: the mesh under the
@@ -117,6 +209,7 @@ inline task<std::shared_ptr<process_group>> build_group(
     channels.shm_ring_bytes = limits.shm_ring_bytes;
     channels.shm_single_copy_bytes = limits.shm_single_copy_bytes;
     channels.same_host_send_buffer = limits.same_host_send_buffer;
+    co_await roll_call(*group_store, rank, size, name, deadline);
     auto peers = co_await transport::connect_channels(r, *group_store, rank, size, mesh, channels);
     if (co_await group_store->add("init/arrived", 1) == size) {
         co_await group_store->set("init/complete", "1");
@@ -196,7 +289,7 @@ inline task<rendezvous_result> rendezvous_for(io::reactor& r, init_options& o) {
                                                                  std::move(agent));
         } else {
             s = co_await detail::tcp_rendezvous(r, *env->master_addr, *env->master_port, o.rank,
-                                                o.timeout);
+                                                o.timeout, "MASTER_ADDR/MASTER_PORT");
         }
     } else if (o.init_method.rfind("tcp://", 0) == 0) {
         std::string hostport = o.init_method.substr(6);
@@ -213,7 +306,7 @@ inline task<rendezvous_result> rendezvous_for(io::reactor& r, init_options& o) {
                 detail::init_error("init_method '" + o.init_method + "' has a bad port"));
         }
         s = co_await detail::tcp_rendezvous(r, host, static_cast<std::uint16_t>(port), o.rank,
-                                            o.timeout);
+                                            o.timeout, "init_method " + o.init_method);
     } else if (o.init_method.rfind("file://", 0) == 0) {
         s.store = std::make_shared<rendezvous::file_store>(o.init_method.substr(7), o.timeout);
     } else {
