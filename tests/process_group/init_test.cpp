@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
+#include <thread>
 
 using namespace corocoll_test;
 
@@ -93,7 +94,8 @@ TEST_CASE("env:// without MASTER_PORT, and a MASTER_PORT in use, are errors that
     } catch (const std::invalid_argument& e) {
         missing = e.what();
     }
-    CHECK(missing.find("MASTER_PORT is not set") != std::string::npos);
+    CHECK(missing.find("rank 0: env:// needs MASTER_ADDR and MASTER_PORT; MASTER_PORT is not "
+                       "set") != std::string::npos);
 
     auto busy = cc::io::acceptor::listen(r, cc::io::endpoint::loopback(0));
     std::string port = std::to_string(busy.local_endpoint().port());
@@ -168,6 +170,42 @@ TEST_CASE("ranks that disagree on the world size fail at once, each naming both 
         CHECK(e.find("has world size 2") != std::string::npos);
         CHECK(e.find("has world size 3") != std::string::npos);
         CHECK(e.find("start every rank with the same WORLD_SIZE") != std::string::npos);
+    }
+}
+
+TEST_CASE("when rank 0 serves the store, every rank still reads a bad roll call before it goes") {
+    reserved_port port;
+    std::string method = "tcp://" + port.host_port();
+    auto init = [&](int rank, int size, cc::io::reactor& r) -> cc::task<> {
+        cc::init_options o;
+        o.init_method = method;
+        o.rank = rank;
+        o.world_size = size;
+        o.timeout = 20s;
+        auto pg = co_await cc::init_process_group(r, o);
+        co_await pg->close();
+    };
+    std::vector<std::exception_ptr> first, late;
+    std::thread waiting(
+        [&] { first = run_ranks(2, [&](int i, cc::io::reactor& r) { return init(i, 3, r); }); });
+    // Once ranks 0 and 1 (of 3) have joined, another rank 1 that believes in 2 ranks comes.
+    {
+        cc::io::reactor r;
+        r.run([&]() -> cc::task<> {
+            auto store = co_await cc::rendezvous::tcp_store::connect(
+                r, cc::io::endpoint::parse(port.host_port()), 20s);
+            for (int i = 0; i < 1000; ++i) {  // at most about 10 s
+                if (co_await store->add("corocoll/default/0/init/joined", 0) == 2) break;
+                co_await r.sleep_until(cc::io::deadline_after(10ms));
+            }
+        }());
+    }
+    late = run_ranks(1, [&](int, cc::io::reactor& r) { return init(1, 2, r); });
+    waiting.join();
+    for (const auto& e : {first[0], first[1], late[0]}) {
+        CAPTURE(what(e));
+        CHECK(what(e).find("has world size 3") != std::string::npos);
+        CHECK(what(e).find("has world size 2") != std::string::npos);
     }
 }
 

@@ -77,6 +77,24 @@ struct rendezvous_result {
     std::optional<io::endpoint> master;
 };
 
+// Connects to the store at `master`, which `source` names (the variable to fix); a server
+// there that does not answer like a store is an error that says so at once.
+inline task<std::shared_ptr<rendezvous::tcp_store>> connect_store(io::reactor& r,
+                                                                  const io::endpoint& master,
+                                                                  int rank,
+                                                                  std::chrono::milliseconds timeout,
+                                                                  const std::string& source) {
+    try {
+        co_return co_await rendezvous::tcp_store::connect(r, master, timeout);
+    } catch (const std::system_error& e) {
+        if (e.code() != corocoll::errc::protocol_error) throw;
+        corocoll::detail::throw_error(
+            e.code(), init_error("rank " + std::to_string(rank) + ": " + master.to_string() + " (" +
+                                 source + ") is not a store: " + corocoll::detail::context_of(e) +
+                                 " (fix " + source + ")"));
+    }
+}
+
 // Rank 0 serves the store at host:port; everyone connects to it.
 inline task<rendezvous_result> tcp_rendezvous(io::reactor& r, const std::string& host,
                                               std::uint16_t port, int rank,
@@ -93,20 +111,14 @@ inline task<rendezvous_result> tcp_rendezvous(io::reactor& r, const std::string&
                 e.code(), init_error("rank 0 cannot serve the store on " + master.to_string() +
                                      (e.code() == std::errc::address_in_use
                                           ? " (port " + std::to_string(port) +
-                                                " is already in use: pick another MASTER_PORT)"
+                                                " is already in use: pick another MASTER_PORT; "
+                                                "or is another process rank 0 too? Every "
+                                                "process needs its own RANK)"
                                           : "") +
                                      ": " + corocoll::detail::context_of(e)));
         }
     }
-    try {
-        out.store = co_await rendezvous::tcp_store::connect(r, master, timeout);
-    } catch (const std::system_error& e) {
-        if (e.code() != corocoll::errc::protocol_error) throw;
-        corocoll::detail::throw_error(
-            e.code(), init_error("rank " + std::to_string(rank) + ": " + master.to_string() + " (" +
-                                 source + ") is not a store: " + corocoll::detail::context_of(e) +
-                                 " (fix " + source + ")"));
-    }
+    out.store = co_await connect_store(r, master, rank, timeout, source);
     co_return out;
 }
 
@@ -127,9 +139,12 @@ inline std::chrono::milliseconds left_until(std::chrono::steady_clock::time_poin
 // world size in the group's store, and waits until all have. A number claimed twice or a
 // world size that differs from the first rank's is written under "init/verdict" in place of
 // "ok", so every rank waiting there learns it at once, by name, instead of at the deadline;
-// a rank that never came is named when the deadline passes. Costs four store round trips.
+// a rank that never came is named when the deadline passes. A rank that serves the store
+// (`hosting`) waits up to 2 s after a bad verdict, until every rank that joined has read it.
+// Costs four store round trips.
 inline task<> roll_call(rendezvous::store& store, int rank, int size, const std::string& name,
-                        std::chrono::steady_clock::time_point deadline) {
+                        std::chrono::steady_clock::time_point deadline, bool hosting) {
+    constexpr std::chrono::milliseconds hosting_linger{2000};
     std::string me = who_is(rank);
     // The claim carries a random number: ranks that are threads of one process look alike.
     std::string claim = me + " #" + std::to_string(std::random_device{}());
@@ -151,8 +166,20 @@ inline task<> roll_call(rendezvous::store& store, int rank, int size, const std:
                   " and " + me + " (every process needs its own RANK)";
     }
     const std::string verdict_key = "init/verdict";
+    // A rank that serves the store stays a moment after a bad verdict, so that the ranks
+    // waiting can read it before the store goes away with this rank: each one that has read
+    // it counts itself under "init/told".
+    auto linger = [&]() -> task<> {
+        if (!hosting) co_return;
+        std::vector<std::string> all_told{"init/all_told"};
+        try {
+            co_await store.wait(all_told, std::min(left_until(deadline), hosting_linger));
+        } catch (const std::system_error&) {
+        }
+    };
     if (!problem.empty()) {
         co_await store.compare_set(verdict_key, "", "group '" + name + "': " + problem);
+        co_await linger();
         throw std::invalid_argument(init_error(problem));
     }
     if (co_await store.add("init/joined", 1) == size) {
@@ -185,6 +212,10 @@ inline task<> roll_call(rendezvous::store& store, int rank, int size, const std:
     }
     std::string verdict = co_await store.get(verdict_key);
     if (verdict != "ok") {
+        if (co_await store.add("init/told", 1) >= co_await store.add("init/joined", 0)) {
+            co_await store.set("init/all_told", "1");
+        }
+        co_await linger();
         throw std::invalid_argument(
             init_error("rank " + std::to_string(rank) + " cannot join: " + verdict));
     }
@@ -209,7 +240,7 @@ inline task<std::shared_ptr<process_group>> build_group(
     channels.shm_ring_bytes = limits.shm_ring_bytes;
     channels.shm_single_copy_bytes = limits.shm_single_copy_bytes;
     channels.same_host_send_buffer = limits.same_host_send_buffer;
-    co_await roll_call(*group_store, rank, size, name, deadline);
+    co_await roll_call(*group_store, rank, size, name, deadline, hosted != nullptr);
     auto peers = co_await transport::connect_channels(r, *group_store, rank, size, mesh, channels);
     if (co_await group_store->add("init/arrived", 1) == size) {
         co_await group_store->set("init/complete", "1");
@@ -275,16 +306,17 @@ inline task<rendezvous_result> rendezvous_for(io::reactor& r, init_options& o) {
             rendezvous::read_master_env(*env);
         }
         if (!env->master_addr || !env->master_port) {
-            throw std::invalid_argument(
-                detail::init_error(std::string("env:// needs MASTER_ADDR and MASTER_PORT; ") +
-                                   (env->master_addr ? "" : "MASTER_ADDR is not set") +
-                                   (!env->master_addr && !env->master_port ? ", " : "") +
-                                   (env->master_port ? "" : "MASTER_PORT is not set")));
+            throw std::invalid_argument(detail::init_error(
+                "rank " + std::to_string(o.rank) + ": env:// needs MASTER_ADDR and MASTER_PORT; " +
+                (env->master_addr ? "" : "MASTER_ADDR is not set") +
+                (!env->master_addr && !env->master_port ? ", " : "") +
+                (env->master_port ? "" : "MASTER_PORT is not set")));
         }
         if (env->agent_store) {
             io::endpoint master = io::endpoint::resolve(*env->master_addr, *env->master_port);
             s.master = master;
-            auto agent = co_await rendezvous::tcp_store::connect(r, master, o.timeout);
+            auto agent = co_await detail::connect_store(r, master, o.rank, o.timeout,
+                                                        "MASTER_ADDR/MASTER_PORT");
             s.store = std::make_shared<rendezvous::prefix_store>(env->agent_store_prefix(),
                                                                  std::move(agent));
         } else {
