@@ -99,6 +99,7 @@ TEST_CASE("strangers on a rank's port (silent, junk, another group) do not hold 
         co_await store->wait(key, 10s);
         auto where = cc::io::endpoint::parse(co_await store->get("mesh/addr/0"));
         std::vector<cc::io::socket> strays;
+        strays.reserve(3);
         for (int i = 0; i < 3; ++i) strays.push_back(co_await cc::io::socket::connect(r, where));
         std::string junk(200, 'x');
         co_await strays[1].send(std::as_bytes(std::span(junk.data(), junk.size())), after(5s));
