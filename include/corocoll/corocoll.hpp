@@ -35,6 +35,7 @@
 
 #include <corocoll/process_group/buffer.hpp>
 #include <corocoll/process_group/default_group.hpp>
+#include <corocoll/process_group/environment.hpp>
 #include <corocoll/process_group/init.hpp>
 #include <corocoll/process_group/process_group.hpp>
 #include <corocoll/process_group/run.hpp>

@@ -3,9 +3,16 @@
 
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
 #include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
+#include <thread>
 
 using namespace corocoll_test;
 
@@ -87,7 +94,8 @@ TEST_CASE("env:// without MASTER_PORT, and a MASTER_PORT in use, are errors that
     } catch (const std::invalid_argument& e) {
         missing = e.what();
     }
-    CHECK(missing.find("MASTER_PORT is not set") != std::string::npos);
+    CHECK(missing.find("rank 0: env:// needs MASTER_ADDR and MASTER_PORT; MASTER_PORT is not "
+                       "set") != std::string::npos);
 
     auto busy = cc::io::acceptor::listen(r, cc::io::endpoint::loopback(0));
     std::string port = std::to_string(busy.local_endpoint().port());
@@ -119,17 +127,155 @@ TEST_CASE("an unknown backend or init method is rejected before anything happens
                          doctest::Contains("'udp://x' is none of"), std::invalid_argument);
 }
 
-TEST_CASE("the mesh refuses a peer that does not present the job token") {
+namespace {
+
+// Ranks as threads, thread i of a wave with (rank, world size) = wave[i], set up through one store;
+// threads of `waves` start one wave after the other (wave k after wave k - 1 has ended).
+std::vector<std::string> init_in_waves(const std::vector<std::vector<std::pair<int, int>>>& waves) {
     cc::rendezvous::tcp_store_server server(cc::io::endpoint::loopback(0));
-    auto errors = run_ranks(2, [&](int rank, cc::io::reactor& r) -> cc::task<> {
-        auto store = co_await cc::rendezvous::tcp_store::connect(r, server.local_endpoint(), 5s);
-        cc::transport::mesh_options o;
-        o.deadline = cc::io::deadline_after(3s);
-        o.job_token = rank == 0 ? "secret-a" : "secret-b";
-        auto socks = co_await cc::transport::connect_mesh(r, *store, rank, 2, o);
+    std::vector<std::string> errors;
+    for (const auto& wave : waves) {
+        auto got =
+            run_ranks(static_cast<int>(wave.size()), [&](int i, cc::io::reactor& r) -> cc::task<> {
+                cc::init_options o;
+                o.rank = wave[static_cast<std::size_t>(i)].first;
+                o.world_size = wave[static_cast<std::size_t>(i)].second;
+                o.timeout = 20s;
+                o.store =
+                    co_await cc::rendezvous::tcp_store::connect(r, server.local_endpoint(), 20s);
+                auto pg = co_await cc::init_process_group(r, o);
+                co_await pg->close();
+            });
+        for (const auto& e : got) errors.push_back(what(e));
+    }
+    return errors;
+}
+
+}  // namespace
+
+TEST_CASE("a rank claimed by two processes fails set-up on every rank at once, naming both") {
+    // Both rank 1s first, then rank 0: the group can never be whole.
+    auto errors = init_in_waves({{{1, 2}, {1, 2}}, {{0, 2}}});
+    for (const auto& e : errors) {
+        CAPTURE(e);
+        CHECK(e.find("rank 1 was claimed by two processes: rank 1 (pid ") != std::string::npos);
+        CHECK(e.find("every process needs its own RANK") != std::string::npos);
+    }
+}
+
+TEST_CASE("ranks that disagree on the world size fail at once, each naming both sizes") {
+    auto errors = init_in_waves({{{0, 2}, {1, 3}}});
+    for (const auto& e : errors) {
+        CAPTURE(e);
+        CHECK(e.find("has world size 2") != std::string::npos);
+        CHECK(e.find("has world size 3") != std::string::npos);
+        CHECK(e.find("start every rank with the same WORLD_SIZE") != std::string::npos);
+    }
+}
+
+TEST_CASE("when rank 0 serves the store, every rank still reads a bad roll call before it goes") {
+    reserved_port port;
+    std::string method = "tcp://" + port.host_port();
+    auto init = [&](int rank, int size, cc::io::reactor& r) -> cc::task<> {
+        cc::init_options o;
+        o.init_method = method;
+        o.rank = rank;
+        o.world_size = size;
+        o.timeout = 20s;
+        auto pg = co_await cc::init_process_group(r, o);
+        co_await pg->close();
+    };
+    std::vector<std::exception_ptr> first, late;
+    std::thread waiting(
+        [&] { first = run_ranks(2, [&](int i, cc::io::reactor& r) { return init(i, 3, r); }); });
+    // Once ranks 0 and 1 (of 3) have joined, another rank 1 that believes in 2 ranks comes.
+    {
+        cc::io::reactor r;
+        r.run([&]() -> cc::task<> {
+            auto store = co_await cc::rendezvous::tcp_store::connect(
+                r, cc::io::endpoint::parse(port.host_port()), 20s);
+            for (int i = 0; i < 1000; ++i) {  // at most about 10 s
+                if (co_await store->add("corocoll/default/0/init/joined", 0) == 2) break;
+                co_await r.sleep_until(cc::io::deadline_after(10ms));
+            }
+        }());
+    }
+    late = run_ranks(1, [&](int, cc::io::reactor& r) { return init(1, 2, r); });
+    waiting.join();
+    for (const auto& e : {first[0], first[1], late[0]}) {
+        CAPTURE(what(e));
+        CHECK(what(e).find("has world size 3") != std::string::npos);
+        CHECK(what(e).find("has world size 2") != std::string::npos);
+    }
+}
+
+TEST_CASE("set-up that lacks a rank names the missing rank at the deadline") {
+    cc::rendezvous::tcp_store_server server(cc::io::endpoint::loopback(0));
+    auto errors = run_ranks(2, [&](int i, cc::io::reactor& r) -> cc::task<> {
+        cc::init_options o;
+        o.rank = i == 0 ? 0 : 2;  // rank 1 of 3 never comes
+        o.world_size = 3;
+        o.timeout = 1s;
+        o.store = co_await cc::rendezvous::tcp_store::connect(r, server.local_endpoint(), 5s);
+        auto pg = co_await cc::init_process_group(r, o);
+        co_await pg->close();
     });
-    CHECK(what(errors[0]).find("did not present this job's token") != std::string::npos);
-    CHECK(what(errors[1]) != "");
+    for (const auto& e : errors) {
+        CAPTURE(what(e));
+        CHECK(what(e).find("1 of 3 ranks did not join before the timeout; missing: rank(s) 1") !=
+              std::string::npos);
+    }
+}
+
+TEST_CASE("a MASTER_PORT that is not a store is named within seconds, not at the timeout") {
+    // A listener that never accepts: the kernel completes connections, nobody answers.
+    int silent = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(silent, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+    REQUIRE(::listen(silent, 16) == 0);
+    socklen_t len = sizeof(a);
+    ::getsockname(silent, reinterpret_cast<sockaddr*>(&a), &len);
+    // One that answers like a web server.
+    cc::io::reactor r;
+    auto web = cc::io::acceptor::listen(r, cc::io::endpoint::loopback(0));
+    auto answer = [&]() -> cc::task<> {
+        auto s = co_await web.accept(cc::io::op_options(cc::io::deadline_after(20s)));
+        std::array<std::byte, 9> request{};
+        co_await s.recv(request, cc::io::deadline_after(20s));
+        std::string reply = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+        co_await s.send(std::as_bytes(std::span(reply.data(), reply.size())),
+                        cc::io::deadline_after(20s));
+    };
+    for (int port : {int(ntohs(a.sin_port)), int(web.local_endpoint().port())}) {
+        CAPTURE(port);
+        ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+        ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+        cc::init_options o;
+        o.rank = 1;
+        o.world_size = 2;
+        o.timeout = 30s;
+        std::string error;
+        auto rank_1 = [&]() -> cc::task<> {
+            try {
+                co_await cc::init_process_group(r, o);
+            } catch (const std::exception& e) {
+                error = e.what();
+            }
+        };
+        if (port == web.local_endpoint().port()) {
+            r.run(cc::when_all(rank_1(), answer()));
+        } else {
+            r.run(rank_1());
+        }
+        ::unsetenv("MASTER_ADDR");
+        ::unsetenv("MASTER_PORT");
+        CHECK(error.find("init_process_group: rank 1: 127.0.0.1:" + std::to_string(port) +
+                         " (MASTER_ADDR/MASTER_PORT) is not a store") != std::string::npos);
+        CHECK(error.find("fix MASTER_ADDR/MASTER_PORT") != std::string::npos);
+    }
+    ::close(silent);
 }
 
 // Opt-in (COROCOLL_LARGE_TESTS=1): moves 2.5 GiB in one message, past the 1 GiB that one

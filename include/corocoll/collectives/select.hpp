@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -154,47 +155,79 @@ public:
         return forced_[static_cast<std::size_t>(k)];
     }
 
-    /// Reads COROCOLL_ALGORITHM: one algorithm name (forced on every collective that has it,
-    /// e.g. "ring") or a list of collective=algorithm ("all_reduce=ring,broadcast=chain").
+    /// Reads COROCOLL_ALGORITHM (see `parse_spec`); unset or empty: nothing forced.
     static algorithm_choice from_env() {
-        algorithm_choice c;
         const char* v = std::getenv("COROCOLL_ALGORITHM");
-        if (v == nullptr || *v == '\0') return c;
-        std::string_view spec(v);
+        return v == nullptr ? algorithm_choice{} : parse_spec(v);
+    }
+
+    /// Parses a COROCOLL_ALGORITHM value: one algorithm name (forced on every collective that
+    /// has it, e.g. "ring") or a list of collective=algorithm ("all_reduce=ring,broadcast=chain").
+    /// An unknown name, or a collective without that algorithm, throws `std::invalid_argument`
+    /// naming the variable, the value and the names that would do.
+    static algorithm_choice parse_spec(std::string_view spec) {
+        algorithm_choice c;
+        const std::string whole(spec);
+        auto fail = [&](const std::string& why) {
+            throw std::invalid_argument("corocoll: COROCOLL_ALGORITHM='" + whole + "': " + why);
+        };
         while (!spec.empty()) {
             auto comma = spec.find(',');
             std::string_view item = spec.substr(0, comma);
             spec = comma == std::string_view::npos ? std::string_view{} : spec.substr(comma + 1);
             auto eq = item.find('=');
+            std::string_view name = eq == std::string_view::npos ? item : item.substr(eq + 1);
+            auto a = find_algorithm(name);
+            if (!a) fail("unknown algorithm '" + std::string(name) + "' (" + names_of({}) + ")");
             if (eq == std::string_view::npos) {
-                algorithm a = parse(item);
                 for (std::size_t k = 1; k < collective_kinds; ++k) {
-                    if (supports(static_cast<collective_kind>(k), a)) c.forced_[k] = a;
+                    if (supports(static_cast<collective_kind>(k), *a)) c.forced_[k] = *a;
                 }
-            } else {
-                c.force(parse_kind(item.substr(0, eq)), parse(item.substr(eq + 1)));
+                continue;
             }
+            auto k = find_kind(item.substr(0, eq));
+            if (!k) {
+                std::string kinds;
+                for (std::size_t i = 1; i < collective_kinds; ++i) {
+                    kinds += std::string(i == 1 ? "" : ", ") +
+                             kind_name(static_cast<collective_kind>(i));
+                }
+                fail("unknown collective '" + std::string(item.substr(0, eq)) +
+                     "' (known: " + kinds + ")");
+            }
+            if (*a != algorithm::automatic && !supports(*k, *a)) {
+                fail(std::string(kind_name(*k)) + " has no algorithm '" + algorithm_name(*a) +
+                     "' (" + names_of(k) + ")");
+            }
+            c.forced_[static_cast<std::size_t>(*k)] = *a;
         }
         return c;
     }
 
-    static algorithm parse(std::string_view name) {
+private:
+    static std::optional<algorithm> find_algorithm(std::string_view name) {
         for (int i = 0; i <= static_cast<int>(algorithm::dissemination); ++i) {
             if (name == algorithm_name(static_cast<algorithm>(i))) return static_cast<algorithm>(i);
         }
-        throw std::invalid_argument("corocoll: COROCOLL_ALGORITHM: unknown algorithm '" +
-                                    std::string(name) + "'");
+        return std::nullopt;
     }
-    static collective_kind parse_kind(std::string_view name) {
+    static std::optional<collective_kind> find_kind(std::string_view name) {
         for (std::size_t k = 1; k < collective_kinds; ++k) {
             if (name == kind_name(static_cast<collective_kind>(k)))
                 return static_cast<collective_kind>(k);
         }
-        throw std::invalid_argument("corocoll: COROCOLL_ALGORITHM: unknown collective '" +
-                                    std::string(name) + "'");
+        return std::nullopt;
+    }
+    // "known: ..." (every algorithm) or "it has: ..." (those of collective `k`).
+    static std::string names_of(std::optional<collective_kind> k) {
+        std::string out = k ? "it has: auto" : "known: auto";
+        for (int i = 1; i <= static_cast<int>(algorithm::dissemination); ++i) {
+            auto a = static_cast<algorithm>(i);
+            if (!k || supports(*k, a)) out += std::string(", ") + algorithm_name(a);
+        }
+        return out;
     }
 
-private:
     std::array<algorithm, collective_kinds> forced_{};
 };
 

@@ -4,8 +4,10 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -19,6 +21,17 @@ enum class log_level { none = 0, warn = 1, info = 2, trace = 3 };
 
 namespace detail {
 
+/// A COROCOLL_DEBUG value: NONE (or empty), WARN, INFO or TRACE, in any case; null otherwise.
+inline std::optional<log_level> parse_log_level(std::string_view s) {
+    std::string upper(s);
+    for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    if (upper.empty() || upper == "NONE") return log_level::none;
+    if (upper == "WARN") return log_level::warn;
+    if (upper == "INFO") return log_level::info;
+    if (upper == "TRACE") return log_level::trace;
+    return std::nullopt;
+}
+
 struct log_config {
     log_level level = log_level::none;
     std::string subsystems;  // comma-separated, upper case; empty = all
@@ -26,11 +39,9 @@ struct log_config {
     static const log_config& get() {
         static const log_config config = [] {
             log_config c;
+            // An unknown value logs nothing here; init_process_group refuses it first.
             if (const char* v = std::getenv("COROCOLL_DEBUG")) {
-                std::string_view s(v);
-                if (s == "WARN" || s == "warn") c.level = log_level::warn;
-                if (s == "INFO" || s == "info") c.level = log_level::info;
-                if (s == "TRACE" || s == "trace") c.level = log_level::trace;
+                c.level = parse_log_level(v).value_or(log_level::none);
             }
             if (const char* v = std::getenv("COROCOLL_DEBUG_SUBSYS")) c.subsystems = v;
             return c;

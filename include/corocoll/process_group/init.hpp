@@ -8,6 +8,7 @@
 #include <corocoll/core/task.hpp>
 #include <corocoll/io/endpoint.hpp>
 #include <corocoll/io/reactor.hpp>
+#include <corocoll/process_group/environment.hpp>
 #include <corocoll/process_group/process_group.hpp>
 #include <corocoll/rendezvous/file_store.hpp>
 #include <corocoll/rendezvous/launch_env.hpp>
@@ -19,6 +20,8 @@
 #include <corocoll/transport/shm_setup.hpp>
 #include <corocoll/version.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -26,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -43,8 +47,9 @@ struct init_options {
     /// -1: from the launcher's environment.
     int world_size = -1;
     int rank = -1;
-    /// Deadline of set-up and default deadline of every operation (c10d's 30 minutes).
-    std::chrono::milliseconds timeout = std::chrono::minutes(30);
+    /// Deadline of set-up and default deadline of every operation: COROCOLL_TIMEOUT seconds
+    /// when that is set, else c10d's 30 minutes.
+    std::chrono::milliseconds timeout = detail::default_timeout();
     /// A store to rendezvous through instead of `init_method` (rank and world_size required).
     std::shared_ptr<rendezvous::store> store;
     /// Groups with different names keep apart in one store.
@@ -72,10 +77,29 @@ struct rendezvous_result {
     std::optional<io::endpoint> master;
 };
 
+// Connects to the store at `master`, which `source` names (the variable to fix); a server
+// there that does not answer like a store is an error that says so at once.
+inline task<std::shared_ptr<rendezvous::tcp_store>> connect_store(io::reactor& r,
+                                                                  const io::endpoint& master,
+                                                                  int rank,
+                                                                  std::chrono::milliseconds timeout,
+                                                                  const std::string& source) {
+    try {
+        co_return co_await rendezvous::tcp_store::connect(r, master, timeout);
+    } catch (const std::system_error& e) {
+        if (e.code() != corocoll::errc::protocol_error) throw;
+        corocoll::detail::throw_error(
+            e.code(), init_error("rank " + std::to_string(rank) + ": " + master.to_string() + " (" +
+                                 source + ") is not a store: " + corocoll::detail::context_of(e) +
+                                 " (fix " + source + ")"));
+    }
+}
+
 // Rank 0 serves the store at host:port; everyone connects to it.
 inline task<rendezvous_result> tcp_rendezvous(io::reactor& r, const std::string& host,
                                               std::uint16_t port, int rank,
-                                              std::chrono::milliseconds timeout) {
+                                              std::chrono::milliseconds timeout,
+                                              const std::string& source) {
     rendezvous_result out;
     io::endpoint master = io::endpoint::resolve(host, port);
     out.master = master;
@@ -87,13 +111,114 @@ inline task<rendezvous_result> tcp_rendezvous(io::reactor& r, const std::string&
                 e.code(), init_error("rank 0 cannot serve the store on " + master.to_string() +
                                      (e.code() == std::errc::address_in_use
                                           ? " (port " + std::to_string(port) +
-                                                " is already in use: pick another MASTER_PORT)"
+                                                " is already in use: pick another MASTER_PORT; "
+                                                "or is another process rank 0 too? Every "
+                                                "process needs its own RANK)"
                                           : "") +
                                      ": " + corocoll::detail::context_of(e)));
         }
     }
-    out.store = co_await rendezvous::tcp_store::connect(r, master, timeout);
+    out.store = co_await connect_store(r, master, rank, timeout, source);
     co_return out;
+}
+
+// Who this process is, for messages about a clash: "rank 1 (pid 4242 on node7)".
+inline std::string who_is(int rank) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    return "rank " + std::to_string(rank) + " (pid " + std::to_string(::getpid()) + " on " + host +
+           ")";
+}
+
+inline std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadline) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::max(
+        deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration{}));
+}
+
+// Before any connection is made, every rank of a group claims its number and states the
+// world size in the group's store, and waits until all have. A number claimed twice or a
+// world size that differs from the first rank's is written under "init/verdict" in place of
+// "ok", so every rank waiting there learns it at once, by name, instead of at the deadline;
+// a rank that never came is named when the deadline passes. A rank that serves the store
+// (`hosting`) waits up to 2 s after a bad verdict, until every rank that joined has read it.
+// Costs four store round trips.
+inline task<> roll_call(rendezvous::store& store, int rank, int size, const std::string& name,
+                        std::chrono::steady_clock::time_point deadline, bool hosting) {
+    constexpr std::chrono::milliseconds hosting_linger{2000};
+    std::string me = who_is(rank);
+    // The claim carries a random number: ranks that are threads of one process look alike.
+    std::string claim = me + " #" + std::to_string(std::random_device{}());
+    auto description = [](const std::string& v) { return v.substr(v.find(' ') + 1); };
+    std::string problem;
+    std::string first =
+        co_await store.compare_set("init/world_size", "", std::to_string(size) + " " + claim);
+    if (first.substr(0, first.find(' ')) != std::to_string(size)) {
+        std::string them = description(first);
+        problem = "the world size differs between ranks: " + them.substr(0, them.rfind(" #")) +
+                  " has world size " + first.substr(0, first.find(' ')) + ", " + me +
+                  " has world size " + std::to_string(size) +
+                  " (start every rank with the same WORLD_SIZE)";
+    } else if (std::string holder =
+                   co_await store.compare_set("init/rank/" + std::to_string(rank), "", claim);
+               holder != claim) {
+        problem = "rank " + std::to_string(rank) +
+                  " was claimed by two processes: " + holder.substr(0, holder.rfind(" #")) +
+                  " and " + me + " (every process needs its own RANK)";
+    }
+    const std::string verdict_key = "init/verdict";
+    // A rank that serves the store stays a moment after a bad verdict, so that the ranks
+    // waiting can read it before the store goes away with this rank: each one that has read
+    // it counts itself under "init/told".
+    auto linger = [&]() -> task<> {
+        if (!hosting) co_return;
+        std::vector<std::string> all_told{"init/all_told"};
+        try {
+            co_await store.wait(all_told, std::min(left_until(deadline), hosting_linger));
+        } catch (const std::system_error&) {
+        }
+    };
+    if (!problem.empty()) {
+        co_await store.compare_set(verdict_key, "", "group '" + name + "': " + problem);
+        co_await linger();
+        throw std::invalid_argument(init_error(problem));
+    }
+    if (co_await store.add("init/joined", 1) == size) {
+        co_await store.compare_set(verdict_key, "", "ok");
+    }
+    std::vector<std::string> keys{verdict_key};
+    std::optional<std::system_error> late;
+    try {
+        co_await store.wait(keys, left_until(deadline));
+    } catch (const std::system_error& e) {
+        if (e.code() != std::errc::timed_out) throw;
+        late = e;
+    }
+    if (late) {
+        // Named claims, one at a time: g++ 12.2 rejects an initializer_list temporary inside
+        // co_await ("array used as initializer").
+        std::string missing;
+        int count = 0;
+        for (int k = 0; k < size; ++k) {
+            std::vector<std::string> claim_key{"init/rank/" + std::to_string(k)};
+            if (co_await store.check(claim_key)) continue;
+            if (++count <= 16) missing += (count > 1 ? ", " : "") + std::to_string(k);
+        }
+        if (count > 16) missing += ", ...";
+        corocoll::detail::throw_error(
+            late->code(),
+            init_error("rank " + std::to_string(rank) + " of group '" + name +
+                       "': " + std::to_string(count) + " of " + std::to_string(size) +
+                       " ranks did not join before the timeout; missing: rank(s) " + missing));
+    }
+    std::string verdict = co_await store.get(verdict_key);
+    if (verdict != "ok") {
+        if (co_await store.add("init/told", 1) >= co_await store.add("init/joined", 0)) {
+            co_await store.set("init/all_told", "1");
+        }
+        co_await linger();
+        throw std::invalid_argument(
+            init_error("rank " + std::to_string(rank) + " cannot join: " + verdict));
+    }
 }
 
 // The part of set-up every group shares, the world and subgroups alike: the mesh under the
@@ -115,6 +240,7 @@ inline task<std::shared_ptr<process_group>> build_group(
     channels.shm_ring_bytes = limits.shm_ring_bytes;
     channels.shm_single_copy_bytes = limits.shm_single_copy_bytes;
     channels.same_host_send_buffer = limits.same_host_send_buffer;
+    co_await roll_call(*group_store, rank, size, name, deadline, hosted != nullptr);
     auto peers = co_await transport::connect_channels(r, *group_store, rank, size, mesh, channels);
     if (co_await group_store->add("init/arrived", 1) == size) {
         co_await group_store->set("init/complete", "1");
@@ -159,6 +285,18 @@ inline task<rendezvous_result> rendezvous_for(io::reactor& r, init_options& o) {
                                " is outside [0, world_size=" + std::to_string(o.world_size) + ")"));
     }
     detail::log_rank() = o.rank;
+    // Every COROCOLL_* value is checked before anything starts: a misspelt one fails every
+    // rank at once, here, instead of an abort or a hang later in set-up.
+    try {
+        auto settings = read_environment();
+        if (!o.limits.transport) o.limits.transport = settings.transport;
+        if (!o.limits.stall) o.limits.stall = settings.stall;
+    } catch (const std::invalid_argument& e) {
+        std::string why = e.what();
+        if (why.rfind("corocoll: ", 0) == 0) why.erase(0, 10);
+        throw std::invalid_argument(
+            detail::init_error("rank " + std::to_string(o.rank) + ": " + why));
+    }
 
     rendezvous_result s;
     if (o.store) {
@@ -169,21 +307,22 @@ inline task<rendezvous_result> rendezvous_for(io::reactor& r, init_options& o) {
             rendezvous::read_master_env(*env);
         }
         if (!env->master_addr || !env->master_port) {
-            throw std::invalid_argument(
-                detail::init_error(std::string("env:// needs MASTER_ADDR and MASTER_PORT; ") +
-                                   (env->master_addr ? "" : "MASTER_ADDR is not set") +
-                                   (!env->master_addr && !env->master_port ? ", " : "") +
-                                   (env->master_port ? "" : "MASTER_PORT is not set")));
+            throw std::invalid_argument(detail::init_error(
+                "rank " + std::to_string(o.rank) + ": env:// needs MASTER_ADDR and MASTER_PORT; " +
+                (env->master_addr ? "" : "MASTER_ADDR is not set") +
+                (!env->master_addr && !env->master_port ? ", " : "") +
+                (env->master_port ? "" : "MASTER_PORT is not set")));
         }
         if (env->agent_store) {
             io::endpoint master = io::endpoint::resolve(*env->master_addr, *env->master_port);
             s.master = master;
-            auto agent = co_await rendezvous::tcp_store::connect(r, master, o.timeout);
+            auto agent = co_await detail::connect_store(r, master, o.rank, o.timeout,
+                                                        "MASTER_ADDR/MASTER_PORT");
             s.store = std::make_shared<rendezvous::prefix_store>(env->agent_store_prefix(),
                                                                  std::move(agent));
         } else {
             s = co_await detail::tcp_rendezvous(r, *env->master_addr, *env->master_port, o.rank,
-                                                o.timeout);
+                                                o.timeout, "MASTER_ADDR/MASTER_PORT");
         }
     } else if (o.init_method.rfind("tcp://", 0) == 0) {
         std::string hostport = o.init_method.substr(6);
@@ -200,7 +339,7 @@ inline task<rendezvous_result> rendezvous_for(io::reactor& r, init_options& o) {
                 detail::init_error("init_method '" + o.init_method + "' has a bad port"));
         }
         s = co_await detail::tcp_rendezvous(r, host, static_cast<std::uint16_t>(port), o.rank,
-                                            o.timeout);
+                                            o.timeout, "init_method " + o.init_method);
     } else if (o.init_method.rfind("file://", 0) == 0) {
         s.store = std::make_shared<rendezvous::file_store>(o.init_method.substr(7), o.timeout);
     } else {
@@ -241,7 +380,6 @@ inline task<std::shared_ptr<process_group>> init_process_group(io::reactor& r,
                                  : "") +
             ")"));
     }
-    if (!o.limits.stall) o.limits.stall = transport::stall_from_env();
     auto rv = co_await detail::rendezvous_for(r, o);
     co_return co_await detail::build_group(
         r, std::move(rv.group_store), rv.rank, rv.world_size, o.group_name, o.timeout, o.limits,

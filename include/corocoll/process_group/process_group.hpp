@@ -591,6 +591,8 @@ private:
     io::endpoint listen_on_;
     transport::engine_options limits_;
     int subgroups_ = 0;
+    // Before engine_: a bad COROCOLL_ALGORITHM throws before any reader starts.
+    collectives::algorithm_choice algorithms_ = collectives::algorithm_choice::from_env();
     transport::engine engine_;
     bool closed_ = false;
     async_mutex collective_lock_;
@@ -598,7 +600,6 @@ private:
         async_mutex* lock = nullptr;
     } unlock_item_;
     std::uint64_t collective_seq_ = 0;
-    collectives::algorithm_choice algorithms_ = collectives::algorithm_choice::from_env();
     std::size_t chunk_bytes_ = std::size_t{1} << 20;
     collectives::scratch_buffers scratch_;
 };

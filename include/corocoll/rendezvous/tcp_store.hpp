@@ -1179,10 +1179,20 @@ private:
         w.u8(static_cast<std::uint8_t>(detail::query::hello));
         w.u64(detail::hello_magic);
         std::uint64_t reply = 0;
+        // Ours answers at once and torch's closes at once; something that says nothing for
+        // seconds is not a store, and waiting for it until the timeout helps nobody.
+        auto answer_by = std::min(deadline, io::deadline_after(hello_answer_time));
         try {
-            co_await sock_.send(w.view(), deadline);
-            co_await sock_.recv(std::as_writable_bytes(std::span(&reply, 1)), deadline);
+            co_await sock_.send(w.view(), answer_by);
+            co_await sock_.recv(std::as_writable_bytes(std::span(&reply, 1)), answer_by);
         } catch (const std::system_error& e) {
+            if (e.code() == std::errc::timed_out && answer_by < deadline) {
+                corocoll::detail::throw_error(
+                    corocoll::errc::protocol_error,
+                    "corocoll: store " + server_.to_string() +
+                        ": the server accepted the connection but did not answer HELLO within " +
+                        std::to_string(hello_answer_time.count()) + " s; is it a store?");
+            }
             if (e.code() != corocoll::errc::connection_closed &&
                 e.code() != std::errc::connection_reset && e.code() != std::errc::broken_pipe) {
                 throw;
@@ -1242,6 +1252,8 @@ private:
             backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
         }
     }
+
+    static constexpr std::chrono::seconds hello_answer_time{5};
 
     io::reactor& reactor_;
     io::endpoint server_;

@@ -89,10 +89,10 @@ struct engine_options {
     std::optional<std::chrono::milliseconds> answer_window;
 };
 
-/// The stall interval from COROCOLL_STALL_S (seconds, a number >= 0; 0: no stall checks),
-/// 60 s when it is unset. A value that is not a number is refused, naming the variable.
-inline std::chrono::milliseconds stall_from_env() {
-    const char* v = std::getenv("COROCOLL_STALL_S");
+/// The stall interval that a COROCOLL_STALL_S value `v` asks for (seconds, a number >= 0;
+/// 0: no stall checks), 60 s for null or empty. A value that is not such a number is refused,
+/// naming the variable.
+inline std::chrono::milliseconds parse_stall(const char* v) {
     if (v == nullptr || *v == '\0') return std::chrono::seconds(60);
     char* end = nullptr;
     double seconds = std::strtod(v, &end);
@@ -101,6 +101,11 @@ inline std::chrono::milliseconds stall_from_env() {
                                     "' is not a number of seconds >= 0 (0 turns stall checks off)");
     }
     return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+}
+
+/// The stall interval from COROCOLL_STALL_S (see `parse_stall`).
+inline std::chrono::milliseconds stall_from_env() {
+    return parse_stall(std::getenv("COROCOLL_STALL_S"));
 }
 
 /// Point-to-point messaging over a mesh of connections, on one reactor: the transport under
@@ -770,10 +775,9 @@ private:
                     complete_after_staged(ps, *pr);
                     continue;
                 }
-                detail::unexpected_msg m{h, matching_.next_arrival(),
-                                         detail::message_bytes(h.length)};
+                detail::unexpected_msg m{h, matching_.next_arrival(), {}};
                 if (ps.staged_end - ps.staged_begin < h.length) complete_deferred(ps);
-                co_await ps.read_payload(m.data, stop_.get_token());
+                co_await ps.read_growing(m.data, h.length, stop_.get_token());
                 // A receive may have been posted while the payload arrived.
                 if (posted_recv* late = matching_.match(p, h)) {
                     if (!verify(*late, p, h)) co_return;

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <corocoll/core/async_scope.hpp>
 #include <corocoll/core/error.hpp>
 #include <corocoll/core/log.hpp>
 #include <corocoll/core/task.hpp>
@@ -8,6 +9,7 @@
 #include <corocoll/io/reactor.hpp>
 #include <corocoll/io/socket.hpp>
 #include <corocoll/rendezvous/store.hpp>
+#include <corocoll/transport/auth.hpp>
 #include <corocoll/transport/frame.hpp>
 #include <corocoll/version.hpp>
 
@@ -20,9 +22,11 @@
 #include <cstdlib>
 #include <optional>
 #include <random>
+#include <span>
 #include <stdexcept>
 #include <stop_token>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
@@ -36,10 +40,15 @@ struct mesh_options {
     std::chrono::steady_clock::time_point deadline;
     /// The group's name; peers of different groups refuse each other.
     std::string group_name = "default";
-    /// A shared secret every connection must present (COROCOLL_JOB_TOKEN); empty: none.
+    /// A secret shared by the job's ranks (COROCOLL_JOB_TOKEN); empty: none. With one, both
+    /// ends of every connection prove that they know it by HMAC-SHA256 over fresh nonces of
+    /// both sides; the token itself is never sent. Needs libcrypto (see docs/security.md).
     std::string job_token;
     /// Where this rank listens (port 0: an ephemeral port). See `choose_listen_address`.
     io::endpoint listen_on = io::endpoint::loopback(0);
+    /// How long one connection's handshake may take, each on its own: a connection that
+    /// says nothing (or something wrong) is dropped after it without holding up the others.
+    std::chrono::milliseconds hello_timeout = std::chrono::seconds(5);
 };
 
 /// The address this rank listens on for its peers: the first IPv4 (else IPv6) address of the
@@ -88,64 +97,150 @@ inline io::endpoint choose_listen_address(const std::optional<io::endpoint>& mas
 
 namespace detail {
 
-inline frame_header make_hello(int rank, int peer, int size, const mesh_options& o) {
+// The hello each side sends first: group (a hash of its name), ranks, world size, whether a
+// job token is in use (`tag`), and how many bytes follow it (nonce, and the proof).
+inline frame_header make_hello(int rank, int peer, int size, const mesh_options& o,
+                               std::size_t follows) {
     frame_header h;
     h.kind = frame_kind::hello;
     h.src = static_cast<std::uint32_t>(rank);
     h.dst = static_cast<std::uint32_t>(peer);
     h.count = static_cast<std::uint64_t>(size);
     h.seq = hash64(o.group_name);
-    h.length = o.job_token.size();
+    h.tag = o.job_token.empty() ? 0 : 1;
+    h.length = follows;
     h.seal();
     return h;
 }
 
-inline task<> send_hello(io::socket& s, int rank, int peer, int size, const mesh_options& o) {
-    frame_header h = make_hello(rank, peer, size, o);
-    co_await s.send(std::as_bytes(std::span(&h, 1)), o.deadline);
-    co_await s.send(std::as_bytes(std::span(o.job_token.data(), o.job_token.size())), o.deadline);
+// What is wrong with a hello `h` that this rank reads ("" if nothing): `expected_peer` < 0
+// means any rank (the accepting side), `follows` the bytes that must come after it.
+inline std::string hello_problem(const frame_header& h, int rank, int size, int expected_peer,
+                                 const mesh_options& o, std::size_t follows) {
+    if (std::string p = h.problem(4096); !p.empty()) return p;
+    if (h.kind != frame_kind::hello) return "the first frame is not a hello";
+    std::string who = "rank " + std::to_string(h.src);
+    if (h.seq != hash64(o.group_name))
+        return who + " belongs to another group than '" + o.group_name + "'";
+    if (h.count != static_cast<std::uint64_t>(size)) {
+        return who + " has world size " + std::to_string(h.count) + ", rank " +
+               std::to_string(rank) + " has world size " + std::to_string(size);
+    }
+    auto peer = static_cast<std::int64_t>(h.src);
+    if (h.dst != static_cast<std::uint32_t>(rank) || peer >= size || peer == rank ||
+        (expected_peer >= 0 && peer != expected_peer)) {
+        return "it says it is rank " + std::to_string(peer) + " calling rank " +
+               std::to_string(h.dst) + "; this is rank " + std::to_string(rank) +
+               (expected_peer >= 0 ? " expecting rank " + std::to_string(expected_peer) : "");
+    }
+    if ((h.tag != 0) != !o.job_token.empty()) {
+        return h.tag != 0
+                   ? who + " has COROCOLL_JOB_TOKEN set, rank " + std::to_string(rank) + " has not"
+                   : "rank " + std::to_string(rank) + " has COROCOLL_JOB_TOKEN set, " + who +
+                         " has not";
+    }
+    if (h.length != follows) return "a hello of " + std::to_string(h.length) + " bytes";
+    return {};
 }
 
-// Reads a hello and checks it against what this rank expects; returns the peer's rank.
-// `expected_peer` < 0: any rank (accepting side).
-inline task<int> read_hello(io::socket& s, int rank, int size, int expected_peer,
-                            const mesh_options& o) {
-    frame_header h;
-    co_await s.recv(std::as_writable_bytes(std::span(&h, 1)), o.deadline);
-    std::string from = "connection from " + s.peer().to_string();
-    if (std::string p = h.problem(4096); !p.empty() || h.kind != frame_kind::hello) {
-        corocoll::detail::throw_error(
-            corocoll::errc::protocol_error,
-            "corocoll: init: " + from + ": " + (p.empty() ? "first frame is not a hello" : p));
+// The proof by side `role` ("connector" or "listener") of the connection from `connector` to the
+// listener that `listener_address` names knows the token: HMAC-SHA256 over the group, both ranks,
+// that address and both nonces. Each side proves over the other's fresh nonce, so a proof cannot be
+// replayed, and over the address it was dialled at, so a stranger whose address was written into
+// the store cannot relay the handshake to the real rank.
+inline auth_proof mesh_proof(const mesh_options& o, std::string_view role, int connector,
+                             int listener, const std::string& listener_address,
+                             const auth_nonce& connector_nonce, const auth_nonce& listener_nonce) {
+    std::string m = "corocoll mesh 1\n" + std::string(role) + "\n" + o.group_name + "\n" +
+                    std::to_string(connector) + "\n" + std::to_string(listener) + "\n" +
+                    listener_address + "\n";
+    m.append(reinterpret_cast<const char*>(connector_nonce.data()), connector_nonce.size());
+    m.append(reinterpret_cast<const char*>(listener_nonce.data()), listener_nonce.size());
+    return hmac_sha256(o.job_token, m);
+}
+
+inline std::chrono::steady_clock::time_point hello_deadline(const mesh_options& o) {
+    return std::min(o.deadline, io::deadline_after(o.hello_timeout));
+}
+
+template <class T>
+std::span<std::byte> bytes_of(T& value) {
+    return std::as_writable_bytes(std::span(&value, 1));
+}
+
+// The connecting side's handshake with the listener at `where`, published as rank `peer`'s:
+// a hello and a fresh nonce out; the listener's hello, nonce and proof in; with a
+// token, the listener's proof checked before this rank's own goes out. Nothing sent depends on
+// the token until the listener has shown that it knows it.
+inline task<> connector_handshake(io::socket& s, int rank, int peer, int size,
+                                  const mesh_options& o, const std::string& where,
+                                  std::stop_token stop) {
+    io::op_options by(hello_deadline(o), stop);
+    bool auth = !o.job_token.empty();
+    auth_nonce mine = auth_random_nonce(), theirs{};
+    frame_header h = make_hello(rank, peer, size, o, nonce_bytes);
+    co_await s.send(bytes_of(h), by);
+    co_await s.send(mine, by);
+    frame_header r;
+    co_await s.recv(bytes_of(r), by);
+    if (std::string p =
+            hello_problem(r, rank, size, peer, o, nonce_bytes + (auth ? proof_bytes : 0));
+        !p.empty()) {
+        corocoll::detail::throw_error(corocoll::errc::protocol_error,
+                                      "the listener answered with a bad hello: " + p);
     }
-    std::string token(h.length, '\0');
-    co_await s.recv(std::as_writable_bytes(std::span(token.data(), token.size())), o.deadline);
-    auto peer = static_cast<int>(h.src);
-    std::string who = from + " (rank " + std::to_string(peer) + ")";
-    if (h.seq != hash64(o.group_name)) {
-        corocoll::detail::throw_error(
-            corocoll::errc::protocol_error,
-            "corocoll: init: " + who + " belongs to another group than '" + o.group_name + "'");
-    }
-    if (h.count != static_cast<std::uint64_t>(size)) {
-        corocoll::detail::throw_error(
-            corocoll::errc::protocol_error,
-            "corocoll: init: " + who + " has world size " + std::to_string(h.count) + ", rank " +
-                std::to_string(rank) + " has world size " + std::to_string(size));
-    }
-    if (h.dst != static_cast<std::uint32_t>(rank) || peer < 0 || peer >= size || peer == rank ||
-        (expected_peer >= 0 && peer != expected_peer)) {
-        corocoll::detail::throw_error(
-            corocoll::errc::protocol_error,
-            "corocoll: init: " + who + " says it is rank " + std::to_string(peer) +
-                " calling rank " + std::to_string(h.dst) + "; this is rank " +
-                std::to_string(rank) +
-                (expected_peer >= 0 ? " expecting rank " + std::to_string(expected_peer) : ""));
-    }
-    if (!constant_time_equal(token, o.job_token)) {
+    co_await s.recv(theirs, by);
+    if (!auth) co_return;
+    auth_proof claimed{};
+    co_await s.recv(claimed, by);
+    if (!same_proof(claimed, mesh_proof(o, "listener", rank, peer, where, mine, theirs))) {
         corocoll::detail::throw_error(
             std::make_error_code(std::errc::permission_denied),
-            "corocoll: init: " + who + " did not present this job's token (COROCOLL_JOB_TOKEN)");
+            "the listener did not prove it knows this job's token (COROCOLL_JOB_TOKEN): its "
+            "token differs, or it is not rank " +
+                std::to_string(peer) +
+                " (was the address in the store forged?); nothing that depends on the token "
+                "was sent to it");
+    }
+    auth_proof own = mesh_proof(o, "connector", rank, peer, where, mine, theirs);
+    co_await s.send(own, by);
+}
+
+// The listening side's handshake on an accepted connection; returns the peer's rank, or
+// throws why the connection is refused. `here` is the address this rank published.
+inline task<int> listener_handshake(io::socket& s, int rank, int size, const mesh_options& o,
+                                    const std::string& here, std::stop_token stop) {
+    io::op_options by(hello_deadline(o), stop);
+    bool auth = !o.job_token.empty();
+    frame_header h;
+    co_await s.recv(bytes_of(h), by);
+    if (std::string p = hello_problem(h, rank, size, -1, o, nonce_bytes); !p.empty()) {
+        corocoll::detail::throw_error(corocoll::errc::protocol_error, p);
+    }
+    auto peer = static_cast<int>(h.src);
+    auth_nonce theirs{}, mine = auth_random_nonce();
+    co_await s.recv(theirs, by);
+    frame_header r = make_hello(rank, peer, size, o, nonce_bytes + (auth ? proof_bytes : 0));
+    co_await s.send(bytes_of(r), by);
+    co_await s.send(mine, by);
+    if (!auth) co_return peer;
+    auth_proof own = mesh_proof(o, "listener", peer, rank, here, theirs, mine);
+    co_await s.send(own, by);
+    auth_proof claimed{};
+    try {
+        co_await s.recv(claimed, by);
+    } catch (const std::system_error& e) {
+        corocoll::detail::throw_error(
+            e.code(), "rank " + std::to_string(peer) +
+                          " (so it said) did not prove it knows this job's token; it refused "
+                          "this rank's proof (its COROCOLL_JOB_TOKEN differs?): " +
+                          corocoll::detail::context_of(e));
+    }
+    if (!same_proof(claimed, mesh_proof(o, "connector", peer, rank, here, theirs, mine))) {
+        corocoll::detail::throw_error(std::make_error_code(std::errc::permission_denied),
+                                      "rank " + std::to_string(peer) +
+                                          " (so it said) did not prove it knows this job's "
+                                          "token (COROCOLL_JOB_TOKEN)");
     }
     co_return peer;
 }
@@ -163,14 +258,14 @@ inline task<io::socket> connect_to(io::reactor& r, rendezvous::store& store, int
     std::vector<std::string> key{"mesh/addr/" + std::to_string(peer)};
     co_await store.wait(key, std::chrono::duration_cast<std::chrono::milliseconds>(std::max(
                                  o.deadline - now, std::chrono::steady_clock::duration{})));
-    io::endpoint where = io::endpoint::parse(co_await store.get(key[0]));
+    std::string address = co_await store.get(key[0]);
+    io::endpoint where = io::endpoint::parse(address);
     std::minstd_rand jitter(static_cast<unsigned>(rank * 7919 + peer));
     auto backoff = std::chrono::milliseconds(5);
     for (;;) {
         try {
             io::socket s = co_await io::socket::connect(r, where, io::op_options(o.deadline, stop));
-            co_await send_hello(s, rank, peer, size, o);
-            co_await read_hello(s, rank, size, peer, o);
+            co_await connector_handshake(s, rank, peer, size, o, address, stop);
             COROCOLL_LOG(trace, "INIT", "connected to rank ", peer, " at ", where.to_string());
             co_return s;
         } catch (const std::system_error& e) {
@@ -196,55 +291,86 @@ inline task<io::socket> connect_to(io::reactor& r, rendezvous::store& store, int
 /// Builds the full mesh of TCP connections of a group: rank `rank` listens on
 /// `o.listen_on`, publishes host:port under "mesh/addr/<rank>" in `store` (give each group
 /// its own prefix store), connects to every lower rank (retrying with backoff and jitter
-/// while they start) and accepts every higher one. Each connection starts with a hello each
-/// way that checks group, ranks, world size, protocol version and the job token; a
-/// connection whose first frame is not a hello is dropped, one that is but disagrees is an
-/// error naming both sides. Everything is bounded by `o.deadline`. Returns one socket per
-/// rank, indexed by rank (the own entry stays closed).
+/// while they start) and accepts every higher one. Accepted connections are handled
+/// concurrently, each handshake bounded by `o.hello_timeout`: a connection that is not a
+/// peer of this group (bad or no hello, another group, a wrong proof of the token, silence)
+/// is dropped with a WARN and set-up goes on. Each connection starts with a hello each way
+/// that checks group, ranks, world size and protocol version, and with a job token, a
+/// challenge-response proof from each side (`mesh_options::job_token`). A listener that
+/// answers a connecting rank wrongly is an error naming both. Everything is bounded by
+/// `o.deadline`; at the deadline the error names the ranks still missing. Returns one
+/// socket per rank, indexed by rank (the own entry stays closed).
 inline task<std::vector<io::socket>> connect_mesh(io::reactor& r, rendezvous::store& store,
                                                   int rank, int size, mesh_options o) {
     std::vector<io::socket> peers(static_cast<std::size_t>(size));
     if (size == 1) co_return peers;
+    if (!o.job_token.empty() && !detail::token_auth_available()) {
+        throw std::invalid_argument(
+            "corocoll: init: rank " + std::to_string(rank) +
+            ": COROCOLL_JOB_TOKEN is set, but this build of corocoll has no libcrypto for "
+            "HMAC-SHA256 (build with OpenSSL's libcrypto, which Meson finds, or define "
+            "COROCOLL_WITH_OPENSSL and link -lcrypto); unset the token to run without "
+            "authentication");
+    }
     io::acceptor listener = io::acceptor::listen(r, o.listen_on);
-    co_await store.set("mesh/addr/" + std::to_string(rank), listener.local_endpoint().to_string());
-    COROCOLL_LOG(info, "INIT", "rank ", rank, "/", size, " listening on ",
-                 listener.local_endpoint().to_string());
+    const std::string here = listener.local_endpoint().to_string();
+    co_await store.set("mesh/addr/" + std::to_string(rank), here);
+    COROCOLL_LOG(info, "INIT", "rank ", rank, "/", size, " listening on ", here);
 
     // When one side fails, the other stops waiting instead of running into the deadline.
     std::stop_source stop;
-    auto accept_all = [&]() -> task<> {
-        int missing = size - 1 - rank;
-        while (missing > 0) {
-            io::socket s;
-            try {
-                s = co_await listener.accept(io::op_options(o.deadline, stop.get_token()));
-            } catch (const std::system_error& e) {
-                corocoll::detail::throw_error(
-                    e.code(), "corocoll: init: rank " + std::to_string(rank) + " waited " + "for " +
-                                  std::to_string(missing) +
-                                  " higher rank(s) to connect: " + corocoll::detail::context_of(e));
-            }
-            int peer = -1;
-            try {
-                peer = co_await detail::read_hello(s, rank, size, -1, o);
-            } catch (const std::system_error& e) {
-                if (e.code() == corocoll::errc::protocol_error &&
-                    std::string(e.what()).find("bad magic") != std::string::npos) {
-                    COROCOLL_LOG(warn, "INIT", "dropping a stray connection: ", e.what());
-                    continue;
-                }
-                throw;
-            }
+    // Ends the accept loop and handshakes in flight: every higher rank came, or set-up failed.
+    std::stop_source accepting;
+    std::stop_callback forward(stop.get_token(), [&accepting] { accepting.request_stop(); });
+    int missing = size - 1 - rank;
+    std::string last_refusal;
+    auto handshake = [&](io::socket s) -> task<> {
+        std::string from = s.peer().to_string();
+        try {
+            int peer =
+                co_await detail::listener_handshake(s, rank, size, o, here, accepting.get_token());
             if (peer < rank || peers[static_cast<std::size_t>(peer)].is_open()) {
-                corocoll::detail::throw_error(
-                    corocoll::errc::protocol_error,
-                    "corocoll: init: rank " + std::to_string(rank) + " got a second or " +
-                        "unexpected connection from rank " + std::to_string(peer));
+                COROCOLL_LOG(warn, "INIT", "rank ", rank, " dropped a connection from ", from,
+                             ": rank ", peer, " is connected already, or is lower");
+                co_return;
             }
-            co_await detail::send_hello(s, rank, peer, size, o);
             peers[static_cast<std::size_t>(peer)] = std::move(s);
-            --missing;
+            if (--missing == 0) accepting.request_stop();
+        } catch (const std::exception& e) {
+            if (accepting.stop_requested()) co_return;
+            last_refusal = "connection from " + from + ": " + e.what();
+            COROCOLL_LOG(warn, "INIT", "rank ", rank, " dropped a connection: ", last_refusal);
         }
+    };
+    auto accept_all = [&]() -> task<> {
+        async_scope handshakes;
+        std::optional<std::system_error> failed;
+        while (missing > 0) {
+            try {
+                io::socket s =
+                    co_await listener.accept(io::op_options(o.deadline, accepting.get_token()));
+                handshakes.spawn(handshake(std::move(s)));
+            } catch (const std::system_error& e) {
+                if (missing > 0) failed = e;
+                break;
+            }
+        }
+        accepting.request_stop();
+        co_await handshakes.join();
+        if (!failed || missing == 0) co_return;
+        std::string who;
+        for (int p = rank + 1; p < size; ++p) {
+            if (!peers[static_cast<std::size_t>(p)].is_open()) {
+                who += (who.empty() ? "" : ", ") + std::to_string(p);
+            }
+        }
+        corocoll::detail::throw_error(
+            failed->code(),
+            "corocoll: init: rank " + std::to_string(rank) + " waited for " +
+                std::to_string(missing) + " higher rank(s) to connect, rank(s) " + who +
+                " never did" +
+                (last_refusal.empty() ? "" : " (last refused: " + last_refusal + ")") + ": " +
+                corocoll::detail::context_of(*failed));
     };
     auto connect_all = [&]() -> task<> {
         std::vector<task<io::socket>> lower;

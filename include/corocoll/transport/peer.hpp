@@ -208,6 +208,21 @@ struct peer {
         if (!rest.empty()) rest = rest.subspan(link->try_recv(rest, true));
         if (!rest.empty()) co_await link->recv(rest, std::move(o));
     }
+
+    // Reads a payload of `length` bytes into `data`, which grows as the bytes arrive (to
+    // 1 MiB at once, then doubling), never by the announced length alone: a header that
+    // announces a terabyte and sends nothing costs a megabyte. Larger messages pay for it
+    // with copies on growth, at most their own size in all.
+    task<> read_growing(message_bytes& data, std::uint64_t length, io::op_options o) {
+        constexpr std::uint64_t first = std::uint64_t{1} << 20;
+        data.clear();
+        while (data.size() < length) {
+            std::size_t have = data.size();
+            data.resize(static_cast<std::size_t>(
+                std::min(length, std::max<std::uint64_t>(first, 2 * have))));
+            co_await read_payload(std::span(data).subspan(have), o);
+        }
+    }
 };
 
 }  // namespace transport::detail

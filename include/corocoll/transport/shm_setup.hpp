@@ -47,6 +47,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -69,17 +70,20 @@ struct channel_options {
     std::size_t same_host_send_buffer = std::size_t{256} << 10;
 };
 
-/// What COROCOLL_TRANSPORT says (`automatic` when unset); an unknown value is an error naming
-/// the variable.
-inline transport_choice transport_from_env() {
-    const char* text = std::getenv("COROCOLL_TRANSPORT");
-    if (text == nullptr || *text == '\0') return transport_choice::automatic;
-    std::string v(text);
-    if (v == "auto") return transport_choice::automatic;
+/// A COROCOLL_TRANSPORT value (`automatic` when empty); anything but auto, tcp and shm is an
+/// error naming the variable.
+inline transport_choice parse_transport(std::string_view v) {
+    if (v.empty() || v == "auto") return transport_choice::automatic;
     if (v == "tcp") return transport_choice::tcp;
     if (v == "shm") return transport_choice::shm;
-    throw std::invalid_argument("corocoll: COROCOLL_TRANSPORT='" + v +
+    throw std::invalid_argument("corocoll: COROCOLL_TRANSPORT='" + std::string(v) +
                                 "' is not one of auto, tcp, shm");
+}
+
+/// What COROCOLL_TRANSPORT says (`automatic` when unset); see `parse_transport`.
+inline transport_choice transport_from_env() {
+    const char* text = std::getenv("COROCOLL_TRANSPORT");
+    return text == nullptr ? transport_choice::automatic : parse_transport(text);
 }
 
 inline const char* to_string(transport_choice c) noexcept {

@@ -1,0 +1,134 @@
+#pragma once
+
+// The COROCOLL_* variables that change how a group behaves, read and checked together before
+// set-up starts anything, so that a misspelt value is one clear error on every rank at once
+// rather than a failure (or an abort) halfway through set-up.
+
+#include <corocoll/collectives/select.hpp>
+#include <corocoll/core/log.hpp>
+#include <corocoll/rendezvous/launch_env.hpp>
+#include <corocoll/transport/channel.hpp>
+#include <corocoll/transport/engine.hpp>
+#include <corocoll/transport/shm_setup.hpp>
+#include <corocoll/version.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+COROCOLL_BEGIN_NAMESPACE
+
+/// What the environment asks of process groups. Every field is what its variable says, or the
+/// default when the variable is unset.
+struct environment_settings {
+    /// COROCOLL_ALGORITHM: algorithms forced per collective (see `algorithm_choice::parse_spec`).
+    collectives::algorithm_choice algorithms;
+    /// COROCOLL_TRANSPORT: auto, tcp or shm.
+    transport::transport_choice transport = transport::transport_choice::automatic;
+    /// COROCOLL_DEBUG: NONE, WARN, INFO or TRACE (any case).
+    log_level debug = log_level::none;
+    /// COROCOLL_TIMEOUT, in seconds (a positive number, fractions allowed): the default of
+    /// `init_options::timeout`. Unset: none (the default stays 30 minutes).
+    std::optional<std::chrono::milliseconds> timeout;
+    /// COROCOLL_BUSY_POLL_US: microseconds of busy polling (see `reactor_options::busy_poll`).
+    std::optional<std::chrono::microseconds> busy_poll;
+    /// COROCOLL_STALL_S, in seconds (0: off): see `transport::engine_options::stall`.
+    std::optional<std::chrono::milliseconds> stall;
+};
+
+namespace detail {
+
+// A non-negative decimal number with at most 9 digits before and 6 after the point, scaled
+// by `scale` (1000 for seconds to milliseconds); null for anything else.
+inline std::optional<std::int64_t> parse_decimal(std::string_view s, std::int64_t scale) {
+    auto point = s.find('.');
+    std::string_view whole = s.substr(0, point);
+    std::string_view fraction = point == std::string_view::npos ? "" : s.substr(point + 1);
+    if (whole.empty() || whole.size() > 9 || fraction.size() > 6 ||
+        (point != std::string_view::npos && fraction.empty())) {
+        return std::nullopt;
+    }
+    std::int64_t value = 0, denominator = 1;
+    for (char c : whole) {
+        if (c < '0' || c > '9') return std::nullopt;
+        value = value * 10 + (c - '0');
+    }
+    for (char c : fraction) {
+        if (c < '0' || c > '9') return std::nullopt;
+        value = value * 10 + (c - '0');
+        denominator *= 10;
+    }
+    return value * scale / denominator;
+}
+
+inline std::string env_error(const char* name, const char* value, const std::string& why) {
+    return std::string("corocoll: ") + name + "='" + value + "' " + why;
+}
+
+inline std::chrono::milliseconds parse_timeout(const char* v) {
+    auto ms = parse_decimal(v, 1000);
+    if (!ms || *ms <= 0) {
+        throw std::invalid_argument(
+            env_error("COROCOLL_TIMEOUT", v,
+                      "is not a positive number of seconds (such as 60 or 2.5; at least 0.001)"));
+    }
+    return std::chrono::milliseconds(*ms);
+}
+
+}  // namespace detail
+
+/// Reads and checks every COROCOLL_* variable that shapes a group: COROCOLL_ALGORITHM,
+/// COROCOLL_TRANSPORT, COROCOLL_DEBUG, COROCOLL_TIMEOUT, COROCOLL_BUSY_POLL_US and
+/// COROCOLL_STALL_S. A value
+/// that is not understood throws `std::invalid_argument` naming the variable, the value and
+/// what it may be. `init_process_group` calls it before it reaches the store; costs a few
+/// `getenv` calls.
+inline environment_settings read_environment(
+    const rendezvous::env_lookup& env = rendezvous::process_env()) {
+    environment_settings out;
+    if (const char* v = env("COROCOLL_ALGORITHM")) {
+        out.algorithms = collectives::algorithm_choice::parse_spec(v);
+    }
+    if (const char* v = env("COROCOLL_TRANSPORT")) out.transport = transport::parse_transport(v);
+    if (const char* v = env("COROCOLL_DEBUG")) {
+        auto level = detail::parse_log_level(v);
+        if (!level) {
+            throw std::invalid_argument(
+                detail::env_error("COROCOLL_DEBUG", v, "is not one of NONE, WARN, INFO, TRACE"));
+        }
+        out.debug = *level;
+    }
+    if (const char* v = env("COROCOLL_TIMEOUT")) out.timeout = detail::parse_timeout(v);
+    if (const char* v = env("COROCOLL_BUSY_POLL_US")) {
+        auto us = detail::parse_decimal(v, 1);
+        if (!us || std::string_view(v).find('.') != std::string_view::npos) {
+            throw std::invalid_argument(detail::env_error(
+                "COROCOLL_BUSY_POLL_US", v, "is not a whole number of microseconds (0: off)"));
+        }
+        out.busy_poll = std::chrono::microseconds(*us);
+    }
+    if (const char* v = env("COROCOLL_STALL_S")) out.stall = transport::parse_stall(v);
+    return out;
+}
+
+namespace detail {
+
+/// `init_options::timeout`'s default: COROCOLL_TIMEOUT when it is set and valid, else c10d's
+/// 30 minutes (an invalid value is refused by `read_environment` when set-up starts).
+inline std::chrono::milliseconds default_timeout() {
+    if (const char* v = std::getenv("COROCOLL_TIMEOUT")) {
+        try {
+            return parse_timeout(v);
+        } catch (const std::invalid_argument&) {
+        }
+    }
+    return std::chrono::minutes(30);
+}
+
+}  // namespace detail
+
+COROCOLL_END_NAMESPACE
