@@ -176,8 +176,8 @@ void enqueue(const std::shared_ptr<stream_rec>& s, task t) {
             if (o->device == s->device && o->blocking) t.after.emplace_back(o, o->enqueued);
         }
     } else if (s->blocking) {
-        auto& l = st.legacy[s->device];
-        if (l) t.after.emplace_back(l, l->enqueued);
+        auto l = st.legacy.find(s->device);
+        if (l != st.legacy.end()) t.after.emplace_back(l->second, l->second->enqueued);
     }
     s->queue.push_back(std::move(t));
     ++s->enqueued;
