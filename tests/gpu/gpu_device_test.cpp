@@ -4,6 +4,7 @@
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "../support/ranks.hpp"
+#include "values.hpp"
 
 #include <corocoll/gpu.hpp>
 
@@ -18,59 +19,14 @@
 #include <vector>
 
 namespace cc = corocoll;
+using corocoll_test::number;
+using corocoll_test::ramp;
+using corocoll_test::read;
+using corocoll_test::same;
+using corocoll_test::value;
 using namespace std::chrono_literals;
 
 namespace {
-
-template <class T>
-T value(double x) {
-    if constexpr (std::is_same_v<T, __half>) {
-        return __double2half(x);
-    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-        return __double2bfloat16(x);
-    } else if constexpr (std::is_same_v<T, __nv_fp8_e4m3> || std::is_same_v<T, __nv_fp8_e5m2>) {
-        return T(static_cast<float>(x));
-    } else {
-        return static_cast<T>(x);
-    }
-}
-
-template <class T>
-double number(T v) {
-    if constexpr (std::is_same_v<T, __half>) {
-        return __half2float(v);
-    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-        return __bfloat162float(v);
-    } else if constexpr (std::is_same_v<T, __nv_fp8_e4m3> || std::is_same_v<T, __nv_fp8_e5m2>) {
-        return static_cast<float>(v);
-    } else {
-        return static_cast<double>(v);
-    }
-}
-
-// Small integers (exact in every type, fp8 included).
-template <class T>
-std::vector<T> ramp(std::size_t n, int base) {
-    std::vector<T> v(n);
-    for (std::size_t i = 0; i < n; ++i) v[i] = value<T>((base + static_cast<int>(i)) % 7);
-    return v;
-}
-
-template <class T>
-std::vector<T> read(const cc::gpu::device_buffer<T>& d) {
-    std::vector<T> h(d.size());
-    d.copy_to(h);
-    return h;
-}
-
-template <class T>
-void same(const std::vector<T>& got, const std::vector<T>& want, const char* what) {
-    REQUIRE(got.size() == want.size());
-    for (std::size_t i = 0; i < got.size(); ++i) {
-        INFO(what, " element ", i);
-        REQUIRE(number(got[i]) == number(want[i]));
-    }
-}
 
 // A world of one: rank 0 through a file store.
 template <class Body>

@@ -343,18 +343,20 @@ std::vector<std::byte> compute(int me, const std::vector<const call*>& cs) {
 
 bool stopped(const ncclComm* c) { return c->aborted || c->cl->broken; }
 
-// The peers of `culprit` see ncclRemoteError from now on: their launches cannot finish.
-void break_clique(clique* cl, ncclComm* culprit, const std::string& why) {
+// The launches of the clique that still wait for a peer cannot finish: each rank sees
+// ncclRemoteError once one of its launches needs a peer (see wait_for), as a rank's proxy
+// notices a peer's connection close.
+void break_clique(clique* cl, const std::string& why) {
     cl->broken = true;
-    for (ncclComm* m : cl->members) {
-        if (m == nullptr || m == culprit || m->freed) continue;
-        if (m->async == ncclSuccess || m->async == ncclInProgress) {
-            m->async = ncclRemoteError;
-            m->in_progress = waiting::nothing;
-        }
-    }
     warn(why);
     sim().cv.notify_all();
+}
+
+void remote_error(ncclComm* c) {
+    if (c->async == ncclSuccess || c->async == ncclInProgress) {
+        c->async = ncclRemoteError;
+        c->in_progress = waiting::nothing;
+    }
 }
 
 // What a kernel does once it cannot finish: spin until ncclCommAbort ends it.
@@ -367,6 +369,7 @@ template <class Ready>
 bool wait_for(std::unique_lock<std::mutex>& lock, ncclComm* c, Ready ready) {
     sim().cv.wait(lock, [&] { return ready() || stopped(c); });
     if (ready() && !c->aborted) return true;
+    if (!c->aborted) remote_error(c);
     spin_until_abort(lock, c);
     return false;
 }
@@ -386,7 +389,7 @@ bool collective(std::unique_lock<std::mutex>& lock, ncclComm* c, const call& k) 
         if (other->f != k.f || other->count != k.count || other->type != k.type ||
             other->op != k.op || other->root != k.root) {
             c->async = ncclInvalidUsage;
-            break_clique(cl, c,
+            break_clique(cl,
                          std::string("corocoll-sim: ") + func_name(k.f) +
                              ": ranks disagree on the call (function, count, type, op or root)");
             spin_until_abort(lock, c);
@@ -417,10 +420,9 @@ void execute(ncclComm* c, std::vector<call> calls, std::uint64_t index) {
         if (f.op != index) continue;
         if (f.kind == corocoll_sim::fault_kind::async_error) {
             c->async = ncclSystemError;
-            break_clique(cl, c,
-                         "corocoll-sim: injected failure of " +
-                             std::string(func_name(calls.front().f)) + " (launch " +
-                             std::to_string(index) + ") on rank " + std::to_string(c->rank));
+            break_clique(cl, "corocoll-sim: injected failure of " +
+                                 std::string(func_name(calls.front().f)) + " (launch " +
+                                 std::to_string(index) + ") on rank " + std::to_string(c->rank));
         }
         spin_until_abort(lock, c);
         return finish();
@@ -445,10 +447,9 @@ void execute(ncclComm* c, std::vector<call> calls, std::uint64_t index) {
         std::size_t room = k.count * type_size(k.type);
         if (m->bytes > room) {
             c->async = ncclInvalidUsage;
-            break_clique(cl, c,
-                         "corocoll-sim: Recv from rank " + std::to_string(k.root) + ": " +
-                             std::to_string(m->bytes) + " bytes sent, room for " +
-                             std::to_string(room));
+            break_clique(cl, "corocoll-sim: Recv from rank " + std::to_string(k.root) + ": " +
+                                 std::to_string(m->bytes) + " bytes sent, room for " +
+                                 std::to_string(room));
             spin_until_abort(lock, c);
             return finish();
         }
@@ -681,6 +682,7 @@ void settle(ncclComm* c) {
     clique* cl = c->cl;
     switch (c->in_progress) {
         case waiting::init: {
+            if (cl->broken) return remote_error(c);
             if (cl->joined < cl->nranks) return;
             int min_cc = 1000;
             for (ncclComm* m : cl->members) {
@@ -907,7 +909,7 @@ ncclResult_t ncclCommAbort(ncclComm_t c) {
             peers_wait || ((ends.first == c->rank || ends.second == c->rank) && !q.empty());
     }
     if (peers_wait && !cl->broken) {
-        break_clique(cl, c, "corocoll-sim: rank " + std::to_string(c->rank) + " aborted");
+        break_clique(cl, "corocoll-sim: rank " + std::to_string(c->rank) + " aborted");
     }
     sim().cv.notify_all();
     return ncclSuccess;
