@@ -317,3 +317,183 @@ TEST_CASE("an injected async error fails every pending and later op on every ran
         }
     }
 }
+
+// ---- issue 20: defects found by reading the layer against NCCL 2.28 and the CUDA runtime ----
+
+TEST_CASE("an error NCCL returns for an argument fails the group: later ops and close agree") {
+    // A buffer on another device: NCCL refuses it (argcheck.cc, CudaPtrCheck) and, the
+    // communicator being non-blocking, keeps the error for every later call.
+    std::string first, later;
+    bool failed = false;
+    auto errors = run_nccl(1, [&](cc::gpu::nccl_group& pg) -> cc::task<> {
+        cudaSetDevice(3);
+        cc::gpu::device_buffer<float> elsewhere(8);
+        cudaSetDevice(pg.device());
+        try {
+            co_await pg.all_reduce(elsewhere);
+        } catch (const std::exception& e) {
+            first = e.what();
+        }
+        failed = pg.failed();
+        cc::gpu::device_buffer<float> here(8);
+        try {
+            co_await pg.all_reduce(here);
+        } catch (const std::exception& e) {
+            later = e.what();
+        }
+    });
+    corocoll_test::check_every_rank_ok(errors);  // close did not fail
+    CAPTURE(first);
+    CAPTURE(later);
+    CHECK(first.find("corocoll: rank 0: all_reduce: invalid argument") == 0);
+    CHECK(failed);
+    CHECK(later.find("the NCCL group was aborted: " + first) != std::string::npos);
+}
+
+TEST_CASE("fp8 reductions are checked against the lowest compute capability of the group") {
+    corocoll_sim::set_compute_capability(1, 8, 0);  // rank 1's device; rank 0's is 9.0
+    std::vector<std::string> refused(2);
+    auto errors = run_nccl(2, [&](cc::gpu::nccl_group& pg) -> cc::task<> {
+        cc::gpu::device_buffer<__nv_fp8_e4m3> a(4);
+        try {
+            (void)pg.all_reduce(a);
+        } catch (const std::invalid_argument& e) {
+            refused[static_cast<std::size_t>(pg.rank())] = e.what();
+        }
+        co_await pg.broadcast(a, 0);  // moves are fine, and the group is still usable
+        CHECK_FALSE(pg.failed());
+    });
+    corocoll_sim::set_compute_capability(1, 9, 0);
+    corocoll_test::check_every_rank_ok(errors);
+    for (const auto& e : refused) {
+        CAPTURE(e);
+        CHECK(e.find("all_reduce: NCCL reduces fp8 from compute capability 9.0") !=
+              std::string::npos);
+        CHECK(e.find("rank 1 has 8.0") != std::string::npos);
+    }
+}
+
+TEST_CASE("an op that finished before close is not reported as closed") {
+    // World of one: a batch to itself stays ncclInProgress for a poll; meanwhile other work
+    // goes on the stream, so the event recorded after the batch ends later than the batch,
+    // and close's finalize (which waits for NCCL's work only) can end first.
+    std::string outcome = "not run";
+    auto errors = run_nccl(1, [&](cc::gpu::nccl_group& pg) -> cc::task<> {
+        cc::gpu::device_buffer<int> a(4), b(4);
+        auto ops = pg.batch_isend_irecv(
+            {cc::gpu::nccl_p2p_op::isend(a, 0), cc::gpu::nccl_p2p_op::irecv(b, 0)});
+        auto* stall = corocoll_sim::hold(pg.stream());
+        corocoll_sim::set_in_progress_polls(0);
+        auto closing = cc::start(pg.close());
+        co_await pg.reactor().sleep_for(50ms);  // the batch and finalize finish meanwhile
+        corocoll_sim::release(stall);
+        try {
+            for (auto& w : ops) co_await w;
+            outcome = "done";
+        } catch (const std::exception& e) {
+            outcome = e.what();
+        }
+        co_await closing;
+    });
+    corocoll_sim::set_in_progress_polls(1);
+    corocoll_test::check_every_rank_ok(errors);
+    CHECK(outcome == "done");
+}
+
+TEST_CASE("two groups driven by one thread keep their devices across suspensions") {
+    // One reactor, a group on device 0 and one on device 1 (worlds of one, set up and used
+    // at once): each coroutine's suspension lets the other switch the thread's device.
+    auto server = std::make_shared<cc::rendezvous::tcp_store_server>(cc::io::endpoint::loopback(0));
+    cc::io::reactor r;
+    std::vector<std::string> errors(2);
+    std::vector<int> device_after(2, -1);
+    auto rank = [&](int me) -> cc::task<> {
+        try {
+            cc::init_options o;
+            o.backend = "nccl";
+            o.rank = 0;
+            o.world_size = 1;
+            o.timeout = 10s;
+            o.group_name = "group" + std::to_string(me);
+            o.store = co_await cc::rendezvous::tcp_store::connect(r, server->local_endpoint(), 10s);
+            cc::gpu::nccl_options g;
+            g.device = me;
+            auto pg = co_await cc::gpu::init_process_group(r, o, g);
+            cudaSetDevice(me);
+            cc::gpu::device_buffer<float> a(8), b(8);
+            a.copy_from(std::vector<float>(8, 1.0f + static_cast<float>(me)));
+            cudaSetDevice(3);  // the caller's device, which the group must leave as it was
+            auto ops = pg->batch_isend_irecv(
+                {cc::gpu::nccl_p2p_op::isend(a, 0), cc::gpu::nccl_p2p_op::irecv(b, 0)});
+            for (auto& w : ops) co_await w;
+            co_await pg->all_reduce(b);
+            co_await pg->barrier();
+            co_await cc::gpu::synchronize(r, pg->stream());
+            cudaGetDevice(&device_after[static_cast<std::size_t>(me)]);
+            cudaSetDevice(me);
+            same(read(b), std::vector<float>(8, 1.0f + static_cast<float>(me)), "batch");
+            co_await pg->close();
+        } catch (const std::exception& e) {
+            errors[static_cast<std::size_t>(me)] = e.what();
+        }
+    };
+    r.run(cc::when_all(rank(0), rank(1)));
+    CHECK(errors[0] == "");
+    CHECK(errors[1] == "");
+    CHECK(device_after[0] == 3);
+    CHECK(device_after[1] == 3);
+}
+
+TEST_CASE("send and recv awaited together are fused into one NCCL group") {
+    for (int n : {2, 3}) {
+        CAPTURE(n);
+        auto errors = run_nccl(
+            n,
+            [](cc::gpu::nccl_group& pg) -> cc::task<> {
+                int me = pg.rank(), n = pg.size();
+                int right = (me + 1) % n, left = (me + n - 1) % n;
+                cc::gpu::device_buffer<float> out(64), in(64);
+                out.copy_from(small<float>(64, me));
+                // The CPU idiom: each rank's send waits for a receive that NCCL would queue
+                // behind it, unless both are one group.
+                auto [sent, from] = co_await cc::when_all(pg.send(out, right), pg.recv(in, left));
+                (void)sent;
+                CHECK(from == left);
+                same(read(in), small<float>(64, left), "send/recv");
+                auto w1 = pg.isend(out, right);
+                auto w2 = pg.irecv(in, left);
+                co_await w1;
+                CHECK(co_await w2 == left);
+            },
+            5s);
+        corocoll_test::check_every_rank_ok(errors);
+    }
+}
+
+TEST_CASE("a staging buffer whose copy is still in flight is never freed nor reused") {
+    std::uint64_t before = corocoll_sim::seen().pinned_freed_in_flight;
+    corocoll_test::thread_ranks_options short_timeout;
+    short_timeout.timeout = 500ms;
+    auto errors = corocoll_test::run_threads(
+        1,
+        [](cc::process_group& pg) -> cc::task<> {
+            cc::gpu::device_buffer<float> a(256);
+            corocoll_sim::gate* stall = nullptr;
+            {
+                cc::gpu::staged st(pg);
+                stall = corocoll_sim::hold(st.stream());
+                bool timed_out = false;
+                try {
+                    co_await st.all_reduce(a);
+                } catch (const std::system_error& e) {
+                    timed_out = e.code() == std::errc::timed_out;
+                }
+                CHECK(timed_out);
+            }  // ~staged: the device-to-host copy still waits behind the stall
+            corocoll_sim::release(stall);
+            cudaDeviceSynchronize();
+        },
+        short_timeout);
+    corocoll_test::check_every_rank_ok(errors);
+    CHECK(corocoll_sim::seen().pinned_freed_in_flight == before);
+}
