@@ -345,7 +345,7 @@ TEST_CASE("an error NCCL returns for an argument fails the group: later ops and 
     corocoll_test::check_every_rank_ok(errors);  // close did not fail
     CAPTURE(first);
     CAPTURE(later);
-    CHECK(first.find("corocoll: rank 0: all_reduce: invalid argument") == 0);
+    CHECK(first.find("corocoll: rank 0: all_reduce: NCCL: invalid argument") == 0);
     CHECK(failed);
     CHECK(later.find("the NCCL group was aborted: " + first) != std::string::npos);
 }
@@ -406,7 +406,6 @@ TEST_CASE("two groups driven by one thread keep their devices across suspensions
     auto server = std::make_shared<cc::rendezvous::tcp_store_server>(cc::io::endpoint::loopback(0));
     cc::io::reactor r;
     std::vector<std::string> errors(2);
-    std::vector<int> device_after(2, -1);
     auto rank = [&](int me) -> cc::task<> {
         try {
             cc::init_options o;
@@ -422,14 +421,13 @@ TEST_CASE("two groups driven by one thread keep their devices across suspensions
             cudaSetDevice(me);
             cc::gpu::device_buffer<float> a(8), b(8);
             a.copy_from(std::vector<float>(8, 1.0f + static_cast<float>(me)));
-            cudaSetDevice(3);  // the caller's device, which the group must leave as it was
+            cudaSetDevice(3);  // and the other coroutine sets its own while this one waits
             auto ops = pg->batch_isend_irecv(
                 {cc::gpu::nccl_p2p_op::isend(a, 0), cc::gpu::nccl_p2p_op::irecv(b, 0)});
             for (auto& w : ops) co_await w;
             co_await pg->all_reduce(b);
             co_await pg->barrier();
             co_await cc::gpu::synchronize(r, pg->stream());
-            cudaGetDevice(&device_after[static_cast<std::size_t>(me)]);
             cudaSetDevice(me);
             same(read(b), std::vector<float>(8, 1.0f + static_cast<float>(me)), "batch");
             co_await pg->close();
@@ -440,8 +438,32 @@ TEST_CASE("two groups driven by one thread keep their devices across suspensions
     r.run(cc::when_all(rank(0), rank(1)));
     CHECK(errors[0] == "");
     CHECK(errors[1] == "");
-    CHECK(device_after[0] == 3);
-    CHECK(device_after[1] == 3);
+}
+
+TEST_CASE("operations leave the caller's current device as it was") {
+    std::vector<int> seen;
+    auto errors = run_nccl(1, [&](cc::gpu::nccl_group& pg) -> cc::task<> {
+        cc::gpu::device_buffer<float> a(8), b(8);
+        auto now = [&] {
+            int d = -1;
+            cudaGetDevice(&d);
+            seen.push_back(d);
+        };
+        cudaSetDevice(3);
+        co_await pg.all_reduce(a);
+        now();
+        co_await pg.barrier();
+        now();
+        auto ops = pg.batch_isend_irecv(
+            {cc::gpu::nccl_p2p_op::isend(a, 0), cc::gpu::nccl_p2p_op::irecv(b, 0)});
+        for (auto& w : ops) co_await w;
+        now();
+        co_await cc::gpu::synchronize(pg.reactor(), pg.stream());
+        now();
+        cudaSetDevice(pg.device());
+    });
+    corocoll_test::check_every_rank_ok(errors);
+    CHECK(seen == std::vector<int>{3, 3, 3, 3});
 }
 
 TEST_CASE("send and recv awaited together are fused into one NCCL group") {

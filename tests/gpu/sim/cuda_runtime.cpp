@@ -62,7 +62,12 @@ void worker(std::shared_ptr<stream_rec> s) {
             }
             return true;
         });
-        if (s->queue.empty()) return;  // destroyed and drained
+        if (s->queue.empty()) {  // destroyed and drained: only now off the device's streams
+            auto& all = st.streams;
+            all.erase(std::find(all.begin(), all.end(), s));
+            st.cv.notify_all();
+            return;
+        }
         auto run = std::move(s->queue.front().run);
         lock.unlock();
         run();
@@ -164,7 +169,7 @@ std::shared_ptr<stream_rec> stream_of(cudaStream_t s) {
     }
     auto* raw = reinterpret_cast<stream_rec*>(s);
     for (auto& p : st.streams) {
-        if (p.get() == raw) return p;
+        if (p.get() == raw && !p->destroyed) return p;
     }
     return nullptr;
 }
@@ -382,9 +387,17 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
     std::lock_guard lock(st.mu);
     auto r = stream_of(s);
     if (!r || r->legacy) return fail(cudaErrorInvalidResourceHandle);
-    r->destroyed = true;
-    st.streams.erase(std::find(st.streams.begin(), st.streams.end(), r));
+    r->destroyed = true;  // its worker drains it, then leaves (device syncs wait for that)
     st.cv.notify_all();
+    return cudaSuccess;
+}
+
+// The device of `s`; the legacy and per-thread streams are the current device's.
+cudaError_t cudaStreamGetDevice(cudaStream_t s, int* device) {
+    std::lock_guard lock(sim().mu);
+    auto r = stream_of(s);
+    if (!r) return fail(cudaErrorInvalidResourceHandle);
+    *device = r->device;
     return cudaSuccess;
 }
 
