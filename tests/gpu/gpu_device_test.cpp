@@ -97,22 +97,11 @@ cc::task<> every_op(cc::gpu::nccl_group& pg) {
 
 TEST_CASE("NCCL, world of one: every op on every element type NCCL has") {
     with_nccl_world_of_one([](cc::gpu::nccl_group& pg) -> cc::task<> {
-        co_await every_op<std::int8_t>(pg);
-        co_await every_op<std::uint8_t>(pg);
-        co_await every_op<std::int32_t>(pg);
-        co_await every_op<std::uint32_t>(pg);
-        co_await every_op<std::int64_t>(pg);
-        co_await every_op<std::uint64_t>(pg);
-        co_await every_op<__half>(pg);
-        co_await every_op<float>(pg);
-        co_await every_op<double>(pg);
-        co_await every_op<__nv_bfloat16>(pg);
         int cc_major = 0;
         cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, pg.device());
-        if (cc_major >= 9) {  // NCCL reduces FP8 on Hopper and later
-            co_await every_op<__nv_fp8_e4m3>(pg);
-            co_await every_op<__nv_fp8_e5m2>(pg);
-        }
+        // NCCL reduces FP8 on Hopper and later.
+        co_await corocoll_test::for_each_nccl_type([&]<class T>() { return every_op<T>(pg); },
+                                                   cc_major >= 9);
     });
 }
 

@@ -198,18 +198,8 @@ TEST_CASE("NCCL groups of 1-4 ranks: every op on every element type, results che
     for (int n : {1, 2, 3, 4}) {
         CAPTURE(n);
         auto errors = run_nccl(n, [](cc::gpu::nccl_group& pg) -> cc::task<> {
-            co_await every_op_and_size<std::int8_t>(pg);
-            co_await every_op_and_size<std::uint8_t>(pg);
-            co_await every_op_and_size<std::int32_t>(pg);
-            co_await every_op_and_size<std::uint32_t>(pg);
-            co_await every_op_and_size<std::int64_t>(pg);
-            co_await every_op_and_size<std::uint64_t>(pg);
-            co_await every_op_and_size<__half>(pg);
-            co_await every_op_and_size<float>(pg);
-            co_await every_op_and_size<double>(pg);
-            co_await every_op_and_size<__nv_bfloat16>(pg);
-            co_await every_op_and_size<__nv_fp8_e4m3>(pg);
-            co_await every_op_and_size<__nv_fp8_e5m2>(pg);
+            co_await corocoll_test::for_each_nccl_type(
+                [&]<class T>() { return every_op_and_size<T>(pg); });
         });
         corocoll_test::check_every_rank_ok(errors);
     }

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -70,6 +71,26 @@ void same(const std::vector<T>& got, const std::vector<T>& want, const char* wha
             REQUIRE(std::abs(number(got[i]) - number(want[i])) <=
                     tolerance * std::abs(number(want[i])) + 1e-12);
         }
+    }
+}
+
+/// Awaits `f.template operator()<T>()` for every element type NCCL has (the fp8 ones only
+/// when `fp8`): integers, the 16-bit floats, float, double.
+template <class F>
+corocoll::task<> for_each_nccl_type(F f, bool fp8 = true) {
+    co_await f.template operator()<std::int8_t>();
+    co_await f.template operator()<std::uint8_t>();
+    co_await f.template operator()<std::int32_t>();
+    co_await f.template operator()<std::uint32_t>();
+    co_await f.template operator()<std::int64_t>();
+    co_await f.template operator()<std::uint64_t>();
+    co_await f.template operator()<__half>();
+    co_await f.template operator()<float>();
+    co_await f.template operator()<double>();
+    co_await f.template operator()<__nv_bfloat16>();
+    if (fp8) {
+        co_await f.template operator()<__nv_fp8_e4m3>();
+        co_await f.template operator()<__nv_fp8_e5m2>();
     }
 }
 
