@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -81,7 +82,12 @@ public:
     /// it is left allocated (with its event) rather than freed under the copy.
     ~staged() {
         reclaim();
-        for (auto& f : in_flight_) (void)f.buffer.release();
+        if (in_flight_.empty()) return;
+        static std::mutex m;
+        // Kept reachable for the rest of the process, never freed.
+        static auto* abandoned = new std::vector<in_flight>;
+        std::lock_guard lock(m);
+        for (auto& f : in_flight_) abandoned->push_back(std::move(f));
     }
 
     process_group& group() const noexcept { return pg_; }

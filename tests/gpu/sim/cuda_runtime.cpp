@@ -244,6 +244,7 @@ gate* hold(cudaStream_t s) {
     t.run = [g] {
         std::unique_lock l(sim().mu);
         sim().cv.wait(l, [g] { return g->open; });
+        delete g;  // release() set it open under the lock and does not touch it again
     };
     enqueue(stream_of(s), std::move(t));
     return g;
@@ -251,7 +252,7 @@ gate* hold(cudaStream_t s) {
 
 void release(gate* g) {
     std::lock_guard lock(sim().mu);
-    g->open = true;  // leaked: the task may still read it
+    g->open = true;
     sim().cv.notify_all();
 }
 

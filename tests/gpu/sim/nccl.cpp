@@ -453,7 +453,7 @@ void execute(ncclComm* c, std::vector<call> calls, std::uint64_t index) {
             spin_until_abort(lock, c);
             return finish();
         }
-        std::memcpy(k.recv_shadow, m->data, m->bytes);
+        if (m->bytes > 0) std::memcpy(k.recv_shadow, m->data, m->bytes);
         m->taken = true;
         st.cv.notify_all();
     }
