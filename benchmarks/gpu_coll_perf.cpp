@@ -1,8 +1,10 @@
 // gpu_coll_perf: NCCL collectives on GPU buffers in the style of nccl-tests, each size run
-// twice in the same process on the same communicator and stream: through corocoll's NCCL
-// group (each op awaited with co_await: an event the reactor polls) and through plain NCCL
-// calls (each op followed by cudaStreamSynchronize). The last columns are the difference per
-// op and the ratio of the two: the cost of the coroutine layer.
+// twice in the same process on the same stream: through corocoll's NCCL group (a
+// non-blocking communicator; each op awaited with co_await: an event the reactor polls) and
+// through plain NCCL calls on a blocking communicator of the same ranks and device, as
+// nccl-tests makes them (each op followed by cudaStreamSynchronize). The last columns are the
+// difference per op and the ratio of the two: the cost of the coroutine layer, including what
+// a non-blocking communicator costs per op.
 //
 //   gpu_coll_perf [--coll COLL] [-d TYPE] [-o REDOP] [-r ROOT] [-b MIN] [-e MAX] [-f FACTOR]
 //                 [-n ITERS] [-w WARMUP] [-c 0|1] [-F text|csv|json] [-J FILE]
@@ -40,6 +42,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <stdexcept>
@@ -87,17 +90,36 @@ config parse(int argc, char** argv) {
     return c;
 }
 
-// Plain NCCL: the call, then (the communicator is non-blocking) waiting out ncclInProgress,
-// then cudaStreamSynchronize.
+// Plain NCCL: the call on the blocking communicator, then cudaStreamSynchronize.
 void plain_wait(ncclComm_t comm, ncclResult_t rc, cudaStream_t s) {
-    while (rc == ncclInProgress) ncclCommGetAsyncError(comm, &rc);
     if (rc != ncclSuccess) throw std::runtime_error("NCCL: " + gpu::describe_nccl(rc, comm));
     gpu::check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+}
+
+// The baseline's communicator: blocking (NCCL's default, what nccl-tests uses), over the same
+// ranks and device as the group, its unique id broadcast through the CPU group.
+cc::task<ncclComm_t> blocking_comm(cc::process_group& cpu, int device) {
+    ncclUniqueId id{};
+    if (cpu.rank() == 0 && ncclGetUniqueId(&id) != ncclSuccess) {
+        throw std::runtime_error("ncclGetUniqueId failed");
+    }
+    std::vector<std::uint8_t> bytes(sizeof id.internal);
+    std::memcpy(bytes.data(), id.internal, bytes.size());
+    co_await cpu.broadcast(bytes, 0);
+    std::memcpy(id.internal, bytes.data(), bytes.size());
+    ncclComm_t comm = nullptr;
+    gpu::device_guard on(device);
+    ncclResult_t rc = ncclCommInitRank(&comm, cpu.size(), id, cpu.rank());
+    if (rc != ncclSuccess) {
+        throw std::runtime_error("ncclCommInitRank: " + gpu::describe_nccl(rc, comm));
+    }
+    co_return comm;
 }
 
 template <class T>
 struct runner {
     gpu::nccl_group& pg;
+    ncclComm_t blocking;
     const config& c;
 
     // One op of `count` elements per rank-block: through the group, or plain.
@@ -115,7 +137,7 @@ struct runner {
     }
 
     void plain(gpu::device_buffer<T>& in, gpu::device_buffer<T>& out, std::size_t count) {
-        ncclComm_t comm = pg.comm();
+        ncclComm_t comm = blocking;
         cudaStream_t s = pg.stream();
         ncclDataType_t t = gpu::nccl_type_of<T>();
         ncclRedOp_t op = gpu::nccl_op_of(perf::redop_of(c.redop), "");
@@ -148,19 +170,20 @@ std::vector<perf::column_group> table_columns() {
           {"root", "", 5}}},
         {"corocoll (co_await)",
          {{"time", "(us)", 10}, {"algbw", "(GB/s)", 8}, {"busbw", "(GB/s)", 8}, {"#wrong", "", 6}}},
-        {"plain NCCL (synchronize)",
+        {"plain NCCL (blocking, synchronize)",
          {{"time", "(us)", 10}, {"algbw", "(GB/s)", 8}, {"busbw", "(GB/s)", 8}}},
         {"", {{"diff", "(us)", 9}, {"ratio", "", 7}}}};
 }
 
 template <class T>
-cc::task<> sweep(gpu::nccl_group& pg, cc::process_group& cpu, const config& c) {
+cc::task<> sweep(gpu::nccl_group& pg, ncclComm_t blocking, cc::process_group& cpu,
+                 const config& c) {
     int n = pg.size();
     if (c.root >= n) {
         throw perf::usage_error("-r " + std::to_string(c.root) + ": not a rank of " +
                                 std::to_string(n));
     }
-    runner<T> run{pg, c};
+    runner<T> run{pg, blocking, c};
     bool reduces = c.op == "all_reduce" || c.op == "reduce" || c.op == "reduce_scatter";
     bool rooted = c.op == "broadcast" || c.op == "reduce";
     std::optional<perf::report> out;
@@ -267,22 +290,25 @@ cc::task<> bench(cc::io::reactor& r, const config& c) {
     o.backend = "nccl";
     o.group_name = "nccl";
     auto pg = co_await gpu::init_process_group(r, o);
+    ncclComm_t blocking = co_await blocking_comm(*cpu, pg->device());
     if (c.type == "float")
-        co_await sweep<float>(*pg, *cpu, c);
+        co_await sweep<float>(*pg, blocking, *cpu, c);
     else if (c.type == "double")
-        co_await sweep<double>(*pg, *cpu, c);
+        co_await sweep<double>(*pg, blocking, *cpu, c);
     else if (c.type == "half")
-        co_await sweep<cc::float16>(*pg, *cpu, c);
+        co_await sweep<cc::float16>(*pg, blocking, *cpu, c);
     else if (c.type == "bfloat16")
-        co_await sweep<cc::bfloat16>(*pg, *cpu, c);
+        co_await sweep<cc::bfloat16>(*pg, blocking, *cpu, c);
     else if (c.type == "int32")
-        co_await sweep<std::int32_t>(*pg, *cpu, c);
+        co_await sweep<std::int32_t>(*pg, blocking, *cpu, c);
     else if (c.type == "int64")
-        co_await sweep<std::int64_t>(*pg, *cpu, c);
+        co_await sweep<std::int64_t>(*pg, blocking, *cpu, c);
     else if (c.type == "uint8")
-        co_await sweep<std::uint8_t>(*pg, *cpu, c);
+        co_await sweep<std::uint8_t>(*pg, blocking, *cpu, c);
     else
         throw std::invalid_argument("unknown type '" + c.type + "'");
+    (void)ncclCommFinalize(blocking);
+    (void)ncclCommDestroy(blocking);
     co_await pg->close();
     co_await cpu->close();
     if (!path.empty()) std::remove(path.c_str());

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -208,5 +209,40 @@ TEST_CASE("device memory without a device: the error names the call") {
     } catch (const cc::gpu::cuda_error& e) {
         CHECK(std::string(e.what()).find("cudaMalloc of 64 bytes") != std::string::npos);
         CHECK(e.code() != cudaSuccess);
+    }
+}
+
+TEST_CASE("a local rank beyond the visible devices takes local_rank modulo their count") {
+    using cc::gpu::detail::pick_device;
+    // srun --gpus-per-task=1, or a CUDA_VISIBLE_DEVICES per rank: each rank sees one device.
+    CHECK(pick_device(3, 3, -1, 1) == 0);
+    CHECK(pick_device(5, 5, -1, 4) == 1);
+    CHECK(pick_device(6, -1, -1, 4) == 2);  // no local rank: rank modulo the count
+    CHECK(pick_device(0, 0, 2, 4) == 2);
+    // An explicit device is the user's word: one the process does not see is an error.
+    CHECK_THROWS_WITH_AS((void)pick_device(0, 0, 4, 4),
+                         doctest::Contains("would use CUDA device 4 (nccl_options::device)"),
+                         std::invalid_argument);
+}
+
+TEST_CASE("the host of a GPU is NCCL's: NCCL_HOSTID, else the host name and the boot id") {
+    std::string boot;
+    if (std::FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+        char buf[64] = {};
+        if (std::fscanf(f, "%63s", buf) == 1) boot = buf;
+        std::fclose(f);
+    }
+    const char* saved = std::getenv("NCCL_HOSTID");
+    std::string keep = saved != nullptr ? saved : "";
+    ::unsetenv("NCCL_HOSTID");
+    std::string id = cc::gpu::detail::host_identity();
+    CHECK(id == cc::gpu::detail::host_name() + boot);
+    CHECK_FALSE(boot.empty());
+    ::setenv("NCCL_HOSTID", "node-17", 1);
+    CHECK(cc::gpu::detail::host_identity() == "node-17");
+    if (saved != nullptr) {
+        ::setenv("NCCL_HOSTID", keep.c_str(), 1);
+    } else {
+        ::unsetenv("NCCL_HOSTID");
     }
 }

@@ -4,6 +4,7 @@
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "../support/ranks.hpp"
+#include "values.hpp"
 
 #include <corocoll/gpu.hpp>
 
@@ -18,59 +19,14 @@
 #include <vector>
 
 namespace cc = corocoll;
+using corocoll_test::number;
+using corocoll_test::ramp;
+using corocoll_test::read;
+using corocoll_test::same;
+using corocoll_test::value;
 using namespace std::chrono_literals;
 
 namespace {
-
-template <class T>
-T value(double x) {
-    if constexpr (std::is_same_v<T, __half>) {
-        return __double2half(x);
-    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-        return __double2bfloat16(x);
-    } else if constexpr (std::is_same_v<T, __nv_fp8_e4m3> || std::is_same_v<T, __nv_fp8_e5m2>) {
-        return T(static_cast<float>(x));
-    } else {
-        return static_cast<T>(x);
-    }
-}
-
-template <class T>
-double number(T v) {
-    if constexpr (std::is_same_v<T, __half>) {
-        return __half2float(v);
-    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-        return __bfloat162float(v);
-    } else if constexpr (std::is_same_v<T, __nv_fp8_e4m3> || std::is_same_v<T, __nv_fp8_e5m2>) {
-        return static_cast<float>(v);
-    } else {
-        return static_cast<double>(v);
-    }
-}
-
-// Small integers (exact in every type, fp8 included).
-template <class T>
-std::vector<T> ramp(std::size_t n, int base) {
-    std::vector<T> v(n);
-    for (std::size_t i = 0; i < n; ++i) v[i] = value<T>((base + static_cast<int>(i)) % 7);
-    return v;
-}
-
-template <class T>
-std::vector<T> read(const cc::gpu::device_buffer<T>& d) {
-    std::vector<T> h(d.size());
-    d.copy_to(h);
-    return h;
-}
-
-template <class T>
-void same(const std::vector<T>& got, const std::vector<T>& want, const char* what) {
-    REQUIRE(got.size() == want.size());
-    for (std::size_t i = 0; i < got.size(); ++i) {
-        INFO(what, " element ", i);
-        REQUIRE(number(got[i]) == number(want[i]));
-    }
-}
 
 // A world of one: rank 0 through a file store.
 template <class Body>
@@ -141,22 +97,11 @@ cc::task<> every_op(cc::gpu::nccl_group& pg) {
 
 TEST_CASE("NCCL, world of one: every op on every element type NCCL has") {
     with_nccl_world_of_one([](cc::gpu::nccl_group& pg) -> cc::task<> {
-        co_await every_op<std::int8_t>(pg);
-        co_await every_op<std::uint8_t>(pg);
-        co_await every_op<std::int32_t>(pg);
-        co_await every_op<std::uint32_t>(pg);
-        co_await every_op<std::int64_t>(pg);
-        co_await every_op<std::uint64_t>(pg);
-        co_await every_op<__half>(pg);
-        co_await every_op<float>(pg);
-        co_await every_op<double>(pg);
-        co_await every_op<__nv_bfloat16>(pg);
         int cc_major = 0;
         cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, pg.device());
-        if (cc_major >= 9) {  // NCCL reduces FP8 on Hopper and later
-            co_await every_op<__nv_fp8_e4m3>(pg);
-            co_await every_op<__nv_fp8_e5m2>(pg);
-        }
+        // NCCL reduces FP8 on Hopper and later.
+        co_await corocoll_test::for_each_nccl_type([&]<class T>() { return every_op<T>(pg); },
+                                                   cc_major >= 9);
     });
 }
 

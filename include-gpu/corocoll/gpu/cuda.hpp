@@ -79,6 +79,28 @@ inline int probe_devices() noexcept {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 0;
 }
 
+/// Makes `device` the calling thread's current CUDA device (cudaSetDevice) until destroyed,
+/// then restores the caller's. The current device belongs to the host thread, and any
+/// coroutine on it may change it while another is suspended: hold one only across code that
+/// does not suspend, right before the call that creates or uses a device's stream, event or
+/// memory. Costs a cudaGetDevice, and two cudaSetDevice where the devices differ.
+class device_guard {
+public:
+    explicit device_guard(int device) : device_(device) {
+        check_cuda(cudaGetDevice(&saved_), "cudaGetDevice");
+        if (saved_ != device_) check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    }
+    device_guard(const device_guard&) = delete;
+    device_guard& operator=(const device_guard&) = delete;
+    ~device_guard() {
+        if (saved_ != device_) (void)cudaSetDevice(saved_);
+    }
+
+private:
+    int device_;
+    int saved_ = 0;
+};
+
 /// An owned CUDA stream. The default is an ordinary (blocking) stream: it waits for work on
 /// the legacy default stream, so kernels a program launches there are ordered before the
 /// collectives that read their output.

@@ -42,8 +42,8 @@ namespace gpu {
 
 /// How `gpu::init_process_group` sets up an NCCL group, beyond `init_options`.
 struct nccl_options {
-    /// This rank's CUDA device; -1: the launcher's LOCAL_RANK, else rank modulo the devices
-    /// this process sees.
+    /// This rank's CUDA device; -1: the launcher's LOCAL_RANK (else the rank) modulo the
+    /// devices this process sees.
     int device = -1;
     /// The stream the group enqueues on; null: a stream of the group's own (an ordinary
     /// stream, so it waits for work on the legacy default stream).
@@ -82,11 +82,15 @@ class nccl_group {
 public:
     using duration = std::chrono::milliseconds;
 
+    /// `lowest`: the lowest compute capability of the group's devices (fp8 reductions need
+    /// 9.0 on every rank).
     nccl_group(io::reactor& r, int rank, int size, int device, std::string name, duration timeout,
                ncclComm_t comm, cudaStream_t stream,
                std::shared_ptr<rendezvous::prefix_store> store,
-               std::shared_ptr<rendezvous::tcp_store_server> hosted)
+               std::shared_ptr<rendezvous::tcp_store_server> hosted,
+               detail::lowest_capability lowest = {90, 0})
         : size_(size),
+          lowest_(lowest),
           name_(std::move(name)),
           store_(std::move(store)),
           hosted_(std::move(hosted)),
@@ -127,24 +131,22 @@ public:
     // ---- point to point ----
 
     /// Sends `buf` to `dst`; completes once the GPU has sent it. NCCL has no tags: `tag` must
-    /// be 0.
+    /// be 0. Sends and receives started in the same reactor turn (`when_all(send, recv)`,
+    /// isend then irecv) are one NCCL group: nccl.h (≈ 503-505) requires that of sends and
+    /// receives that must progress together, which would otherwise hang.
     template <device_memory R>
     task<> send(const R& buf, int dst, std::int64_t tag = 0) {
         check_peer("send", dst, tag);
-        const void* p = buf.data();
-        std::size_t n = buf.size();
-        ncclDataType_t t = nccl_type_of<element_t<R>>();
-        return ops_.run("send", [p, n, t, dst](ncclComm_t c, cudaStream_t s) {
-            return ncclSend(p, n, t, dst, c, s);
-        });
+        return detail::discard(point_to_point(nccl_p2p_op::isend(buf, dst)));
     }
 
     /// Receives into `buf` from `src` (a rank: NCCL cannot receive from any source); yields
-    /// `src`. The message must have `buf.size()` elements.
+    /// `src`. The message must have `buf.size()` elements. Fused with the sends and receives
+    /// of the same reactor turn, as `send` says.
     template <device_memory R>
     task<int> recv(R& buf, int src, std::int64_t tag = 0) {
         check_peer("recv", src, tag);  // here, not in the coroutine: fails before the await
-        return recv_from(buf.data(), buf.size(), nccl_type_of<element_t<R>>(), src);
+        return point_to_point(nccl_p2p_op::irecv(buf, src));
     }
 
     /// Starts a send now; `co_await` the result.
@@ -168,21 +170,7 @@ public:
                        op.peer, 0);
         }
         auto batch = std::make_shared<detail::nccl_batch>();
-        batch->run = start(detail::finish_batch(
-            ops_.run("batch_isend_irecv",
-                     [ops](ncclComm_t c, cudaStream_t s) {
-                         return detail::grouped([&] {
-                             for (const auto& op : ops) {
-                                 ncclResult_t rc =
-                                     op.action == nccl_p2p_op::kind::isend
-                                         ? ncclSend(op.data, op.count, op.type, op.peer, c, s)
-                                         : ncclRecv(op.data, op.count, op.type, op.peer, c, s);
-                                 if (rc != ncclSuccess) return rc;
-                             }
-                             return ncclSuccess;
-                         });
-                     }),
-            batch));
+        start_batch("batch_isend_irecv", ops, batch);
         std::vector<work<int>> out;
         out.reserve(ops.size());
         for (const auto& op : ops) out.push_back(start(detail::await_batch(batch, op.peer)));
@@ -195,7 +183,7 @@ public:
     /// NCCL barrier does.
     task<> barrier() {
         if (barrier_word_ == nullptr) {
-            check_cuda(cudaSetDevice(device()), "cudaSetDevice");
+            device_guard on(device());
             check_cuda(cudaMalloc(reinterpret_cast<void**>(&barrier_word_), sizeof(int)),
                        "cudaMalloc of the barrier word");
         }
@@ -221,6 +209,7 @@ public:
     template <device_memory R>
     task<> all_reduce(R& data, reduce_op op = reduce_op::sum) {
         ncclRedOp_t o = op_of(op, "all_reduce");
+        check_fp8<element_t<R>>("all_reduce");
         void* p = data.data();
         std::size_t n = data.size();
         ncclDataType_t t = nccl_type_of<element_t<R>>();
@@ -233,6 +222,7 @@ public:
     template <device_memory R>
     task<> reduce(R& data, int dst, reduce_op op = reduce_op::sum) {
         ncclRedOp_t o = op_of(op, "reduce");
+        check_fp8<element_t<R>>("reduce");
         collectives::check_root(rank(), size_, "reduce", dst);
         void* p = data.data();
         std::size_t n = data.size();
@@ -371,6 +361,7 @@ public:
     task<> reduce_scatter_into(O& out, const I& in, reduce_op op = reduce_op::sum) {
         same_type<O, I>();
         ncclRedOp_t o = op_of(op, "reduce_scatter");
+        check_fp8<element_t<I>>("reduce_scatter");
         collectives::check_size(rank(), "reduce_scatter", "input", in.size(), out.size() * size_);
         const void* src = in.data();
         void* dst = out.data();
@@ -385,6 +376,7 @@ public:
     template <device_memory R>
     task<> reduce_scatter(R& out, const std::vector<R>& in_list, reduce_op op = reduce_op::sum) {
         ncclRedOp_t o = op_of(op, "reduce_scatter");
+        check_fp8<element_t<R>>("reduce_scatter");
         check_list("reduce_scatter", "input list", "input list entry", in_list, out.size());
         std::vector<const void*> from;
         for (const auto& i : in_list) from.push_back(i.data());
@@ -503,11 +495,77 @@ public:
     }
 
 private:
-    task<int> recv_from(void* p, std::size_t n, ncclDataType_t t, int src) {
-        co_await ops_.run("recv", [p, n, t, src](ncclComm_t c, cudaStream_t s) {
-            return ncclRecv(p, n, t, src, c, s);
-        });
-        co_return src;
+    // The sends and receives started in one reactor turn, enqueued together when the turn's
+    // work is done (a work item posted at the first).
+    struct p2p_turn : corocoll::detail::work_item {
+        nccl_group* group = nullptr;
+        std::vector<nccl_p2p_op> ops;
+        std::shared_ptr<detail::nccl_batch> batch = std::make_shared<detail::nccl_batch>();
+    };
+
+    task<int> point_to_point(nccl_p2p_op op) {
+        if (!turn_) {
+            turn_ = std::make_unique<p2p_turn>();
+            turn_->group = this;
+            turn_->run_ = &flush_turn;
+            reactor().post(*turn_);
+        }
+        auto batch = turn_->batch;
+        turn_->ops.push_back(op);
+        co_return co_await detail::await_batch(std::move(batch), op.peer);
+    }
+
+    static void flush_turn(corocoll::detail::work_item* item) noexcept {
+        auto* self = static_cast<p2p_turn*>(item)->group;
+        std::unique_ptr<p2p_turn> turn = std::move(self->turn_);
+        bool sends = false, recvs = false;
+        for (const auto& op : turn->ops) {
+            (op.action == nccl_p2p_op::kind::isend ? sends : recvs) = true;
+        }
+        self->start_batch(sends && recvs ? "send/recv"
+                          : sends        ? "send"
+                                         : "recv",
+                          turn->ops, turn->batch);
+    }
+
+    // `ops` as one NCCL group; `batch` completes when the GPU has run them.
+    void start_batch(const char* label, const std::vector<nccl_p2p_op>& ops,
+                     const std::shared_ptr<detail::nccl_batch>& batch) noexcept {
+        try {
+            batch->run = start(detail::finish_batch(
+                ops_.run(label,
+                         [ops](ncclComm_t c, cudaStream_t s) {
+                             return detail::grouped([&] {
+                                 for (const auto& op : ops) {
+                                     ncclResult_t rc =
+                                         op.action == nccl_p2p_op::kind::isend
+                                             ? ncclSend(op.data, op.count, op.type, op.peer, c, s)
+                                             : ncclRecv(op.data, op.count, op.type, op.peer, c, s);
+                                     if (rc != ncclSuccess) return rc;
+                                 }
+                                 return ncclSuccess;
+                             });
+                         }),
+                batch));
+        } catch (...) {
+            detail::fail_batch(*batch, std::current_exception());
+        }
+    }
+
+    // NCCL reduces fp8 only where every rank's device has compute capability 9.0 or more
+    // (enqueue.cc ≈ 2557 at v2.28.9-1 checks comm->minCompCap): refused here, before the
+    // call, so that the group stays usable.
+    template <class T>
+    void check_fp8(const char* what) const {
+        if constexpr (std::is_same_v<T, __nv_fp8_e4m3> || std::is_same_v<T, __nv_fp8_e5m2>) {
+            if (lowest_.value < 90) {
+                throw std::invalid_argument(
+                    ops_.prefix(what) +
+                    "NCCL reduces fp8 from compute capability 9.0 (sm90) and rank " +
+                    std::to_string(lowest_.rank) + " has " + std::to_string(lowest_.value / 10) +
+                    "." + std::to_string(lowest_.value % 10) + " (fp8 moves work everywhere)");
+            }
+        }
     }
 
     // NCCL's op; the error text (which allocates) only for the ops NCCL lacks.
@@ -545,11 +603,13 @@ private:
     }
 
     int size_;
+    detail::lowest_capability lowest_;
     std::string name_;
     std::shared_ptr<rendezvous::prefix_store> store_;
     std::shared_ptr<rendezvous::tcp_store_server> hosted_;
     int* barrier_word_ = nullptr;
     bool closing_ = false;
+    std::unique_ptr<p2p_turn> turn_;
     // Last: its events and own stream go before the store, as they did when they were members
     // of this class.
     detail::nccl_ops ops_;
@@ -561,7 +621,8 @@ private:
 /// else LOCAL_RANK, else rank modulo the devices seen), checked through the store so that two
 /// ranks on one GPU fail at once with both named; rank 0 publishes `ncclGetUniqueId` in the
 /// store, the others fetch it, and every rank creates a non-blocking communicator
-/// (`config.blocking = 0`) whose set-up the reactor polls. The steps: detail/nccl_init.hpp.
+/// (`config.blocking = 0`) whose set-up the reactor polls. On return the rank's device is the
+/// thread's current one. The steps: detail/nccl_init.hpp.
 inline task<std::shared_ptr<nccl_group>> init_process_group(io::reactor& r, init_options o,
                                                             nccl_options g = {}) {
     using corocoll::detail::init_error;
@@ -584,11 +645,14 @@ inline task<std::shared_ptr<nccl_group>> init_process_group(io::reactor& r, init
         group = std::make_shared<nccl_group>(
             r, s.rank, s.size, s.device, o.group_name,
             std::chrono::duration_cast<nccl_group::duration>(o.timeout), s.comm, g.stream,
-            std::move(s.store), std::move(s.hosted));
+            std::move(s.store), std::move(s.hosted), s.capability);
     } catch (...) {
         (void)ncclCommAbort(s.comm);  // the group never owned it
         throw;
     }
+    // The rank's device is current on return, for the buffers the caller makes next: set
+    // here, after the last suspension, so that no other coroutine of the thread can undo it.
+    check_cuda(cudaSetDevice(s.device), "init_process_group: cudaSetDevice");
     co_return group;
 }
 

@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -57,11 +58,16 @@ static_assert(sizeof(__half) == sizeof(float16) && sizeof(__nv_bfloat16) == size
 /// element types (int8, uint8, int32, int64, float, double, float16/__half,
 /// bfloat16/__nv_bfloat16); moves take any element. Operations may run concurrently (each
 /// takes its own staging buffer from a pool). Use it from the group's thread; the device is
-/// the one current when it was made.
+/// the one current when it was made, and the caller's current device is left as it was.
+///
+/// Ordering: the copies out of device memory run on `stream()`, which (unless given) is an
+/// ordinary stream: it waits for the legacy default stream only. Data produced on any other
+/// stream (a cudaStreamNonBlocking one, or another ordinary stream) must be finished first
+/// (`gpu::synchronize`), or that stream passed as `s`, or the copy may read it half-written.
 class staged {
 public:
-    /// `s`: the stream the copies go on (null: one of its own, an ordinary stream that waits
-    /// for the legacy default stream).
+    /// `s`: the stream the copies go on, the producer's stream if there is one (null: one of
+    /// its own, an ordinary stream that waits for the legacy default stream).
     explicit staged(process_group& pg, cudaStream_t s = nullptr) : pg_(pg) {
         check_cuda(cudaGetDevice(&device_), "staged: cudaGetDevice");
         if (s == nullptr) {
@@ -69,6 +75,19 @@ public:
             s = own_stream_->get();
         }
         stream_ = s;
+    }
+    staged(const staged&) = delete;
+    staged& operator=(const staged&) = delete;
+    /// A staging buffer that a copy which timed out may still read or write is never freed:
+    /// it is left allocated (with its event) rather than freed under the copy.
+    ~staged() {
+        reclaim();
+        if (in_flight_.empty()) return;
+        static std::mutex m;
+        // Kept reachable for the rest of the process, never freed.
+        static auto* abandoned = new std::vector<in_flight>;
+        std::lock_guard lock(m);
+        for (auto& f : in_flight_) abandoned->push_back(std::move(f));
     }
 
     process_group& group() const noexcept { return pg_; }
@@ -197,27 +216,56 @@ private:
     template <class R>
     using host_t = typename detail::host_element<element_t<R>>::type;
 
-    // A page-locked buffer lent from the pool; it goes back when the lease ends.
+    // A page-locked buffer lent from the pool; it goes back when the lease ends, or, while a
+    // copy that failed to finish may still use it, to the buffers in flight.
     class lease {
     public:
         lease(staged* owner, std::unique_ptr<pinned_buffer> b) : owner_(owner), b_(std::move(b)) {}
         lease(lease&& o) noexcept = default;
         lease& operator=(lease&&) = delete;
         ~lease() {
-            if (b_) owner_->pool_.push_back(std::move(b_));
+            if (!b_) return;
+            if (copying_ != nullptr) {
+                owner_->in_flight_.push_back({std::move(b_), copying_});
+            } else {
+                owner_->pool_.push_back(std::move(b_));
+            }
         }
         std::byte* data() const noexcept { return b_->data(); }
         template <class T>
         std::span<T> as(std::size_t count) const noexcept {
             return {reinterpret_cast<T*>(data()), count};
         }
+        // A copy that uses the buffer may run until `done` has completed.
+        void in_flight_until(cudaEvent_t done) noexcept { copying_ = done; }
 
     private:
         staged* owner_;
         std::unique_ptr<pinned_buffer> b_;
+        cudaEvent_t copying_ = nullptr;
     };
 
+    struct in_flight {
+        std::unique_ptr<pinned_buffer> buffer;
+        cudaEvent_t done;
+    };
+
+    // Buffers whose copy has finished go back to the pool, their events too.
+    void reclaim() noexcept {
+        for (std::size_t i = 0; i < in_flight_.size();) {
+            if (cudaEventQuery(in_flight_[i].done) != cudaSuccess) {
+                ++i;
+                continue;
+            }
+            pool_.push_back(std::move(in_flight_[i].buffer));
+            events_.give(in_flight_[i].done);
+            in_flight_.erase(in_flight_.begin() + static_cast<std::ptrdiff_t>(i));
+        }
+        (void)cudaGetLastError();
+    }
+
     lease take(std::size_t bytes) {
+        reclaim();
         std::unique_ptr<pinned_buffer> b;
         if (!pool_.empty()) {
             b = std::move(pool_.back());
@@ -235,33 +283,46 @@ private:
     task<lease> download(const char* op, const void* from, std::size_t count, bool fill = true) {
         std::size_t bytes = count * sizeof(H);
         lease h = take(bytes);
-        if (fill) co_await copy(op, h.data(), from, bytes, cudaMemcpyDeviceToHost);
+        if (fill) co_await copy(op, h.data(), from, bytes, cudaMemcpyDeviceToHost, h);
         co_return h;
     }
 
-    task<> upload(const char* op, void* to, const lease& h, std::size_t bytes) {
-        return copy(op, to, h.data(), bytes, cudaMemcpyHostToDevice);
+    task<> upload(const char* op, void* to, lease& h, std::size_t bytes) {
+        return copy(op, to, h.data(), bytes, cudaMemcpyHostToDevice, h);
     }
 
-    task<> copy(const char* op, void* to, const void* from, std::size_t bytes,
-                cudaMemcpyKind kind) {
+    // One copy between device memory and `h`'s buffer, awaited. If the wait fails (a
+    // deadline), the copy may still run: `h` then keeps its buffer out of the pool until the
+    // copy's event has completed.
+    task<> copy(const char* op, void* to, const void* from, std::size_t bytes, cudaMemcpyKind kind,
+                lease& h) {
         if (bytes == 0) co_return;
         wait_label label{op, pg_.rank()};
-        check_cuda(cudaSetDevice(device_), "staged: cudaSetDevice");
-        check_cuda(cudaMemcpyAsync(to, from, bytes, kind, stream_),
-                   kind == cudaMemcpyDeviceToHost ? "staged: cudaMemcpyAsync to the host"
-                                                  : "staged: cudaMemcpyAsync to the device");
-        // Back to the pool even after a failure: recording a pending event again is allowed.
-        struct give_back {
-            event_pool& pool;
-            cudaEvent_t e;
-            ~give_back() { pool.give(e); }
-        } done{events_, events_.take()};
-        check_cuda(cudaEventRecord(done.e, stream_), "staged: cudaEventRecord");
-        cudaEvent_t e = done.e;
-        co_await until(
-            pg_.reactor(), [e](std::string& why) noexcept { return query_event(e, why); },
-            io::deadline_after(pg_.timeout()), label);
+        cudaEvent_t done = nullptr;
+        {
+            device_guard on(device_);
+            check_cuda(cudaMemcpyAsync(to, from, bytes, kind, stream_),
+                       kind == cudaMemcpyDeviceToHost ? "staged: cudaMemcpyAsync to the host"
+                                                      : "staged: cudaMemcpyAsync to the device");
+            done = events_.take();
+            cudaError_t rc = cudaEventRecord(done, stream_);
+            if (rc != cudaSuccess) {
+                // Nothing marks the copy's end: wait for it here, on this rare path, so that
+                // the buffer can go back to the pool.
+                events_.give(done);
+                (void)cudaStreamSynchronize(stream_);
+                check_cuda(rc, "staged: cudaEventRecord");
+            }
+        }
+        try {
+            co_await until(
+                pg_.reactor(), [done](std::string& why) noexcept { return query_event(done, why); },
+                io::deadline_after(pg_.timeout()), label);
+        } catch (...) {
+            h.in_flight_until(done);
+            throw;
+        }
+        events_.give(done);
     }
 
     template <class O, class I>
@@ -275,6 +336,7 @@ private:
     std::unique_ptr<gpu::stream> own_stream_;
     cudaStream_t stream_ = nullptr;
     std::vector<std::unique_ptr<pinned_buffer>> pool_;
+    std::vector<in_flight> in_flight_;
     event_pool events_;
 };
 

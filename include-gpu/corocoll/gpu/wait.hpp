@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <coroutine>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -121,15 +122,22 @@ inline progress query_event(cudaEvent_t e, std::string& why) noexcept {
 
 /// Awaitable: waits until the work enqueued on `s` so far has run, polling an event the
 /// reactor checks on every turn: the thread goes on running other coroutines meanwhile
-/// (cudaStreamSynchronize would block it). The event is created and destroyed here; the GPU
-/// layer's groups keep theirs in a pool.
+/// (cudaStreamSynchronize would block it). The event is created and destroyed here, on the
+/// stream's device (cudaEventRecord fails for an event of another device); the GPU layer's
+/// groups keep theirs in a pool. The caller's current device is left as it was.
 inline task<> synchronize(
     io::reactor& r, cudaStream_t s,
     std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
     wait_label label = {"synchronize", -1}) {
-    event e;
-    e.record(s);
-    cudaEvent_t raw = e.get();
+    int device = 0;
+    check_cuda(cudaStreamGetDevice(s, &device), "cudaStreamGetDevice");
+    std::optional<event> e;
+    {
+        device_guard on(device);
+        e.emplace();
+        e->record(s);
+    }
+    cudaEvent_t raw = e->get();
     co_await until(
         r, [raw](std::string& why) noexcept { return query_event(raw, why); }, deadline, label);
 }

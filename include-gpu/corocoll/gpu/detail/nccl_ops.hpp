@@ -75,17 +75,27 @@ struct nccl_batch {
     std::vector<std::coroutine_handle<>> waiters;
 };
 
+/// Ends `batch` with `error` (null: success) and wakes every waiter.
+inline void fail_batch(nccl_batch& batch, std::exception_ptr error) noexcept {
+    batch.error = std::move(error);
+    batch.finished = true;
+    auto waiters = std::move(batch.waiters);
+    for (auto h : waiters) h.resume();
+}
+
 /// Awaits `op`, the batch's NCCL group, then wakes every waiter of `batch` with its outcome.
 inline task<> finish_batch(task<> op, std::shared_ptr<nccl_batch> batch) {
+    std::exception_ptr error;
     try {
         co_await std::move(op);
     } catch (...) {
-        batch->error = std::current_exception();
+        error = std::current_exception();
     }
-    batch->finished = true;
-    auto waiters = std::move(batch->waiters);
-    for (auto h : waiters) h.resume();
+    fail_batch(*batch, std::move(error));
 }
+
+/// `t`'s completion without its value.
+inline task<> discard(task<int> t) { (void)co_await std::move(t); }
 
 /// Waits for `batch` to finish; yields `peer`, or rethrows the batch's error.
 inline task<int> await_batch(std::shared_ptr<nccl_batch> batch, int peer) {
@@ -113,6 +123,7 @@ public:
              cudaStream_t stream)
         : reactor_(r), rank_(rank), device_(device), timeout_(timeout), comm_(comm) {
         if (stream == nullptr) {
+            device_guard on(device_);  // the caller may be on another device by now
             own_stream_.emplace();
             stream = own_stream_->get();
         }
@@ -137,8 +148,10 @@ public:
     std::string prefix(const char* what) const { return collectives::error_prefix(rank_, what); }
 
     /// Runs one NCCL call (or group) `enqueue(comm, stream)` and waits for the GPU to finish
-    /// it (see the top of this file). Bounded by the timeout; fails every later op if it
-    /// fails, unless NCCL refused the call at once (ncclInvalidArgument/Usage).
+    /// it (see the top of this file). Bounded by the timeout; any failure fails every later
+    /// op: NCCL keeps even an argument error on a non-blocking communicator and returns it
+    /// from every later call (enqueue.cc ≈ 2675, init.cc ≈ 373-389 at v2.28.9-1). The
+    /// caller's current device is left as it was.
     template <class Enqueue>
     task<> run(const char* op, Enqueue enqueue) {
         wait_label label{op, rank_};
@@ -147,21 +160,24 @@ public:
         co_await lock_.lock();
         cudaEvent_t done = nullptr;
         std::exception_ptr error;
-        // A call NCCL refuses at once (an argument it rejects) leaves the communicator usable.
-        bool fatal = true;
         try {
             if (closed_ || comm_ == nullptr) throw std::runtime_error(prefix(op) + unusable());
-            check_cuda(cudaSetDevice(device_), "cudaSetDevice");
             cudaStream_t stream = stream_;  // once: set_stream may run while this op waits
-            ncclResult_t rc = enqueue(comm_, stream);
+            ncclResult_t rc = ncclSuccess;
+            {
+                device_guard on(device_);
+                rc = enqueue(comm_, stream);
+            }
             if (rc == ncclInProgress) {
                 co_await until(
                     reactor_, [this](std::string& why) noexcept { return enqueue_progress(why); },
                     deadline, label);
             } else if (rc != ncclSuccess) {
-                fatal = rc != ncclInvalidArgument && rc != ncclInvalidUsage;
-                throw nccl_error(rc, prefix(op) + describe_nccl(rc, comm_));
+                throw nccl_error(rc, prefix(op) + "NCCL: " + describe_nccl(rc, comm_));
             }
+            // After the wait: another coroutine of this thread may have switched devices, and
+            // the event must be of the stream's device.
+            device_guard on(device_);
             done = events_.take();
             check_cuda(cudaEventRecord(done, stream), "cudaEventRecord");
         } catch (...) {
@@ -181,7 +197,7 @@ public:
             }
         }
         if (done != nullptr) (void)cudaEventDestroy(done);
-        if (fatal && !closed_) fail(op, error);
+        if (!closed_) fail(op, error);
         std::rethrow_exception(error);
     }
 
@@ -189,6 +205,7 @@ public:
     /// reason stays.
     void abort(const std::string& why) noexcept {
         if (failure_.empty()) failure_ = why.empty() ? "aborted" : why;
+        aborted_ = true;
         if (comm_ != nullptr) {
             (void)ncclCommAbort(comm_);
             comm_ = nullptr;
@@ -233,8 +250,8 @@ public:
 private:
     // Why an op cannot run: closed, or aborted by an earlier failure.
     std::string unusable() const {
-        return closed_ || failure_.empty() ? std::string("the NCCL group is closed")
-                                           : "the NCCL group was aborted: " + failure_;
+        return aborted_ && !failure_.empty() ? "the NCCL group was aborted: " + failure_
+                                             : std::string("the NCCL group is closed");
     }
 
     // The first failure aborts the communicator; its text is what every later op reports.
@@ -258,13 +275,16 @@ private:
         return comm_progress(comm_, why);
     }
 
+    // An op's event: after an abort the op failed, whatever the event says (ncclCommAbort
+    // ends the kernels, and the event then completes). After close it is done once the event
+    // is: finalize waited for NCCL's part, and the event only for work queued after it.
     progress op_progress(cudaEvent_t done, std::string& why) noexcept {
-        if (comm_ == nullptr) {
+        if (aborted_) {
             why = unusable();
             return progress::failed;
         }
         progress p = query_event(done, why);
-        if (p != progress::pending) return p;
+        if (p != progress::pending || comm_ == nullptr) return p;
         // A peer that died or a network error shows here, not in the event.
         p = comm_progress(comm_, why);
         return p == progress::failed ? p : progress::pending;
@@ -282,6 +302,7 @@ private:
     event_pool events_;
     std::string failure_;
     bool closed_ = false;
+    bool aborted_ = false;
 };
 
 }  // namespace gpu::detail
