@@ -345,6 +345,23 @@ TEST_CASE("a rank that skips a collective makes every rank fail at the next one,
                 {"collective #2 does not match", "all_reduce(", "broadcast("});
 }
 
+TEST_CASE("a rank that skips a collective and waits in a recv instead fails every rank") {
+    // Nothing of collective #2 ever reaches rank 1, which waits for a message that rank 0
+    // would send only after #2: the stall check finds it.
+    desync_case(3,
+                [](cc::process_group& pg) -> cc::task<> {
+                    std::vector<float> v(4, 1.0f);
+                    co_await pg.all_reduce(v);
+                    if (pg.rank() == 1) {
+                        co_await pg.recv(v, 0, 5);
+                    } else {
+                        co_await pg.all_reduce(v);
+                        if (pg.rank() == 0) co_await pg.send(v, 1, 5);
+                    }
+                },
+                {"rank 1 is in no collective and waits in a recv", "rank 0: #2 all_reduce("});
+}
+
 TEST_CASE("ranks calling all_reduce and broadcast in opposite orders fail on every rank") {
     desync_case(2,
                 [](cc::process_group& pg) -> cc::task<> {

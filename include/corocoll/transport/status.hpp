@@ -8,6 +8,7 @@
 #include <corocoll/transport/posted_recv.hpp>
 #include <corocoll/version.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -277,6 +278,32 @@ inline status_verdict judge_status(const std::vector<std::optional<rank_status>>
                          ", which finished it without sending to it; " + report;
                 return v;
             }
+        }
+    }
+    // A rank outside any collective that waits in a recv only for ranks that are themselves
+    // stuck in a collective waits forever: they cannot send until it joins (it skipped the
+    // collective, or called it later than a recv that depends on it).
+    for (std::size_t r = 0; r < all.size(); ++r) {
+        const rank_status& s = *all[r];
+        if (s.left || s.in_collective || s.waiting_for.empty()) continue;
+        bool stuck = true;
+        for (std::size_t q = 0; q < all.size() && stuck; ++q) {
+            if (q == r) continue;
+            bool waited_for = std::find(s.waiting_for.begin(), s.waiting_for.end(),
+                                        static_cast<std::int32_t>(q)) != s.waiting_for.end() ||
+                              std::find(s.waiting_for.begin(), s.waiting_for.end(), any_source) !=
+                                  s.waiting_for.end();
+            if (waited_for && !(all[q]->in_collective && !all[q]->waiting_for.empty()))
+                stuck = false;
+        }
+        if (stuck) {
+            v.fail = true;
+            v.culprit = static_cast<int>(r);
+            v.text = rank_name(static_cast<int>(r)) +
+                     " is in no collective and waits in a recv for ranks that wait in a "
+                     "collective for it: it skipped a collective or calls it too late; " +
+                     report;
+            return v;
         }
     }
     if (why == status_reason::stalled) {
