@@ -567,7 +567,8 @@ private:
         scratch_.trim();
         // A call whose last message arrived after the group failed (a rank that was stopped
         // and woke up) is not done: the other ranks reported it failed.
-        co_await engine_.finish_collective(meta);
+        if (engine_.must_catch_up()) co_await engine_.catch_up();
+        engine_.raise_if_failed(meta);
     }
 
     template <class Body>

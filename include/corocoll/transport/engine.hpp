@@ -247,13 +247,17 @@ public:
         done_seq_ = active_.seq;
     }
 
-    /// Ends collective `meta` on this rank: throws the group's failure, as an error of that
-    /// call, if the group failed; a call that completes after the group failed does not
-    /// count as done. A rank that did not run for a while (stopped, or its thread held
-    /// elsewhere) may finish a call from messages that arrived meanwhile, before it has read
-    /// the abort notices that came after them: it first lets its readers catch up.
-    task<> finish_collective(const collective_meta& meta) {
-        if (!failure_ && paused()) co_await reactor_.sleep_for(std::chrono::milliseconds(5));
+    /// Whether a collective that just ended must first let the readers catch up
+    /// (`catch_up`): true when this rank's reactor did not run for a while (stopped, or its
+    /// thread held elsewhere), so messages and, behind them, abort notices may wait unread.
+    bool must_catch_up() const noexcept { return !failure_ && paused(); }
+    /// Lets the readers go through what has arrived (one short wait in the reactor).
+    auto catch_up() { return reactor_.sleep_for(std::chrono::milliseconds(5)); }
+
+    /// Throws the group's failure, as an error of collective `meta`, if the group failed: a
+    /// call that completes after its group failed does not count as done.
+    void raise_if_failed(const collective_meta& meta) const {
+        if (!failure_) return;
         op_label what;
         what.collective = true;
         what.meta = meta;
