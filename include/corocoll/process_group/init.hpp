@@ -166,6 +166,9 @@ inline task<> roll_call(rendezvous::store& store, int rank, int size, const std:
                   " and " + me + " (every process needs its own RANK)";
     }
     const std::string verdict_key = "init/verdict";
+    // Waiters wait for this key, written with SET after the verdict: torch 1.13's TCPStore
+    // server (torchrun's agent store) does not wake waiters on a compare-and-set.
+    const std::string decided_key = "init/decided";
     // A rank that serves the store stays a moment after a bad verdict, so that the ranks
     // waiting can read it before the store goes away with this rank: each one that has read
     // it counts itself under "init/told".
@@ -179,13 +182,15 @@ inline task<> roll_call(rendezvous::store& store, int rank, int size, const std:
     };
     if (!problem.empty()) {
         co_await store.compare_set(verdict_key, "", "group '" + name + "': " + problem);
+        co_await store.set(decided_key, "1");
         co_await linger();
         throw std::invalid_argument(init_error(problem));
     }
     if (co_await store.add("init/joined", 1) == size) {
         co_await store.compare_set(verdict_key, "", "ok");
+        co_await store.set(decided_key, "1");
     }
-    std::vector<std::string> keys{verdict_key};
+    std::vector<std::string> keys{decided_key};
     std::optional<std::system_error> late;
     try {
         co_await store.wait(keys, left_until(deadline));
