@@ -20,6 +20,9 @@ Cases (all by default):
                      names the variable (not SIGABRT).
   timeout_env        COROCOLL_TIMEOUT=3 with rank 1 never started: rank 0 ends with an error
                      naming rank 1.
+  job_token          COROCOLL_JOB_TOKEN the same on both ranks: the job runs (rank 0's store
+                     asks every client for the token, the mesh both ends); a different one
+                     on rank 1: it is refused, saying that the token differs.
 
 Strangers on a rank's mesh port and a forged mesh address are tests/transport/mesh_test.cpp's:
 from outside, a stranger cannot be put reliably between the roll call and rank 1's connect.
@@ -173,6 +176,23 @@ def case_timeout_env(worker, store_tool):
         r = ranks(worker, port, [{"RANK": 0, "WORLD_SIZE": 2}], {"COROCOLL_TIMEOUT": "3"}).finish()
     expect(ended_with_error(r), "timeout_env: rank 0 ends with an error within COROCOLL_TIMEOUT", r)
     expect("rank(s) 1" in r[0][2] or "rank 1" in r[0][2], "timeout_env: rank 0 names rank 1", r)
+
+
+def case_job_token(worker, store_tool):
+    hold, port = reserved_port()
+    with hold:
+        r = ranks(worker, port, [{"RANK": 0, "WORLD_SIZE": 2}, {"RANK": 1, "WORLD_SIZE": 2}],
+                  {"COROCOLL_JOB_TOKEN": "job-token-3f9c1e7a"}).finish()
+    expect(all(code == 0 and "broadcast ok" in out for code, out, _ in r),
+           "job_token: both ranks complete with the same token", r)
+    hold, port = reserved_port()
+    with hold:
+        r = ranks(worker, port, [{"RANK": 0, "WORLD_SIZE": 2, "COROCOLL_JOB_TOKEN": "one-token"},
+                                 {"RANK": 1, "WORLD_SIZE": 2, "COROCOLL_JOB_TOKEN": "another"}],
+                  {"COROCOLL_TIMEOUT": "5"}).finish()
+    expect(ended_with_error(r), "job_token: ranks with different tokens end with an error", r)
+    expect("did not prove" in r[1][2] and "COROCOLL_JOB_TOKEN" in r[1][2],
+           "job_token: rank 1 hears that its token differs", r)
 
 
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}

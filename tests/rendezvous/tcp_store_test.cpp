@@ -448,3 +448,74 @@ TEST_CASE("tcp store server: a client keeps being served while others flood it w
     CHECK(rss_bytes() < rss_before + (std::uint64_t{64} << 20));
 #endif
 }
+
+TEST_CASE("tcp store server with a job token: only clients that prove it are served") {
+    if (!cc::transport::detail::token_auth_available()) return;  // a build without libcrypto
+    rdv::tcp_store_server_options o;
+    o.job_token = "store-token-8d41";
+    rdv::tcp_store_server server(cc::io::endpoint::loopback(0), o);
+    cc::io::reactor r;
+    auto good = r.run(rdv::tcp_store::connect(r, server.local_endpoint(), 5s, o.job_token));
+    r.run(good->set("a", "1"));
+    CHECK(r.run(good->get("a")) == "1");
+
+    auto without = expect_system_error(
+        [&] { r.run(rdv::tcp_store::connect(r, server.local_endpoint(), 5s)); });
+    CHECK(without.code() == std::errc::permission_denied);
+    CHECK(std::string(without.what()).find("set COROCOLL_JOB_TOKEN") != std::string::npos);
+
+    auto other = expect_system_error(
+        [&] { r.run(rdv::tcp_store::connect(r, server.local_endpoint(), 5s, "another-token")); });
+    CHECK(other.code() == std::errc::permission_denied);
+    CHECK(std::string(other.what()).find("did not prove that it knows this job's token") !=
+          std::string::npos);
+
+    // torch's way (no HELLO): the connection closes, and neither the SET nor the GET happened.
+    raw_client torch_like(server.port());
+    REQUIRE(torch_like.send(request().u8(0).str("/b").str("2").u8(2).str("/a").bytes));
+    CHECK(torch_like.closed_by_server());
+    std::vector<std::string> b{"b"};
+    CHECK_FALSE(r.run(good->check(b)));
+    // Refused: the wrong proof and torch's SET (the tokenless client gave up by itself).
+    CHECK(server.stats().requests_refused == 2);
+}
+
+TEST_CASE("tcp store client: a server asking for the token gets a proof, never the token") {
+    if (!cc::transport::detail::token_auth_available()) return;
+    // A server that asks for the token and answers AUTH with a made-up proof.
+    const std::string token = "client-token-51c0";
+    cc::io::reactor r;
+    auto listener = cc::io::acceptor::listen(r, cc::io::endpoint::loopback(0));
+    std::string received;
+    auto fake_server = [&]() -> cc::task<> {
+        auto s = co_await listener.accept(cc::io::op_options(cc::io::deadline_after(10s)));
+        std::vector<std::byte> hello(9);
+        co_await s.recv(hello, cc::io::deadline_after(10s));
+        request answer;
+        answer.u64(rdv::detail::hello_auth_magic);
+        answer.bytes.append(32, 'n');  // the server's nonce
+        co_await s.send(std::as_bytes(std::span(answer.bytes.data(), answer.bytes.size())),
+                        cc::io::deadline_after(10s));
+        std::vector<std::byte> auth(1 + 8 + 64);
+        co_await s.recv(auth, cc::io::deadline_after(10s));
+        received.assign(reinterpret_cast<const char*>(auth.data()), auth.size());
+        request proof;
+        proof.u8(0).str(std::string(32, 'p'));
+        co_await s.send(std::as_bytes(std::span(proof.bytes.data(), proof.bytes.size())),
+                        cc::io::deadline_after(10s));
+    };
+    std::string error;
+    auto client = [&]() -> cc::task<> {
+        try {
+            co_await rdv::tcp_store::connect(r, listener.local_endpoint(), 5s, token);
+        } catch (const std::system_error& e) {
+            error = e.what();
+            CHECK(e.code() == std::errc::permission_denied);
+        }
+    };
+    r.run(cc::when_all(fake_server(), client()));
+    CHECK(error.find("the server did not prove that it knows the job token") != std::string::npos);
+    REQUIRE(received.size() == 73);
+    CHECK(static_cast<unsigned char>(received[0]) == 0xC1);  // AUTH
+    CHECK(received.find(token) == std::string::npos);
+}

@@ -276,9 +276,13 @@ TEST_CASE("the job token never appears in the packets of a 3-rank set-up") {
         MESSAGE("no packet capture here (needs CAP_NET_RAW): ", std::strerror(errno));
         return;
     }
-    cc::rendezvous::tcp_store_server server(cc::io::endpoint::loopback(0));
+    // The store asks for the token too, as the one rank 0 serves does with COROCOLL_JOB_TOKEN.
+    cc::rendezvous::tcp_store_server_options served;
+    served.job_token = token;
+    cc::rendezvous::tcp_store_server server(cc::io::endpoint::loopback(0), served);
     auto errors = run_ranks(3, [&](int rank, cc::io::reactor& r) -> cc::task<> {
-        auto store = co_await cc::rendezvous::tcp_store::connect(r, server.local_endpoint(), 10s);
+        auto store =
+            co_await cc::rendezvous::tcp_store::connect(r, server.local_endpoint(), 10s, token);
         auto socks = co_await tr::connect_mesh(r, *store, rank, 3, mesh_with(token, 20s));
         for (int p = 0; p < 3; ++p) {
             if (p != rank && !socks[static_cast<std::size_t>(p)].is_open()) {
@@ -291,6 +295,9 @@ TEST_CASE("the job token never appears in the packets of a 3-rank set-up") {
     // The capture saw the handshakes (the frames' magic, "CCOL" in the sender's byte order)...
     std::uint32_t magic = tr::frame_magic;
     CHECK(contains(packets, std::string(reinterpret_cast<const char*>(&magic), 4)));
+    // ...and the store's challenges ("coroauth" answering each client's HELLO)...
+    std::uint64_t store_auth = cc::rendezvous::detail::hello_auth_magic;
+    CHECK(contains(packets, std::string(reinterpret_cast<const char*>(&store_auth), 8)));
     // ...and no token.
     CHECK_FALSE(contains(packets, token));
 }

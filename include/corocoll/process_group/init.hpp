@@ -77,6 +77,13 @@ struct rendezvous_result {
     std::optional<io::endpoint> master;
 };
 
+// COROCOLL_JOB_TOKEN, or empty. The store rank 0 serves asks every client to prove it, and
+// mesh set-up has both ends of every connection prove it (docs/security.md).
+inline std::string job_token_from_env() {
+    const char* token = std::getenv("COROCOLL_JOB_TOKEN");
+    return token != nullptr ? token : "";
+}
+
 // Connects to the store at `master`, which `source` names (the variable to fix); a server
 // there that does not answer like a store is an error that says so at once.
 inline task<std::shared_ptr<rendezvous::tcp_store>> connect_store(io::reactor& r,
@@ -85,7 +92,8 @@ inline task<std::shared_ptr<rendezvous::tcp_store>> connect_store(io::reactor& r
                                                                   std::chrono::milliseconds timeout,
                                                                   const std::string& source) {
     try {
-        co_return co_await rendezvous::tcp_store::connect(r, master, timeout);
+        co_return co_await rendezvous::tcp_store::connect(r, master, timeout,
+                                                          job_token_from_env());
     } catch (const std::system_error& e) {
         if (e.code() != corocoll::errc::protocol_error) throw;
         corocoll::detail::throw_error(
@@ -105,7 +113,10 @@ inline task<rendezvous_result> tcp_rendezvous(io::reactor& r, const std::string&
     out.master = master;
     if (rank == 0) {
         try {
-            out.hosted = std::make_shared<rendezvous::tcp_store_server>(master);
+            rendezvous::tcp_store_server_options served;
+            // Without libcrypto a token fails set-up at the mesh, saying why.
+            if (transport::detail::token_auth_available()) served.job_token = job_token_from_env();
+            out.hosted = std::make_shared<rendezvous::tcp_store_server>(master, served);
         } catch (const std::system_error& e) {
             corocoll::detail::throw_error(
                 e.code(), init_error("rank 0 cannot serve the store on " + master.to_string() +
@@ -238,7 +249,7 @@ inline task<std::shared_ptr<process_group>> build_group(
     transport::mesh_options mesh;
     mesh.deadline = deadline;
     mesh.group_name = name;
-    if (const char* token = std::getenv("COROCOLL_JOB_TOKEN")) mesh.job_token = token;
+    mesh.job_token = job_token_from_env();
     mesh.listen_on = listen_on;
     transport::channel_options channels;
     channels.transport = limits.transport ? *limits.transport : transport::transport_from_env();

@@ -8,6 +8,7 @@
 #include <corocoll/io/reactor.hpp>
 #include <corocoll/io/socket.hpp>
 #include <corocoll/rendezvous/store.hpp>
+#include <corocoll/transport/auth.hpp>
 #include <corocoll/version.hpp>
 
 #include <algorithm>
@@ -48,6 +49,14 @@ namespace detail {
 // connection starts with a `reply_status` byte. A status other than ok is followed by a byte
 // vector naming the request and the reason, and the server then closes the connection. To a
 // torch client (no HELLO) the server says nothing and closes, as torch's server does.
+//
+// A server with a job token answers HELLO with `hello_auth_magic` and a 32-byte nonce of its
+// own instead, and serves nothing but AUTH (0xC1) on that connection until the client has
+// proved it knows the token: AUTH carries a byte vector of the client's nonce and
+// HMAC-SHA256(token, "corocoll store client" | server nonce | client nonce); the reply (after
+// the status byte) is a byte vector of HMAC-SHA256(token, "corocoll store server" | client
+// nonce | server nonce), so that the client knows the server too. Neither side ever sends
+// the token. torch's clients cannot do this: a server with a token refuses them.
 enum class query : std::uint8_t {
     set = 0,
     compare_set = 1,
@@ -59,12 +68,26 @@ enum class query : std::uint8_t {
     watch_key = 7,
     delete_key = 8,
     hello = 0xC0,
+    auth = 0xC1,
 };
 inline constexpr std::uint8_t check_ready = 0;
 inline constexpr std::uint8_t check_not_ready = 1;
 inline constexpr std::uint8_t wait_stop_waiting = 0;
 /// "corocoll" in a little-endian u64.
 inline constexpr std::uint64_t hello_magic = 0x6c6c6f636f726f63;
+/// "coroauth": HELLO's answer from a server that wants the job token proved.
+inline constexpr std::uint64_t hello_auth_magic = 0x687475616f726f63;
+
+/// The proofs of store authentication (see `query`): the client's over (server nonce, client
+/// nonce), the server's over the two the other way round.
+inline transport::detail::auth_proof store_proof(std::string_view token, bool from_client,
+                                                 const transport::detail::auth_nonce& first,
+                                                 const transport::detail::auth_nonce& second) {
+    std::string message = from_client ? "corocoll store client" : "corocoll store server";
+    message.append(reinterpret_cast<const char*>(first.data()), first.size());
+    message.append(reinterpret_cast<const char*>(second.data()), second.size());
+    return transport::detail::hmac_sha256(token, message);
+}
 
 /// The first byte of every reply on a connection that said HELLO.
 enum class reply_status : std::uint8_t {
@@ -74,6 +97,7 @@ enum class reply_status : std::uint8_t {
     busy = 3,       // the server's byte budget for unfinished requests is spent
     invalid = 4,    // GET of a missing key, ADD to a value that is not a number
     unsupported = 5,
+    denied = 6,  // the job token was not proved (see `query`)
 };
 
 /// The error a client reports for a refusal with status `s`.
@@ -87,6 +111,8 @@ inline std::error_code refusal_code(std::uint8_t s) {
             return std::make_error_code(std::errc::no_buffer_space);
         case reply_status::invalid:
             return std::make_error_code(std::errc::invalid_argument);
+        case reply_status::denied:
+            return std::make_error_code(std::errc::permission_denied);
         default:
             return make_error_code(corocoll::errc::protocol_error);
     }
@@ -109,6 +135,8 @@ public:
         u64(s.size());
         buf_ += s;
     }
+    /// Bytes as they are, without a length.
+    void raw(const void* p, std::size_t n) { buf_.append(static_cast<const char*>(p), n); }
     std::span<const std::byte> view() const noexcept {
         return std::as_bytes(std::span<const char>(buf_.data(), buf_.size()));
     }
@@ -119,7 +147,6 @@ public:
     void release() noexcept { std::string().swap(buf_); }
 
 private:
-    void raw(const void* p, std::size_t n) { buf_.append(static_cast<const char*>(p), n); }
     std::string buf_;
 };
 
@@ -282,6 +309,12 @@ public:
                         return done();
                     }
                     break;
+                case query::auth:
+                    if (field_ == 0)
+                        stop = string_field(in, req_.value, "proof");
+                    else
+                        return done();
+                    break;
                 case query::watch_key:
                     return refuse(reply_status::unsupported, "WATCH_KEY is not supported");
                 default:
@@ -332,7 +365,9 @@ private:
                                                 "ADD",        "CHECK",       "WAIT",
                                                 "GETNUMKEYS", "WATCH_KEY",   "DELETE_KEY"};
         auto q = static_cast<unsigned>(req_.q);
-        std::string out = q < std::size(names) ? names[q] : "HELLO";
+        std::string out = q < std::size(names)       ? names[q]
+                          : req_.q == query::auth ? "AUTH"
+                                                  : "HELLO";
         if (!req_.keys.empty()) out += " '" + req_.keys.front() + "'";
         return out;
     }
@@ -582,6 +617,11 @@ struct tcp_store_server_options {
     /// from the first to the second after each failure in a row.
     std::chrono::milliseconds accept_backoff_min{10};
     std::chrono::milliseconds accept_backoff_max{1000};
+    /// The job's token (COROCOLL_JOB_TOKEN); empty: none. With one, the server serves only
+    /// clients that prove they know it (corocoll's `tcp_store` given the same token), by
+    /// challenge-response over fresh nonces; it refuses torch's clients, which cannot. Needs
+    /// libcrypto (see transport/auth.hpp).
+    std::string job_token;
 };
 
 /// What a `tcp_store_server` has done and holds, for tests and monitoring. Counters only grow;
@@ -716,6 +756,10 @@ private:
         detail::request_parser parser;
         std::uint64_t charged = 0;  // bytes counted in counters_.buffered_bytes
         bool status_replies = false;
+        // With a job token: the nonce this server sent at HELLO, and whether the client has
+        // proved the token over it.
+        std::optional<transport::detail::auth_nonce> server_nonce{};
+        bool authenticated = false;
         std::chrono::steady_clock::time_point request_started{};
     };
 
@@ -822,10 +866,31 @@ private:
             detail::store_request req = c.parser.take();
             c.out.clear();
             if (c.status_replies) c.out.u8(static_cast<std::uint8_t>(detail::reply_status::ok));
+            bool token = !options_.job_token.empty();
+            if (token && !c.authenticated && req.q != detail::query::hello &&
+                req.q != detail::query::auth) {
+                // Named: g++ 12 frees a braced temporary in a co_await expression twice.
+                detail::refusal why{detail::reply_status::denied,
+                                    "this store serves only clients that prove they know the "
+                                    "job token (COROCOLL_JOB_TOKEN): say HELLO and AUTH first"};
+                co_await refuse(c, std::move(why));
+                co_return;
+            }
             if (req.q == detail::query::hello) {
                 c.out.clear();
-                c.out.u64(detail::hello_magic);
                 c.status_replies = true;
+                if (token) {
+                    c.server_nonce = transport::detail::auth_random_nonce();
+                    c.out.u64(detail::hello_auth_magic);
+                    c.out.raw(c.server_nonce->data(), c.server_nonce->size());
+                } else {
+                    c.out.u64(detail::hello_magic);
+                }
+            } else if (req.q == detail::query::auth) {
+                if (auto no = authenticate(c, req.value)) {
+                    co_await refuse(c, std::move(*no));
+                    co_return;
+                }
             } else if (req.q == detail::query::wait) {
                 if (!table_.all_present(req.keys) && !co_await park(c, req.keys)) co_return;
                 c.out.u8(detail::wait_stop_waiting);
@@ -925,6 +990,38 @@ private:
         co_return !stopping_;
     }
 
+    // AUTH: checks the client's proof of the job token over this connection's nonces and
+    // appends the server's own proof to the reply; why not, when the client did not prove it.
+    std::optional<detail::refusal> authenticate(connection& c, const std::string& proof) {
+        namespace auth = transport::detail;
+        if (options_.job_token.empty() || !c.server_nonce) {
+            return detail::refusal{detail::reply_status::unsupported,
+                                   options_.job_token.empty()
+                                       ? "AUTH: this store has no job token"
+                                       : "AUTH before HELLO"};
+        }
+        auth::auth_nonce client_nonce{};
+        auth::auth_proof client_proof{};
+        if (proof.size() != client_nonce.size() + client_proof.size()) {
+            return detail::refusal{detail::reply_status::denied,
+                                   "AUTH: " + std::to_string(proof.size()) + " bytes, not " +
+                                       std::to_string(client_nonce.size() + client_proof.size())};
+        }
+        std::memcpy(client_nonce.data(), proof.data(), client_nonce.size());
+        std::memcpy(client_proof.data(), proof.data() + client_nonce.size(), client_proof.size());
+        if (!auth::same_proof(client_proof, detail::store_proof(options_.job_token, true,
+                                                                *c.server_nonce, client_nonce))) {
+            return detail::refusal{detail::reply_status::denied,
+                                   "AUTH: the client did not prove that it knows this job's "
+                                   "token (is COROCOLL_JOB_TOKEN the same on every rank?)"};
+        }
+        c.authenticated = true;
+        auto mine = detail::store_proof(options_.job_token, false, client_nonce, *c.server_nonce);
+        c.out.u64(mine.size());
+        c.out.raw(mine.data(), mine.size());
+        return std::nullopt;
+    }
+
     // Tells a client that said HELLO why its request is refused, then closes. The rest of
     // the request is read and dropped first (within the request deadline), so that the
     // client finishes sending and reads the answer, rather than meeting a reset.
@@ -1000,10 +1097,17 @@ private:
 class tcp_store final : public store {
 public:
     /// Connects to `server`, retrying with exponential backoff and jitter while the server is
-    /// not up yet, for up to `timeout` (the store's timeout afterwards too).
+    /// not up yet, for up to `timeout` (the store's timeout afterwards too). `job_token`
+    /// (COROCOLL_JOB_TOKEN) answers a server that asks for it (a `tcp_store_server` with the
+    /// same token), without sending it; a server that asks for a token this client lacks or
+    /// proves differently is an error (permission_denied). A server that does not ask is used
+    /// as it is: a forged store cannot get more than its entries, as mesh set-up proves the
+    /// token between ranks.
     static task<std::shared_ptr<tcp_store>> connect(io::reactor& r, io::endpoint server,
-                                                    duration timeout = default_timeout) {
+                                                    duration timeout = default_timeout,
+                                                    std::string job_token = {}) {
         std::shared_ptr<tcp_store> s(new tcp_store(r, server, timeout));
+        s->job_token_ = std::move(job_token);
         co_await s->reconnect(timeout);
         co_return s;
     }
@@ -1201,6 +1305,11 @@ private:
             sock_.close();
             co_return false;
         }
+        if (reply == detail::hello_auth_magic) {
+            co_await authenticate(answer_by);
+            status_replies_ = true;
+            co_return true;
+        }
         if (reply != detail::hello_magic) {
             corocoll::detail::throw_error(corocoll::errc::protocol_error,
                                           "corocoll: store " + server_.to_string() +
@@ -1209,6 +1318,41 @@ private:
         }
         status_replies_ = true;
         co_return true;
+    }
+
+    // The client's half of AUTH (see detail::query), after a HELLO answered with a nonce.
+    task<> authenticate(std::chrono::steady_clock::time_point answer_by) {
+        namespace auth = transport::detail;
+        auto denied = [&](const std::string& why) {
+            corocoll::detail::throw_error(std::make_error_code(std::errc::permission_denied),
+                                          "corocoll: store " + server_.to_string() + ": " + why);
+        };
+        if (job_token_.empty()) {
+            denied("the server serves only clients that know the job token; set "
+                   "COROCOLL_JOB_TOKEN to the job's token");
+        }
+        auth::auth_nonce server_nonce{};
+        co_await sock_.recv(server_nonce, answer_by);
+        auto client_nonce = auth::auth_random_nonce();
+        auto proof = detail::store_proof(job_token_, true, server_nonce, client_nonce);
+        detail::wire_writer w;
+        w.u8(static_cast<std::uint8_t>(detail::query::auth));
+        w.u64(client_nonce.size() + proof.size());
+        w.raw(client_nonce.data(), client_nonce.size());
+        w.raw(proof.data(), proof.size());
+        co_await sock_.send(w.view(), answer_by);
+        detail::wire_reader in(sock_, io::op_options(answer_by));
+        std::uint8_t status = co_await in.u8();
+        if (status != static_cast<std::uint8_t>(detail::reply_status::ok)) {
+            denied("AUTH refused: " + co_await in.bytes(detail::max_refusal_bytes, "refusal"));
+        }
+        std::string theirs = co_await in.bytes(auth::proof_bytes, "AUTH proof");
+        auto expected = detail::store_proof(job_token_, false, client_nonce, server_nonce);
+        auth::auth_proof got{};
+        if (theirs.size() == got.size()) std::memcpy(got.data(), theirs.data(), got.size());
+        if (theirs.size() != got.size() || !auth::same_proof(got, expected)) {
+            denied("the server did not prove that it knows the job token");
+        }
     }
 
     task<> reconnect(duration timeout) {
@@ -1261,6 +1405,7 @@ private:
     bool broken_ = true;
     bool status_replies_ = false;  // the server said HELLO back: replies start with a status
     bool plain_server_ = false;    // the server closed the connection at HELLO (torch's)
+    std::string job_token_;        // proved to a server that asks for it
     async_mutex mutex_;
 };
 
