@@ -92,8 +92,7 @@ inline task<std::shared_ptr<rendezvous::tcp_store>> connect_store(io::reactor& r
                                                                   std::chrono::milliseconds timeout,
                                                                   const std::string& source) {
     try {
-        co_return co_await rendezvous::tcp_store::connect(r, master, timeout,
-                                                          job_token_from_env());
+        co_return co_await rendezvous::tcp_store::connect(r, master, timeout, job_token_from_env());
     } catch (const std::system_error& e) {
         if (e.code() != corocoll::errc::protocol_error) throw;
         corocoll::detail::throw_error(

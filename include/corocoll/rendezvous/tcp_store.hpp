@@ -365,7 +365,7 @@ private:
                                                 "ADD",        "CHECK",       "WAIT",
                                                 "GETNUMKEYS", "WATCH_KEY",   "DELETE_KEY"};
         auto q = static_cast<unsigned>(req_.q);
-        std::string out = q < std::size(names)       ? names[q]
+        std::string out = q < std::size(names)    ? names[q]
                           : req_.q == query::auth ? "AUTH"
                                                   : "HELLO";
         if (!req_.keys.empty()) out += " '" + req_.keys.front() + "'";
@@ -996,9 +996,8 @@ private:
         namespace auth = transport::detail;
         if (options_.job_token.empty() || !c.server_nonce) {
             return detail::refusal{detail::reply_status::unsupported,
-                                   options_.job_token.empty()
-                                       ? "AUTH: this store has no job token"
-                                       : "AUTH before HELLO"};
+                                   options_.job_token.empty() ? "AUTH: this store has no job token"
+                                                              : "AUTH before HELLO"};
         }
         auth::auth_nonce client_nonce{};
         auth::auth_proof client_proof{};
@@ -1328,8 +1327,9 @@ private:
                                           "corocoll: store " + server_.to_string() + ": " + why);
         };
         if (job_token_.empty()) {
-            denied("the server serves only clients that know the job token; set "
-                   "COROCOLL_JOB_TOKEN to the job's token");
+            denied(
+                "the server serves only clients that know the job token; set "
+                "COROCOLL_JOB_TOKEN to the job's token");
         }
         auth::auth_nonce server_nonce{};
         co_await sock_.recv(server_nonce, answer_by);
