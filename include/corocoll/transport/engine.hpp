@@ -378,6 +378,7 @@ private:
                                        io::op_options(deadline, stop_.get_token()));
             } catch (const std::system_error& e) {
                 failed = e.code();
+                ps.stream_cut = true;
             }
             --sends_waiting_;
             --ps.sends_waiting;
@@ -522,28 +523,55 @@ private:
         try {
             co_await ps.link->send(std::span(&iov, 1), deadline);
         } catch (const std::system_error&) {
+            ps.stream_cut = true;
             // The peer is gone already; nothing to tell it.
         }
     }
 
     // Tells peer `q` which rank made this group fail and why, so that it reports the same
-    // cause and does not blame us when our connection closes first. Only where no frame is
-    // half-sent (the send lock is free); header and text fit the idle socket's buffer, so the
-    // non-blocking write does not come up short.
-    void tell_abort(int q) {
+    // cause and does not blame us when our connection closes first. At once where no frame
+    // is being sent (the send lock is free): header and text fit the idle socket's buffer, so
+    // the non-blocking write does not come up short. `busy` when a frame is in flight: then
+    // farewell() tells it once that frame has ended.
+    enum class told { nothing, told, busy };
+
+    told tell_abort(int q) {
         peer& p = peer_at(q);
         // The culprit is told too: after a mismatch it is alive and needs the reason (a dead
         // one's socket just refuses the write).
-        if (failed_peer_ < 0 || !p.connected() || p.departed) return;
-        std::string text = failure_text_.substr(0, abort_notice::max_text);
-        abort_notice notice{static_cast<std::uint32_t>(failed_peer_), failure_code_.value(),
-                            failure_code_.category() == corocoll::error_category(), text.size()};
-        frame_header h =
-            notice.header(static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(q));
+        if (failed_peer_ < 0 || !p.connected() || p.departed) return told::nothing;
+        frame_header h;
+        std::string text = abort_words(q, h);
         // Also where the peer finds it after a frame cut off by this failure (shared memory).
         iovec iov[2] = {{&h, sizeof(h)}, {text.data(), text.size()}};
         p.link->leave_last_words(iov);
-        p.send_now(h, text);
+        return p.send_now(h, text) ? told::told : told::busy;
+    }
+
+    // The abort notice for peer `q`: fills `h` and returns the text that follows it.
+    std::string abort_words(int q, frame_header& h) const {
+        std::string text = failure_text_.substr(0, abort_notice::max_text);
+        abort_notice notice{static_cast<std::uint32_t>(failed_peer_), failure_code_.value(),
+                            failure_code_.category() == corocoll::error_category(), text.size()};
+        h = notice.header(static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(q));
+        return text;
+    }
+
+    // A frame was in flight to `q` when the group failed (a status answer, say): the failure
+    // cancelled its send, so the lock comes free at once. Where the frame went out whole, the
+    // abort notice follows it; then the connection shuts.
+    task<> farewell(int q) {
+        peer& p = peer_at(q);
+        {
+            auto guard = co_await p.send_lock.scoped_lock();
+            if (!p.stream_cut && p.connected() && !p.departed) {
+                frame_header h;
+                std::string text = abort_words(q, h);
+                iovec iov[2] = {{&h, sizeof(h)}, {text.data(), text.size()}};
+                p.link->send_now(iov);
+            }
+        }
+        p.link->shutdown();
     }
 
     // A peer's last words name the rank that made its group fail: this group fails with the
@@ -647,8 +675,16 @@ private:
         stop_.request_stop();
         for (std::size_t q = 0; q < peers_.size(); ++q) {
             peer& p = peers_[q];
-            tell_abort(static_cast<int>(q));
-            if (p.link) p.link->shutdown();
+            bool later = false;
+            if (tell_abort(static_cast<int>(q)) == told::busy) {
+                try {
+                    readers_.spawn(farewell(static_cast<int>(q)));
+                    later = true;
+                } catch (const std::exception&) {
+                    // Out of memory: the peer learns of the failure from the closed socket.
+                }
+            }
+            if (p.link && !later) p.link->shutdown();
             if (p.blocked_reader) std::exchange(p.blocked_reader, {}).resume();
         }
         for (auto& p : peers_) matching_.fail_all(p.posted, failure_);
@@ -930,10 +966,16 @@ private:
         h.length = payload.size();
         h.seal();
         iovec iov[2] = {{&h, sizeof(h)}, {payload.data(), payload.size()}};
+        std::span<iovec> all(iov, payload.empty() ? 1 : 2);
+        // What fits goes at once: the lock is not held across a trip through the reactor.
+        std::size_t sent = ps.link->try_send(all);
+        if (sent == sizeof(h) + payload.size()) co_return;
+        iovec rest_space[2];
         try {
-            co_await ps.link->send(std::span(iov, payload.empty() ? 1 : 2),
+            co_await ps.link->send(detail::iov_after(all, sent, rest_space),
                                    io::op_options(until, stop_.get_token()));
         } catch (const std::system_error& e) {
+            ps.stream_cut = true;
             if (!failure_) fail(p, e.code(), "a status frame could not be sent");
         }
     }

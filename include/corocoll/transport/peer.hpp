@@ -91,6 +91,8 @@ struct peer {
     // The peer closed its group (a goodbye frame): its EOF is no failure.
     bool departed = false;
     bool reader_exited = false;
+    // A send to this peer ended part-way through a frame: nothing more may follow it.
+    bool stream_cut = false;
     // Sends to this peer that wait for room (for the status report).
     int sends_waiting = 0;
     // Receives whose message is in, completed once the reader has gone through the bytes
@@ -166,12 +168,14 @@ struct peer {
     // Writes `h` and `text` at once without waiting, where no frame is half-sent (the send
     // lock is free); nothing otherwise. For last words: a header and a short text fit an idle
     // channel, so the write does not come up short.
-    void send_now(const frame_header& h, const std::string& text) noexcept {
-        if (!send_lock.try_lock()) return;
+    // False when the lock was held (nothing written).
+    bool send_now(const frame_header& h, const std::string& text) noexcept {
+        if (!send_lock.try_lock()) return false;
         iovec iov[2] = {{const_cast<frame_header*>(&h), sizeof(h)},
                         {const_cast<char*>(text.data()), text.size()}};
         link->send_now(iov);
         send_lock.unlock();
+        return true;
     }
 
     // Waits until this peer's reader has ended (read the peer's last words or its EOF), or
