@@ -1,5 +1,7 @@
 #pragma once
 
+#include <corocoll/core/async_scope.hpp>
+#include <corocoll/core/awaitable_traits.hpp>
 #include <corocoll/core/error.hpp>
 #include <corocoll/core/event_loop.hpp>
 #include <corocoll/core/sync_wait.hpp>
@@ -75,6 +77,14 @@ public:
     reactor& operator=(const reactor&) = delete;
 
     ~reactor() {
+        // Work handed over with `adopt` (a group closing because its last reference went)
+        // finishes first, while the ring still runs.
+        if (adopted_.pending() != 0) {
+            try {
+                corocoll::sync_wait(adopted_.join());
+            } catch (...) {
+            }
+        }
         while (posters_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
         live_reactors().fetch_sub(1, std::memory_order_relaxed);
         current_ref() = nullptr;
@@ -147,6 +157,7 @@ public:
     }
 
     void run_until(const std::atomic<bool>& done) override {
+        ++depth_;
         while (!done.load(std::memory_order_acquire)) {
             ++stats_.turns;
             run_posted();
@@ -166,7 +177,26 @@ public:
         }
         // What the last resumed coroutines queued goes out now rather than at the next run.
         if (io_uring_sq_ready(&ring_) > 0) flush();
+        --depth_;
     }
+
+    /// True while the loop runs on this thread (inside `run_until`, `run` or `sync_wait`):
+    /// code called from a coroutine it resumed sees true, plain code around it false. A
+    /// blocking wait from there would run the loop nested inside whatever resumed the caller.
+    bool running() const noexcept { return depth_ > 0; }
+
+    /// Starts `a` now, detached, on this thread (it runs until it first suspends before
+    /// `adopt` returns); the reactor finishes it: whatever is still running when the reactor
+    /// is destroyed runs to its end first, in the destructor. Its exceptions are dropped.
+    /// For clean-up that must not block where it is started (a group whose last reference
+    /// goes inside a coroutine closes this way). Costs one coroutine frame. Only on this
+    /// reactor's thread.
+    template <corocoll::awaitable A>
+    void adopt(A a) {
+        adopted_.spawn(std::move(a));
+    }
+    /// Tasks given to `adopt` that have not finished.
+    std::size_t adopted() const noexcept { return adopted_.pending(); }
 
     /// Runs `a` on this reactor's thread until it completes and returns its result:
     /// `sync_wait(a)` with this reactor driving the I/O.
@@ -651,6 +681,8 @@ private:
     bool clock_skipped_ = false;
     std::chrono::steady_clock::time_point last_enter_{};
     reactor_stats stats_;
+    int depth_ = 0;
+    corocoll::async_scope adopted_;
 };
 
 }  // namespace io

@@ -78,7 +78,9 @@ inline int get_world_size() noexcept {
 /// The default group (throws `std::logic_error` before init).
 inline process_group& default_group() { return detail::require_default_group("default_group"); }
 
-/// Closes and forgets the default group (and the reactor init made for it).
+/// Closes and forgets the default group, and with it every group made from it (`new_group`,
+/// `split`), as torch's does; then the reactor init made for it. A group kept past this
+/// refuses every operation with an error that says it is closed, and may be dropped.
 inline void destroy_process_group() {
     auto& state = detail::default_group_ref();
     if (state.group) {

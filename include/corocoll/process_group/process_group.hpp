@@ -57,6 +57,35 @@ COROCOLL_BEGIN_NAMESPACE
 /// `recv`/`irecv` from whichever rank sends first.
 inline constexpr int any_source = transport::any_source;
 
+/// The ranks of a group to make (`new_group`): a `std::vector<int>`, or a braced list such as
+/// `{0, 1}`, torch's `[0, 1]`. The braced list reaches the constructor as separate ints, so no
+/// initializer_list array is kept in the caller's coroutine frame, which g++ 12 cannot
+/// compile ("array used as initializer") inside `co_await`.
+class rank_list {
+public:
+    /// Takes the ranks of `ranks`.
+    rank_list(std::vector<int> ranks) noexcept : ranks_(std::move(ranks)) {}  // NOLINT: implicit
+    /// Takes the ranks given one by one: `{0, 1}`.
+    template <std::convertible_to<int>... I>
+        requires(sizeof...(I) > 0)
+    rank_list(I... ranks) : ranks_{static_cast<int>(ranks)...} {}  // NOLINT: implicit
+    /// The ranks, moved out.
+    std::vector<int> take() && noexcept { return std::move(ranks_); }
+
+private:
+    std::vector<int> ranks_;
+};
+
+class process_group;
+
+namespace detail {
+/// What a `shared_ptr<process_group>` made by corocoll does with the group when its last
+/// reference goes: see `process_group::dispose`.
+struct group_disposer {
+    void operator()(process_group* g) const noexcept;
+};
+}  // namespace detail
+
 /// A set of ranks that exchange messages, like torch's ProcessGroup: the public face of
 /// corocoll. Bound to the reactor of the thread that created it; its operations are
 /// coroutines to await there (`isend`/`irecv` start at once and return a `work`). Every
@@ -87,7 +116,8 @@ public:
     }
     process_group(const process_group&) = delete;
     process_group& operator=(const process_group&) = delete;
-    /// Closes the group if `close()` was not awaited (on this thread's reactor).
+    /// Closes the group if `close()` was not awaited, blocking on this thread's reactor. Groups
+    /// made by corocoll (shared_ptr) never get here unclosed: see `dispose`.
     ~process_group() {
         if (!closed_) {
             try {
@@ -115,6 +145,7 @@ public:
     /// buffer may then be reused).
     template <buffer R>
     task<> send(const R& buf, int dst, std::int64_t tag = 0) {
+        check_open("send");
         return engine_.send(detail::bytes_of(buf), dst, tag, deadline());
     }
 
@@ -125,6 +156,7 @@ public:
     template <buffer R>
     transport::recv_op<transport::recv_yields::source> recv(R& buf, int src = any_source,
                                                             std::int64_t tag = 0) {
+        check_open("recv");
         return engine_.recv<transport::recv_yields::source>(detail::writable_bytes_of(buf), src,
                                                             tag, deadline());
     }
@@ -145,6 +177,7 @@ public:
     /// Starts every operation of `ops` at once, like torch's `batch_isend_irecv`; one `work`
     /// per operation, in order (a send's yields its peer).
     std::vector<work<int>> batch_isend_irecv(const std::vector<p2p_op>& ops) {
+        check_open("batch_isend_irecv");
         std::vector<work<int>> out;
         out.reserve(ops.size());
         for (const auto& op : ops) {
@@ -161,10 +194,12 @@ public:
     // ---- subgroups ----
 
     /// Like torch's new_group: every rank of this group calls it, in the same order, with the
-    /// same `ranks`; the members get a new group (their ranks in it follow the sorted `ranks`),
-    /// the others get null. It has its own connections, sequence numbers and lock, so its
-    /// collectives run concurrently with this group's.
-    task<std::shared_ptr<process_group>> new_group(std::vector<int> ranks);
+    /// same `ranks` (a vector or a braced list: `co_await pg.new_group({0, 1})`); the members
+    /// get a new group (their ranks in it follow the sorted `ranks`), the others get null. It
+    /// has its own connections, sequence numbers and lock, so its collectives run concurrently
+    /// with this group's. Dropping its last reference closes it; closing this group closes
+    /// it too.
+    task<std::shared_ptr<process_group>> new_group(rank_list ranks);
 
     /// Splits the group by colour, like MPI_Comm_split: every rank calls it; the ranks that
     /// pass the same colour form a group, ordered by (key, rank). A negative colour joins no
@@ -496,23 +531,99 @@ public:
         out = from_bytes<T>(mine);
     }
 
-    /// Says goodbye to the peers, closes the connections and fails whatever is pending.
-    /// Idempotent.
+    /// Says goodbye to the peers, closes the connections and fails whatever is pending; first
+    /// closes every group made from this one (`new_group`, `split`) that is still alive, as
+    /// torch's destroy_process_group tears down every group. Operations called afterwards
+    /// throw `std::logic_error` naming the call and the group. Idempotent: a second call
+    /// completes when the first has.
     task<> close() {
-        if (closed_) co_return;
+        if (closed_) {
+            while (!close_finished_) co_await reactor_.sleep_for(std::chrono::milliseconds(1));
+            co_return;
+        }
         closed_ = true;
+        for (auto& weak : made_) {
+            if (auto g = weak.lock()) {
+                try {
+                    co_await g->close();
+                } catch (...) {
+                    // Its own close goes on whatever a subgroup's did.
+                }
+            }
+        }
+        made_.clear();
         // The rank that serves the store keeps it up until the others are gone.
         co_await engine_.close(hosted_ ? deadline() : std::chrono::steady_clock::time_point{});
         // The last collective's lock release (`unlock_item_`) may still wait in the reactor's
         // posted batch that is running now (a reader's cancellation ended the close inside
         // it): let that batch finish before the caller may destroy the group.
         co_await reactor_.schedule();
+        close_finished_ = true;
     }
+
+    /// True once `close()` has begun (or finished).
+    bool closed() const noexcept { return closed_; }
 
     /// The transport underneath (for collectives and tests).
     transport::engine& engine() noexcept { return engine_; }
 
 private:
+    friend struct detail::group_disposer;
+
+    // The last reference to a group made by corocoll went. A closed group is deleted at once,
+    // without its reactor (which destroy_process_group may have destroyed). Plain code on the
+    // group's thread, outside the loop, closes it blocking, as the destructor always did.
+    // Anywhere else the close must not block: from a coroutine the reactor resumed (perhaps
+    // this group's own reader, which the close waits for) a blocking close would run the loop
+    // nested inside that coroutine and wait on itself. There the reactor adopts a task that
+    // closes the group from its own queue and then deletes it; the reactor finishes that task
+    // before it is destroyed. From another thread the group's reactor is asked to do the same.
+    static void dispose(process_group* g) noexcept {
+        if (g->closed_ && g->close_finished_) {
+            delete g;
+            return;
+        }
+        io::reactor& r = g->reactor_;
+        if (io::reactor::current() == &r) {
+            if (!r.running() && !g->closed_) {
+                delete g;
+                return;
+            }
+            r.adopt(close_then_delete(g));
+            return;
+        }
+        struct handover : corocoll::detail::work_item {
+            process_group* group = nullptr;
+        };
+        auto* item = new handover;
+        item->group = g;
+        item->run_ = [](corocoll::detail::work_item* self) noexcept {
+            auto* h = static_cast<handover*>(self);
+            h->group->reactor_.adopt(close_then_delete(h->group));
+            delete h;
+        };
+        r.post(*item);
+    }
+
+    static task<> close_then_delete(process_group* g) {
+        // Out of whatever coroutine dropped the reference first.
+        co_await g->reactor_.schedule();
+        try {
+            co_await g->close();
+        } catch (...) {
+        }
+        delete g;
+    }
+
+    // Operations on a closed group are refused before they touch its reactor (gone after
+    // destroy_process_group).
+    void check_open(const char* what) const {
+        if (!closed_) return;
+        throw std::logic_error(prefix(what) + "process group '" + name_ +
+                               "' is closed (by close(), destroy_process_group() or the close "
+                               "of the group it was made from)");
+    }
+
     // ---- collective helpers ----
 
     template <class R>
@@ -542,6 +653,7 @@ private:
     task<> collective(collectives::collective_kind kind, dtype type, std::size_t count,
                       std::uint8_t redop, int root, Body body,
                       collectives::algorithm algo = collectives::algorithm::automatic) {
+        check_open(collectives::kind_name(kind));
         co_await collective_lock_.lock();
         // The next collective gets the lock through the reactor's queue, after our caller
         // has resumed: so collectives complete in issue order even when the next one could
@@ -596,6 +708,9 @@ private:
     collectives::algorithm_choice algorithms_ = collectives::algorithm_choice::from_env();
     transport::engine engine_;
     bool closed_ = false;
+    bool close_finished_ = false;
+    // Groups made from this one, closed with it.
+    std::vector<std::weak_ptr<process_group>> made_;
     async_mutex collective_lock_;
     struct unlock_item : corocoll::detail::work_item {
         async_mutex* lock = nullptr;
@@ -604,6 +719,10 @@ private:
     std::size_t chunk_bytes_ = std::size_t{1} << 20;
     collectives::scratch_buffers scratch_;
 };
+
+inline void detail::group_disposer::operator()(process_group* g) const noexcept {
+    process_group::dispose(g);
+}
 
 COROCOLL_END_NAMESPACE
 
