@@ -32,6 +32,7 @@
 #include <corocoll/io/endpoint.hpp>
 #include <corocoll/io/reactor.hpp>
 #include <corocoll/process_group/buffer.hpp>
+#include <corocoll/process_group/collective_call.hpp>
 #include <corocoll/rendezvous/store.hpp>
 #include <corocoll/rendezvous/tcp_store.hpp>
 #include <corocoll/transport/engine.hpp>
@@ -220,70 +221,72 @@ public:
     std::size_t chunk_bytes() const noexcept { return chunk_bytes_; }
 
     /// Blocks until every rank of the group has called it (dissemination).
-    task<> barrier() {
-        return collective(
-            collectives::collective_kind::barrier, {}, 0, 0, 0,
-            [](collectives::context& c) { return collectives::barrier_dissemination(c); });
+    collective_call<> barrier() {
+        return call("barrier", collective(collectives::collective_kind::barrier, {}, 0, 0, 0,
+                                          [](collectives::context& c) {
+                                              return collectives::barrier_dissemination(c);
+                                          }));
     }
 
     /// Copies `data` of rank `src` into `data` of every rank.
     template <buffer R>
-    task<> broadcast(R& data, int src) {
+    collective_call<> broadcast(R& data, int src) {
         auto bytes = detail::writable_bytes_of(data);
         check_root("broadcast", src);
         auto kind = collectives::collective_kind::broadcast;
         auto algo = collectives::select(kind, bytes.size(), size(), algorithms_);
-        return collective(
-            kind, element_of<R>(), std::ranges::size(data), 0, src,
-            [bytes, src, algo](collectives::context& c) -> task<> {
-                if (algo == collectives::algorithm::chain) {
-                    return collectives::broadcast_chain(c, bytes, src);
-                }
-                return collectives::broadcast_binomial(c, bytes, src);
-            },
-            algo);
+        return call("broadcast", collective(
+                                     kind, element_of<R>(), std::ranges::size(data), 0, src,
+                                     [bytes, src, algo](collectives::context& c) -> task<> {
+                                         if (algo == collectives::algorithm::chain) {
+                                             return collectives::broadcast_chain(c, bytes, src);
+                                         }
+                                         return collectives::broadcast_binomial(c, bytes, src);
+                                     },
+                                     algo));
     }
 
     /// Reduces `data` over every rank with `op`, in place; every rank gets the result.
     template <buffer R>
-    task<> all_reduce(R& data, reduce_op op = reduce_op::sum) {
+    collective_call<> all_reduce(R& data, reduce_op op = reduce_op::sum) {
         auto bytes = detail::writable_bytes_of(data);
         collectives::reduction red{op, element_of<R>()};
         check_op("all_reduce", red);
         auto kind = collectives::collective_kind::all_reduce;
         auto algo = collectives::select(kind, bytes.size(), size(), algorithms_);
-        return collective(
-            kind, red.type, std::ranges::size(data), static_cast<std::uint8_t>(op), 0,
-            [bytes, red, algo](collectives::context& c) -> task<> {
-                if (algo == collectives::algorithm::ring) {
-                    return collectives::all_reduce_ring(c, bytes, red);
-                }
-                return collectives::all_reduce_recursive_doubling(c, bytes, red);
-            },
-            algo);
+        return call("all_reduce",
+                    collective(
+                        kind, red.type, std::ranges::size(data), static_cast<std::uint8_t>(op), 0,
+                        [bytes, red, algo](collectives::context& c) -> task<> {
+                            if (algo == collectives::algorithm::ring) {
+                                return collectives::all_reduce_ring(c, bytes, red);
+                            }
+                            return collectives::all_reduce_recursive_doubling(c, bytes, red);
+                        },
+                        algo));
     }
 
     /// Reduces `data` over every rank into `data` of rank `dst`; the other ranks' buffers are
     /// left as they were.
     template <buffer R>
-    task<> reduce(R& data, int dst, reduce_op op = reduce_op::sum) {
+    collective_call<> reduce(R& data, int dst, reduce_op op = reduce_op::sum) {
         auto bytes = detail::writable_bytes_of(data);
         collectives::reduction red{op, element_of<R>()};
         check_op("reduce", red);
         check_root("reduce", dst);
-        return collective(
-            collectives::collective_kind::reduce, red.type, std::ranges::size(data),
-            static_cast<std::uint8_t>(op), dst,
-            [bytes, red, dst](collectives::context& c) {
-                return collectives::reduce_binomial(c, bytes, red, dst);
-            },
-            collectives::algorithm::binomial);
+        return call("reduce", collective(
+                                  collectives::collective_kind::reduce, red.type,
+                                  std::ranges::size(data), static_cast<std::uint8_t>(op), dst,
+                                  [bytes, red, dst](collectives::context& c) {
+                                      return collectives::reduce_binomial(c, bytes, red, dst);
+                                  },
+                                  collectives::algorithm::binomial));
     }
 
     /// Gathers every rank's `in` into `out` (size() blocks of in.size() elements, in rank
     /// order) on every rank: torch's all_gather_into_tensor.
     template <buffer O, buffer I>
-    task<> all_gather_into(O& out, const I& in) {
+    collective_call<> all_gather_into(O& out, const I& in) {
         static_assert(std::is_same_v<std::ranges::range_value_t<O>, std::ranges::range_value_t<I>>,
                       "corocoll: all_gather: input and output must hold the same type");
         auto out_bytes = detail::writable_bytes_of(out);
@@ -292,31 +295,28 @@ public:
         auto kind = collectives::collective_kind::all_gather;
         auto algo = collectives::select(kind, out_bytes.size(), size(), algorithms_);
         std::size_t elem = sizeof(std::ranges::range_value_t<I>);
-        return collective(
-            kind, element_of<I>(), std::ranges::size(in), 0, 0,
-            [out_bytes, in_bytes, algo, elem](collectives::context& c) -> task<> {
-                if (algo == collectives::algorithm::bruck) {
-                    return collectives::all_gather_bruck(c, out_bytes, in_bytes);
-                }
-                return collectives::all_gather_ring(c, out_bytes, in_bytes, elem);
-            },
-            algo);
+        return call("all_gather_into",
+                    collective(
+                        kind, element_of<I>(), std::ranges::size(in), 0, 0,
+                        [out_bytes, in_bytes, algo, elem](collectives::context& c) -> task<> {
+                            if (algo == collectives::algorithm::bruck) {
+                                return collectives::all_gather_bruck(c, out_bytes, in_bytes);
+                            }
+                            return collectives::all_gather_ring(c, out_bytes, in_bytes, elem);
+                        },
+                        algo));
     }
 
     /// Gathers every rank's `in` into `outs[r]` on every rank (torch's all_gather with a list).
     template <buffer R>
-    task<> all_gather(std::vector<R>& outs, const R& in) {
-        check_size("all_gather", "output list", outs.size(), static_cast<std::size_t>(size()));
-        detail::check_entries(rank(), "all_gather", outs, std::ranges::size(in));
-        std::vector<std::ranges::range_value_t<R>> flat(std::ranges::size(in) * size());
-        co_await all_gather_into(flat, in);
-        detail::split_into(flat, outs);
+    collective_call<> all_gather(std::vector<R>& outs, const R& in) {
+        return call("all_gather", all_gather_run(outs, in));
     }
 
     /// Gathers every rank's `in` into `out` (size() blocks, rank order) on rank `dst`; `out`
     /// is only used there.
     template <buffer O, buffer I>
-    task<> gather_into(const I& in, O& out, int dst) {
+    collective_call<> gather_into(const I& in, O& out, int dst) {
         auto in_bytes = detail::bytes_of(in);
         auto out_bytes = detail::writable_bytes_of(out);
         check_root("gather", dst);
@@ -325,36 +325,29 @@ public:
         }
         auto kind = collectives::collective_kind::gather;
         auto algo = collectives::select(kind, in_bytes.size(), size(), algorithms_);
-        return collective(
-            kind, element_of<I>(), std::ranges::size(in), 0, dst,
-            [in_bytes, out_bytes, dst, algo](collectives::context& c) -> task<> {
-                if (algo == collectives::algorithm::linear) {
-                    return collectives::gather_linear(c, in_bytes, out_bytes, dst);
-                }
-                return collectives::gather_binomial(c, in_bytes, out_bytes, dst);
-            },
-            algo);
+        return call("gather_into",
+                    collective(
+                        kind, element_of<I>(), std::ranges::size(in), 0, dst,
+                        [in_bytes, out_bytes, dst, algo](collectives::context& c) -> task<> {
+                            if (algo == collectives::algorithm::linear) {
+                                return collectives::gather_linear(c, in_bytes, out_bytes, dst);
+                            }
+                            return collectives::gather_binomial(c, in_bytes, out_bytes, dst);
+                        },
+                        algo));
     }
 
     /// torch's gather: on `dst`, `gather_list[r]` receives rank r's `in`; elsewhere the list is
     /// not used (it may be empty).
     template <buffer R>
-    task<> gather(const R& in, std::vector<R>& gather_list, int dst = 0) {
-        std::vector<std::ranges::range_value_t<R>> flat(
-            rank() == dst ? std::ranges::size(in) * size() : 0);
-        if (rank() == dst) {
-            check_size("gather", "gather_list", gather_list.size(),
-                       static_cast<std::size_t>(size()));
-            detail::check_entries(rank(), "gather", gather_list, std::ranges::size(in));
-        }
-        co_await gather_into(in, flat, dst);
-        if (rank() == dst) detail::split_into(flat, gather_list);
+    collective_call<> gather(const R& in, std::vector<R>& gather_list, int dst = 0) {
+        return call("gather", gather_run(in, gather_list, dst));
     }
 
     /// Scatters `in` of rank `src` (size() blocks of out.size() elements) so that rank r gets
     /// block r in `out`; `in` is only used on `src`.
     template <buffer O, buffer I>
-    task<> scatter_from(O& out, const I& in, int src) {
+    collective_call<> scatter_from(O& out, const I& in, int src) {
         auto in_bytes = detail::bytes_of(in);
         auto out_bytes = detail::writable_bytes_of(out);
         check_root("scatter", src);
@@ -363,34 +356,28 @@ public:
         }
         auto kind = collectives::collective_kind::scatter;
         auto algo = collectives::select(kind, out_bytes.size(), size(), algorithms_);
-        return collective(
-            kind, element_of<O>(), std::ranges::size(out), 0, src,
-            [in_bytes, out_bytes, src, algo](collectives::context& c) -> task<> {
-                if (algo == collectives::algorithm::linear) {
-                    return collectives::scatter_linear(c, in_bytes, out_bytes, src);
-                }
-                return collectives::scatter_binomial(c, in_bytes, out_bytes, src);
-            },
-            algo);
+        return call("scatter_from",
+                    collective(
+                        kind, element_of<O>(), std::ranges::size(out), 0, src,
+                        [in_bytes, out_bytes, src, algo](collectives::context& c) -> task<> {
+                            if (algo == collectives::algorithm::linear) {
+                                return collectives::scatter_linear(c, in_bytes, out_bytes, src);
+                            }
+                            return collectives::scatter_binomial(c, in_bytes, out_bytes, src);
+                        },
+                        algo));
     }
 
     /// torch's scatter: rank r gets `scatter_list[r]` of rank `src` in `out`.
     template <buffer R>
-    task<> scatter(R& out, const std::vector<R>& scatter_list, int src = 0) {
-        std::vector<std::ranges::range_value_t<R>> flat;
-        if (rank() == src) {
-            check_size("scatter", "scatter_list", scatter_list.size(),
-                       static_cast<std::size_t>(size()));
-            flat = detail::concat(rank(), "scatter", "scatter_list", scatter_list,
-                                  std::ranges::size(out));
-        }
-        co_await scatter_from(out, flat, src);
+    collective_call<> scatter(R& out, const std::vector<R>& scatter_list, int src = 0) {
+        return call("scatter", scatter_run(out, scatter_list, src));
     }
 
     /// Reduces `in` (size() blocks of out.size() elements) over every rank with `op`; rank r
     /// gets the reduction of block r in `out` (torch's reduce_scatter_tensor). `in` is read only.
     template <buffer O, buffer I>
-    task<> reduce_scatter_into(O& out, const I& in, reduce_op op = reduce_op::sum) {
+    collective_call<> reduce_scatter_into(O& out, const I& in, reduce_op op = reduce_op::sum) {
         static_assert(std::is_same_v<std::ranges::range_value_t<O>, std::ranges::range_value_t<I>>,
                       "corocoll: reduce_scatter: input and output must hold the same type");
         collectives::reduction red{op, element_of<O>()};
@@ -399,32 +386,31 @@ public:
                    std::ranges::size(out) * size());
         auto out_bytes = detail::writable_bytes_of(out);
         auto in_bytes = detail::bytes_of(in);
-        return collective(
-            collectives::collective_kind::reduce_scatter, red.type, std::ranges::size(out),
-            static_cast<std::uint8_t>(op), 0,
-            [out_bytes, in_bytes, red](collectives::context& c) {
-                return collectives::reduce_scatter_ring(c, out_bytes, in_bytes, red);
-            },
-            collectives::algorithm::ring);
+        return call("reduce_scatter_into",
+                    collective(
+                        collectives::collective_kind::reduce_scatter, red.type,
+                        std::ranges::size(out), static_cast<std::uint8_t>(op), 0,
+                        [out_bytes, in_bytes, red](collectives::context& c) {
+                            return collectives::reduce_scatter_ring(c, out_bytes, in_bytes, red);
+                        },
+                        collectives::algorithm::ring));
     }
 
     /// torch's reduce_scatter with a list: rank r gets the reduction of every rank's
     /// `in_list[r]` in `out`.
     template <buffer R>
-    task<> reduce_scatter(R& out, const std::vector<R>& in_list, reduce_op op = reduce_op::sum) {
-        check_size("reduce_scatter", "input list", in_list.size(),
-                   static_cast<std::size_t>(size()));
-        auto flat =
-            detail::concat(rank(), "reduce_scatter", "input list", in_list, std::ranges::size(out));
-        co_await reduce_scatter_into(out, flat, op);
+    collective_call<> reduce_scatter(R& out, const std::vector<R>& in_list,
+                                     reduce_op op = reduce_op::sum) {
+        return call("reduce_scatter", reduce_scatter_run(out, in_list, op));
     }
 
     /// Every rank sends block p of `in` to rank p and receives rank p's block into block p of
     /// `out` (torch's all_to_all_single). Without split sizes the blocks are equal; with them,
     /// `in_splits[p]` / `out_splits[p]` elements go to / come from rank p.
     template <buffer O, buffer I>
-    task<> all_to_all_single(O& out, const I& in, std::vector<std::size_t> out_splits = {},
-                             std::vector<std::size_t> in_splits = {}) {
+    collective_call<> all_to_all_single(O& out, const I& in,
+                                        std::vector<std::size_t> out_splits = {},
+                                        std::vector<std::size_t> in_splits = {}) {
         static_assert(std::is_same_v<std::ranges::range_value_t<O>, std::ranges::range_value_t<I>>,
                       "corocoll: all_to_all: input and output must hold the same type");
         std::size_t elem = sizeof(std::ranges::range_value_t<I>);
@@ -437,37 +423,32 @@ public:
                     in_splits == out_splits;
         auto out_bytes = detail::writable_bytes_of(out);
         auto in_bytes = detail::bytes_of(in);
-        return collective(
-            collectives::collective_kind::all_to_all, element_of<I>(),
-            even ? std::ranges::size(in) : 0, 0, 0,
-            [out_bytes, in_bytes, out_off, in_off](collectives::context& c) {
-                return collectives::all_to_all_pairwise(c, out_bytes, out_off, in_bytes, in_off);
-            },
-            collectives::algorithm::pairwise);
+        return call("all_to_all_single",
+                    collective(
+                        collectives::collective_kind::all_to_all, element_of<I>(),
+                        even ? std::ranges::size(in) : 0, 0, 0,
+                        [out_bytes, in_bytes, out_off, in_off](collectives::context& c) {
+                            return collectives::all_to_all_pairwise(c, out_bytes, out_off, in_bytes,
+                                                                    in_off);
+                        },
+                        collectives::algorithm::pairwise));
     }
 
     /// torch's all_to_all with lists: `outs[p]` receives `ins[rank()]` of rank p.
     template <buffer R>
-    task<> all_to_all(std::vector<R>& outs, const std::vector<R>& ins) {
-        check_size("all_to_all", "input list", ins.size(), static_cast<std::size_t>(size()));
-        check_size("all_to_all", "output list", outs.size(), static_cast<std::size_t>(size()));
-        std::vector<std::size_t> in_splits = detail::sizes_of(ins);
-        std::vector<std::size_t> out_splits = detail::sizes_of(outs);
-        auto in_flat = detail::concat(rank(), "all_to_all", "input list", ins);
-        std::vector<std::ranges::range_value_t<R>> out_flat(
-            std::accumulate(out_splits.begin(), out_splits.end(), std::size_t{0}));
-        co_await all_to_all_single(out_flat, in_flat, out_splits, in_splits);
-        detail::split_into(out_flat, outs);
+    collective_call<> all_to_all(std::vector<R>& outs, const std::vector<R>& ins) {
+        return call("all_to_all", all_to_all_run(outs, ins));
     }
 
     /// A barrier that rank 0 watches: every rank reports to rank 0, which waits up to
     /// `timeout` and then names every rank that did not arrive (all of them, not just the
     /// first); every rank that arrived gets the same error. Like torch's monitored_barrier.
-    task<> monitored_barrier(std::chrono::milliseconds timeout) {
-        return collective(collectives::collective_kind::monitored_barrier, {}, 0, 0, 0,
-                          [timeout](collectives::context& c) {
-                              return collectives::monitored_barrier_star(c, timeout);
-                          });
+    collective_call<> monitored_barrier(std::chrono::milliseconds timeout) {
+        return call("monitored_barrier",
+                    collective(collectives::collective_kind::monitored_barrier, {}, 0, 0, 0,
+                               [timeout](collectives::context& c) {
+                                   return collectives::monitored_barrier_star(c, timeout);
+                               }));
     }
 
     // ---- object collectives: any serializable type (see collectives/object.hpp) ----
@@ -475,60 +456,26 @@ public:
     /// Broadcasts the objects of rank `src`'s list into every rank's list (same length on
     /// every rank, as in torch).
     template <class T>
-    task<> broadcast_object_list(std::vector<T>& objects, int src = 0) {
-        check_root("broadcast_object_list", src);
-        std::string bytes = rank() == src ? to_bytes(objects) : std::string{};
-        co_await object_collective(collectives::collective_kind::broadcast_object, objects.size(),
-                                   src, [&](collectives::context& c) {
-                                       return collectives::broadcast_object_binomial(c, bytes, src);
-                                   });
-        if (rank() != src) {
-            auto got = from_bytes<std::vector<T>>(bytes);
-            check_size("broadcast_object_list", "object list", objects.size(), got.size());
-            objects = std::move(got);
-        }
+    collective_call<> broadcast_object_list(std::vector<T>& objects, int src = 0) {
+        return call("broadcast_object_list", broadcast_object_list_run(objects, src));
     }
 
     /// Gathers one object from every rank into `out` (resized to size()) on rank `dst`.
     template <class T>
-    task<> gather_object(const T& object, std::vector<T>& out, int dst = 0) {
-        check_root("gather_object", dst);
-        std::vector<std::string> all;
-        co_await object_collective(
-            collectives::collective_kind::gather_object, 1, dst, [&](collectives::context& c) {
-                return collectives::gather_object_direct(c, to_bytes(object), dst, false, all);
-            });
-        if (rank() == dst) out = detail::decode_all<T>(all);
+    collective_call<> gather_object(const T& object, std::vector<T>& out, int dst = 0) {
+        return call("gather_object", gather_object_run(object, out, dst));
     }
 
     /// Gathers one object from every rank into `out` (resized to size()) on every rank.
     template <class T>
-    task<> all_gather_object(std::vector<T>& out, const T& object) {
-        std::vector<std::string> all;
-        co_await object_collective(
-            collectives::collective_kind::all_gather_object, 1, 0, [&](collectives::context& c) {
-                return collectives::gather_object_direct(c, to_bytes(object), 0, true, all);
-            });
-        out = detail::decode_all<T>(all);
+    collective_call<> all_gather_object(std::vector<T>& out, const T& object) {
+        return call("all_gather_object", all_gather_object_run(out, object));
     }
 
     /// Rank r gets `in[r]` of rank `src` in `out` (torch's scatter_object_list).
     template <class T>
-    task<> scatter_object_list(T& out, const std::vector<T>& in, int src = 0) {
-        check_root("scatter_object_list", src);
-        if (rank() == src)
-            check_size("scatter_object_list", "input list", in.size(),
-                       static_cast<std::size_t>(size()));
-        std::vector<std::string> parts;
-        if (rank() == src) {
-            for (const auto& object : in) parts.push_back(to_bytes(object));
-        }
-        std::string mine;
-        co_await object_collective(
-            collectives::collective_kind::scatter_object, 1, src, [&](collectives::context& c) {
-                return collectives::scatter_object_direct(c, parts, mine, src);
-            });
-        out = from_bytes<T>(mine);
+    collective_call<> scatter_object_list(T& out, const std::vector<T>& in, int src = 0) {
+        return call("scatter_object_list", scatter_object_list_run(out, in, src));
     }
 
     /// Says goodbye to the peers, closes the connections and fails whatever is pending; first
@@ -625,6 +572,139 @@ private:
     }
 
     // ---- collective helpers ----
+
+    // The collectives that are coroutines of their own (lists, objects); their public faces
+    // above wrap them in a collective_call.
+
+    template <buffer R>
+    task<> all_gather_run(std::vector<R>& outs, const R& in) {
+        check_size("all_gather", "output list", outs.size(), static_cast<std::size_t>(size()));
+        detail::check_entries(rank(), "all_gather", outs, std::ranges::size(in));
+        std::vector<std::ranges::range_value_t<R>> flat(std::ranges::size(in) * size());
+        co_await all_gather_into(flat, in);
+        detail::split_into(flat, outs);
+    }
+
+    template <buffer R>
+    task<> gather_run(const R& in, std::vector<R>& gather_list, int dst) {
+        std::vector<std::ranges::range_value_t<R>> flat(
+            rank() == dst ? std::ranges::size(in) * size() : 0);
+        if (rank() == dst) {
+            check_size("gather", "gather_list", gather_list.size(),
+                       static_cast<std::size_t>(size()));
+            detail::check_entries(rank(), "gather", gather_list, std::ranges::size(in));
+        }
+        co_await gather_into(in, flat, dst);
+        if (rank() == dst) detail::split_into(flat, gather_list);
+    }
+
+    template <buffer R>
+    task<> scatter_run(R& out, const std::vector<R>& scatter_list, int src) {
+        std::vector<std::ranges::range_value_t<R>> flat;
+        if (rank() == src) {
+            check_size("scatter", "scatter_list", scatter_list.size(),
+                       static_cast<std::size_t>(size()));
+            flat = detail::concat(rank(), "scatter", "scatter_list", scatter_list,
+                                  std::ranges::size(out));
+        }
+        co_await scatter_from(out, flat, src);
+    }
+
+    template <buffer R>
+    task<> reduce_scatter_run(R& out, const std::vector<R>& in_list, reduce_op op) {
+        check_size("reduce_scatter", "input list", in_list.size(),
+                   static_cast<std::size_t>(size()));
+        auto flat =
+            detail::concat(rank(), "reduce_scatter", "input list", in_list, std::ranges::size(out));
+        co_await reduce_scatter_into(out, flat, op);
+    }
+
+    template <buffer R>
+    task<> all_to_all_run(std::vector<R>& outs, const std::vector<R>& ins) {
+        check_size("all_to_all", "input list", ins.size(), static_cast<std::size_t>(size()));
+        check_size("all_to_all", "output list", outs.size(), static_cast<std::size_t>(size()));
+        std::vector<std::size_t> in_splits = detail::sizes_of(ins);
+        std::vector<std::size_t> out_splits = detail::sizes_of(outs);
+        auto in_flat = detail::concat(rank(), "all_to_all", "input list", ins);
+        std::vector<std::ranges::range_value_t<R>> out_flat(
+            std::accumulate(out_splits.begin(), out_splits.end(), std::size_t{0}));
+        co_await all_to_all_single(out_flat, in_flat, out_splits, in_splits);
+        detail::split_into(out_flat, outs);
+    }
+
+    template <class T>
+    task<> broadcast_object_list_run(std::vector<T>& objects, int src) {
+        check_root("broadcast_object_list", src);
+        std::string bytes = rank() == src ? to_bytes(objects) : std::string{};
+        co_await object_collective(collectives::collective_kind::broadcast_object, objects.size(),
+                                   src, [&](collectives::context& c) {
+                                       return collectives::broadcast_object_binomial(c, bytes, src);
+                                   });
+        if (rank() != src) {
+            auto got = from_bytes<std::vector<T>>(bytes);
+            check_size("broadcast_object_list", "object list", objects.size(), got.size());
+            objects = std::move(got);
+        }
+    }
+
+    template <class T>
+    task<> gather_object_run(const T& object, std::vector<T>& out, int dst) {
+        check_root("gather_object", dst);
+        std::vector<std::string> all;
+        co_await object_collective(
+            collectives::collective_kind::gather_object, 1, dst, [&](collectives::context& c) {
+                return collectives::gather_object_direct(c, to_bytes(object), dst, false, all);
+            });
+        if (rank() == dst) out = detail::decode_all<T>(all);
+    }
+
+    template <class T>
+    task<> all_gather_object_run(std::vector<T>& out, const T& object) {
+        std::vector<std::string> all;
+        co_await object_collective(
+            collectives::collective_kind::all_gather_object, 1, 0, [&](collectives::context& c) {
+                return collectives::gather_object_direct(c, to_bytes(object), 0, true, all);
+            });
+        out = detail::decode_all<T>(all);
+    }
+
+    template <class T>
+    task<> scatter_object_list_run(T& out, const std::vector<T>& in, int src) {
+        check_root("scatter_object_list", src);
+        if (rank() == src)
+            check_size("scatter_object_list", "input list", in.size(),
+                       static_cast<std::size_t>(size()));
+        std::vector<std::string> parts;
+        if (rank() == src) {
+            for (const auto& object : in) parts.push_back(to_bytes(object));
+        }
+        std::string mine;
+        co_await object_collective(
+            collectives::collective_kind::scatter_object, 1, src, [&](collectives::context& c) {
+                return collectives::scatter_object_direct(c, parts, mine, src);
+            });
+        out = from_bytes<T>(mine);
+    }
+
+    collective_call<> call(const char* what, task<> body) noexcept {
+        return {std::move(body), this, &forgotten, what};
+    }
+
+    // A collective_call of this group was dropped without being awaited: the collective never
+    // ran, and the other ranks wait in it. The group fails from this rank, with words that
+    // say why, so that every rank learns it instead of hanging or going on silently.
+    static void forgotten(void* self, const char* what) noexcept {
+        auto& g = *static_cast<process_group*>(self);
+        if (g.closed_) return;
+        try {
+            g.engine_.abandon("rank " + std::to_string(g.rank()) + " called " + what +
+                              " on group '" + g.name_ +
+                              "' but never awaited it (a forgotten co_await?): the collective "
+                              "never ran");
+        } catch (...) {
+            std::terminate();  // out of memory for the words: still no silent skip
+        }
+    }
 
     template <class R>
     static dtype element_of() {

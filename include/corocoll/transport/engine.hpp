@@ -177,6 +177,13 @@ public:
     /// True once a peer failed or the engine was closed.
     bool failed() const noexcept { return static_cast<bool>(failure_); }
 
+    /// Fails the group from this rank, as the rank to blame, with `text`: every pending and
+    /// later operation here ends with it, and every peer gets it in an abort notice, so theirs
+    /// do too (std::errc::operation_canceled). Nothing if the group failed already.
+    void abandon(const std::string& text) {
+        fail_verbatim(rank_, std::make_error_code(std::errc::operation_canceled), text);
+    }
+
     /// Sends `data` to `dst` with `tag`; completes when the bytes are handed to the kernel.
     task<> send(std::span<const std::byte> data, int dst, std::int64_t tag, time_point deadline) {
         frame_header h;
