@@ -7,8 +7,13 @@
 #include <corocoll/version.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <coroutine>
 #include <exception>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 COROCOLL_BEGIN_NAMESPACE
@@ -110,6 +115,34 @@ public:
     /// Blocks until the operation finishes (running the thread's reactor meanwhile) and
     /// returns its result: torch's `req.wait()`.
     T wait() { return sync_wait(*this); }
+
+    /// torch's `Work.wait(timeout)`: blocks until the operation finishes or `timeout` passes,
+    /// running the thread's reactor meanwhile. Returns its result, rethrows its error, or
+    /// throws `std::system_error` (`std::errc::timed_out`) "work::wait: the operation did not
+    /// finish within N ms". A timeout leaves the operation running (it has its own deadline,
+    /// the group's): wait again, poll `is_completed()`, or close the group to end it. From
+    /// plain code only; on a thread without a reactor it sleeps in steps of 100 µs.
+    T wait(std::chrono::milliseconds timeout) {
+        if (state_ == nullptr) throw std::logic_error("corocoll: work::wait: an empty work");
+        auto deadline = std::chrono::steady_clock::now() + timeout;
+        auto ready = [](const void* s) noexcept {
+            return static_cast<const detail::work_state<T>*>(s)->waiter.load(
+                       std::memory_order_acquire) == detail::work_state<T>::done_marker();
+        };
+        if (auto* loop = detail::event_loop::current(); loop != nullptr) {
+            loop->run_until(ready, state_, deadline);
+        } else {
+            while (!ready(state_) && std::chrono::steady_clock::now() < deadline) {
+                std::this_thread::sleep_for(std::chrono::microseconds(100));
+            }
+        }
+        if (!ready(state_)) {
+            throw std::system_error(std::make_error_code(std::errc::timed_out),
+                                    "corocoll: work::wait: the operation did not finish within " +
+                                        std::to_string(timeout.count()) + " ms");
+        }
+        return state_->result.take();
+    }
 
 private:
     detail::work_state<T>* state_ = nullptr;

@@ -157,11 +157,36 @@ public:
     }
 
     void run_until(const std::atomic<bool>& done) override {
+        loop_while([&] { return !done.load(std::memory_order_acquire); });
+    }
+
+    bool run_until(bool (*ready)(const void* arg) noexcept, const void* arg,
+                   std::chrono::steady_clock::time_point deadline) override {
+        struct expiry : timer_entry {
+            std::atomic<bool> passed{false};
+        } timer;
+        timer.when = deadline;
+        timer.fire = [](timer_entry& t) noexcept {
+            static_cast<expiry&>(t).passed.store(true, std::memory_order_release);
+        };
+        if (!ready(arg)) {
+            arm(timer);
+            loop_while(
+                [&] { return !ready(arg) && !timer.passed.load(std::memory_order_acquire); });
+            disarm(timer);
+        }
+        return ready(arg);
+    }
+
+private:
+    // The loop: runs while `go_on()`, which is asked before every turn.
+    template <class GoOn>
+    void loop_while(GoOn go_on) {
         ++depth_;
-        while (!done.load(std::memory_order_acquire)) {
+        while (go_on()) {
             ++stats_.turns;
             run_posted();
-            if (done.load(std::memory_order_acquire)) break;
+            if (!go_on()) break;
             submit_backlog();
             bool progressed = reap() > 0;
             // Timers fire even while completions keep coming. Busy polling of watched entries
@@ -180,6 +205,7 @@ public:
         --depth_;
     }
 
+public:
     /// True while the loop runs on this thread (inside `run_until`, `run` or `sync_wait`):
     /// code called from a coroutine it resumed sees true, plain code around it false. A
     /// blocking wait from there would run the loop nested inside whatever resumed the caller.

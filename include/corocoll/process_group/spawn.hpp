@@ -233,11 +233,23 @@ spawn_result spawn_processes(int n, ChildMain child_main, spawn_options options 
     return result;
 }
 
-/// `spawn_processes` where each child runs `run(body)`.
+/// `spawn_processes` where each child runs `run(body, init)`: `init` sets every rank's group
+/// up (its timeout, COROCOLL_TIMEOUT or 30 minutes by default; backend; limits). Rank and
+/// world size are spawn's to give: `init.rank` and `init.world_size` must stay -1.
+template <class Body>
+spawn_result spawn_ranks(int n, Body body, init_options init, spawn_options options = {}) {
+    if (init.rank >= 0 || init.world_size >= 0) {
+        throw std::invalid_argument(
+            "corocoll: spawn: init_options.rank and world_size are set by spawn (leave them -1)");
+    }
+    return spawn_processes(
+        n, [&body, &init] { return run(body, init); }, options);
+}
+
+/// `spawn_ranks` with the default init options.
 template <class Body>
 spawn_result spawn_ranks(int n, Body body, spawn_options options = {}) {
-    return spawn_processes(
-        n, [&body] { return run(body); }, options);
+    return spawn_ranks(n, std::move(body), init_options{}, options);
 }
 
 namespace detail {
@@ -272,12 +284,18 @@ int spawn(int n, Body body, spawn_options options = {}) {
     return detail::report(spawn_ranks(n, std::move(body), options));
 }
 
-/// For examples and tools: `run(body)` when a launcher started this process, otherwise
-/// `spawn(n, body)` on this machine, as torch tutorials do.
+/// `spawn` whose ranks set their groups up with `init` (see `spawn_ranks`).
 template <class Body>
-int run_or_spawn(int n, Body body) {
-    if (launched_by_launcher()) return run(std::move(body));
-    return spawn(n, std::move(body));
+int spawn(int n, Body body, init_options init, spawn_options options = {}) {
+    return detail::report(spawn_ranks(n, std::move(body), std::move(init), options));
+}
+
+/// For examples and tools: `run(body, init)` when a launcher started this process, otherwise
+/// `spawn(n, body, init)` on this machine, as torch tutorials do.
+template <class Body>
+int run_or_spawn(int n, Body body, init_options init = {}) {
+    if (launched_by_launcher()) return run(std::move(body), std::move(init));
+    return spawn(n, std::move(body), std::move(init));
 }
 
 /// The same for programs written with the blocking API: `rank_main()` sets up the default
