@@ -146,6 +146,7 @@ public:
     /// buffer may then be reused).
     template <buffer R>
     task<> send(const R& buf, int dst, std::int64_t tag = 0) {
+        COROCOLL_CHECK_BUFFER(R);
         check_open("send");
         return engine_.send(detail::bytes_of(buf), dst, tag, deadline());
     }
@@ -157,6 +158,7 @@ public:
     template <buffer R>
     transport::recv_op<transport::recv_yields::source> recv(R& buf, int src = any_source,
                                                             std::int64_t tag = 0) {
+        COROCOLL_CHECK_BUFFER(R);
         check_open("recv");
         return engine_.recv<transport::recv_yields::source>(detail::writable_bytes_of(buf), src,
                                                             tag, deadline());
@@ -709,10 +711,17 @@ private:
     template <class R>
     static dtype element_of() {
         using T = std::ranges::range_value_t<R>;
-        static_assert(element<T>,
-                      "corocoll: collectives take int8, uint8, int32, int64, float, double, "
-                      "float16 or bfloat16 elements");
-        return dtype_of<T>;
+        COROCOLL_CHECK_BUFFER(R);
+        static_assert(!std::is_trivially_copyable_v<T> || element<T>,
+                      "corocoll: collectives take integers of 1-8 bytes, bool, float, double, "
+                      "float16, bfloat16, std::complex<float> or std::complex<double> elements; "
+                      "for other types use the object collectives (broadcast_object_list, "
+                      "all_gather_object, gather_object, scatter_object_list)");
+        if constexpr (element<T>) {
+            return dtype_of<T>;
+        } else {
+            return dtype{};
+        }
     }
 
     std::string prefix(const char* what) const { return collectives::error_prefix(rank(), what); }
