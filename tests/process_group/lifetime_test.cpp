@@ -12,6 +12,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace corocoll_test;
@@ -61,6 +62,21 @@ TEST_CASE(
         // The continuation of the subgroup's own receive drops the only reference.
         co_await sub->broadcast(v, 0);
         sub.reset();
+        co_await pg.barrier();
+    });
+    check_every_rank_ok(errors);
+}
+
+TEST_CASE("a subgroup whose last reference goes on another thread is closed by its own reactor") {
+    auto errors = run_threads(2, [](cc::process_group& pg) -> cc::task<> {
+        std::vector<int> both{0, 1};
+        auto sub = co_await pg.new_group(both);
+        std::weak_ptr<cc::process_group> watch = sub;
+        std::thread([s = std::move(sub)]() mutable { s.reset(); }).join();
+        // The handover waits in the reactor's queue; the loop runs it, closes, deletes.
+        int turns = 0;
+        while (!watch.expired() && ++turns < 100000) co_await pg.reactor().schedule();
+        if (!watch.expired()) throw std::runtime_error("the subgroup was not closed");
         co_await pg.barrier();
     });
     check_every_rank_ok(errors);
