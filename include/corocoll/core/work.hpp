@@ -72,10 +72,14 @@ template <class T = void>
 class [[nodiscard]] work {
 public:
     work() noexcept = default;
+    /// Starts `t` now (it runs until its first suspension) and keeps its result for `wait` or
+    /// `co_await`. One allocation for the shared state.
     explicit work(task<T> t) : state_(new detail::work_state<T>) {
         detail::run_work(std::move(t), state_);
     }
+    /// Takes over `o`'s operation; `o` holds none.
     work(work&& o) noexcept : state_(std::exchange(o.state_, nullptr)) {}
+    /// Drops the operation held (as the destructor does) and takes over `o`'s.
     work& operator=(work&& o) noexcept {
         if (this != &o) {
             if (state_ != nullptr) state_->release();
@@ -95,6 +99,7 @@ public:
                                         detail::work_state<T>::done_marker();
     }
 
+    /// Awaitable: suspends until the operation ends, then yields its result or rethrows its error.
     auto operator co_await() noexcept {
         struct awaiter {
             detail::work_state<T>* state;

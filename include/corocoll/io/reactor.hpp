@@ -54,6 +54,9 @@ struct op_options;
 /// waits for posts from other threads that are still returning.
 class reactor final : public corocoll::detail::event_loop {
 public:
+    /// Sets up this thread's ring with `options` (probing set-up flags and falling back) and its
+    /// eventfd. Throws `std::logic_error` when this thread has a reactor already,
+    /// `std::system_error` when io_uring is unavailable.
     explicit reactor(reactor_options options = {}) : options_(options) {
         if (current_ref() != nullptr) {
             throw std::logic_error("corocoll: this thread already has an io::reactor");
@@ -142,6 +145,8 @@ public:
     /// What the loop has done so far (see `reactor_stats`). Only on this reactor's thread.
     const reactor_stats& stats() const noexcept { return stats_; }
 
+    /// Queues `item` to run on the reactor's thread; from any thread. Wakes the loop through its
+    /// eventfd only when the queue was empty: no allocation, at most one write(2).
     void post(corocoll::detail::work_item& item) noexcept override {
         if (current_ref() == this) {
             // The loop drains the queue before it sleeps: no wake, no lifetime guard needed.
@@ -156,10 +161,12 @@ public:
         posters_.fetch_sub(1, std::memory_order_acq_rel);
     }
 
+    /// Runs the loop until `done` is true; another thread sets it and wakes the reactor.
     void run_until(const std::atomic<bool>& done) override {
         loop_while([&] { return !done.load(std::memory_order_acquire); });
     }
 
+    /// Runs the loop until `ready(arg)` holds or `deadline` passes; false on the deadline.
     bool run_until(bool (*ready)(const void* arg) noexcept, const void* arg,
                    std::chrono::steady_clock::time_point deadline) override {
         struct expiry : timer_entry {
@@ -327,12 +334,14 @@ public:
     /// pipe, a signalfd, a file at its current offset); yields the byte count, 0 at end of
     /// file. Sockets have `socket::recv_some`.
     [[nodiscard]] auto read_some(int fd, std::span<std::byte> data);
+    /// As `read_some` above, with a deadline and a stop token.
     [[nodiscard]] auto read_some(int fd, std::span<std::byte> data, const op_options& o);
 
     /// Awaitable: waits until `fd` is ready for `events` (POLLIN, POLLOUT, ...: one-shot
     /// IORING_OP_POLL_ADD) and yields the events that are. A pidfd polls POLLIN when its
     /// process exits.
     [[nodiscard]] auto poll(int fd, unsigned events);
+    /// As `poll` above, with a deadline and a stop token.
     [[nodiscard]] auto poll(int fd, unsigned events, const op_options& o);
 
 private:

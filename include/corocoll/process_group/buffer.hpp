@@ -112,19 +112,26 @@ void check_entries(int rank, const char* what, const std::vector<R>& list, std::
 
 /// One operation of `batch_isend_irecv`, like torch's `P2POp`.
 struct p2p_op {
+    /// Whether the operation sends or receives.
     enum class kind { isend, irecv };
+    /// Send or receive.
     kind action;
+    /// The bytes to send, or where the received ones go.
     std::span<std::byte> data;  // only read for isend
+    /// The other rank.
     int peer;
+    /// Matches a send with a receive, as in `isend`/`irecv`.
     std::int64_t tag = 0;
 
     template <buffer R>
+    /// torch's `P2POp(dist.isend, buf, peer, tag=tag)`: `buf` must outlive the batch.
     static p2p_op isend(const R& buf, int peer, std::int64_t tag = 0) {
         COROCOLL_CHECK_BUFFER(R);
         auto b = detail::bytes_of(buf);
         return {kind::isend, {const_cast<std::byte*>(b.data()), b.size()}, peer, tag};
     }
     template <buffer R>
+    /// torch's `P2POp(dist.irecv, buf, peer, tag=tag)`: `buf` must outlive the batch.
     static p2p_op irecv(R& buf, int peer, std::int64_t tag = 0) {
         COROCOLL_CHECK_BUFFER(R);
         return {kind::irecv, detail::writable_bytes_of(buf), peer, tag};

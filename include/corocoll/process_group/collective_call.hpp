@@ -26,8 +26,10 @@ public:
     /// Called with the owner and the collective's name when a call is dropped unawaited.
     using forgotten_fn = void (*)(void* owner, const char* what) noexcept;
 
+    /// Takes `body`, not started; `forgotten(owner, what)` runs if the call is dropped unawaited.
     collective_call(task<T> body, void* owner, forgotten_fn forgotten, const char* what) noexcept
         : body_(std::move(body)), owner_(owner), forgotten_(forgotten), what_(what) {}
+    /// Takes over `o`'s call; `o` holds none.
     collective_call(collective_call && o) noexcept
         : body_(std::move(o.body_)),
           owner_(std::exchange(o.owner_, nullptr)),

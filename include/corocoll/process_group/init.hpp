@@ -46,6 +46,7 @@ struct init_options {
     std::string init_method = "env://";
     /// -1: from the launcher's environment.
     int world_size = -1;
+    /// -1: from the launcher's environment.
     int rank = -1;
     /// Deadline of set-up and default deadline of every operation: COROCOLL_TIMEOUT seconds
     /// when that is set, else c10d's 30 minutes.
@@ -54,6 +55,8 @@ struct init_options {
     std::shared_ptr<rendezvous::store> store;
     /// Groups with different names keep apart in one store.
     std::string group_name = "default";
+    /// Transport limits and knobs (transport, stall reports, early-message budget); defaults from
+    /// COROCOLL_* variables.
     transport::engine_options limits;
 };
 

@@ -94,8 +94,10 @@ struct group_disposer {
 /// pending and later operation fail with an error naming it; the group must then be closed.
 class process_group {
 public:
+    /// The unit of timeouts.
     using duration = std::chrono::milliseconds;
 
+    /// Made by `init_process_group` and `new_group`, not by hand.
     process_group(io::reactor& r, int rank, int size, std::string name, duration timeout,
                   std::shared_ptr<rendezvous::store> store,
                   std::vector<std::unique_ptr<transport::channel>> peers,
@@ -128,10 +130,15 @@ public:
         }
     }
 
+    /// This rank in the group, 0 to `size() - 1` (torch's `get_rank`).
     int rank() const noexcept { return engine_.rank(); }
+    /// Ranks in the group (torch's `get_world_size`).
     int size() const noexcept { return engine_.size(); }
+    /// The group's name ("default" for the world group).
     const std::string& name() const noexcept { return name_; }
+    /// The default deadline of every operation on the group.
     duration timeout() const noexcept { return timeout_; }
+    /// The reactor the group's operations run on.
     io::reactor& reactor() const noexcept { return reactor_; }
     /// The channel that carries this rank's messages to and from rank `peer`: "shm" (shared
     /// memory, on this host) or "tcp"; empty for this rank itself or a rank outside the group.
@@ -220,6 +227,7 @@ public:
     void set_chunk_bytes(std::size_t bytes) noexcept {
         chunk_bytes_ = std::max<std::size_t>(bytes, 1);
     }
+    /// Bytes per pipelined chunk of the ring and chain algorithms.
     std::size_t chunk_bytes() const noexcept { return chunk_bytes_; }
 
     /// Blocks until every rank of the group has called it (dissemination).

@@ -32,13 +32,18 @@ COROCOLL_BEGIN_NAMESPACE
 
 /// How one rank of `spawn_ranks` ended.
 struct rank_exit {
+    /// The rank the child ran.
     int rank = -1;
+    /// The child's process id.
     pid_t pid = -1;
     int exit_code = -1;  ///< -1 when killed by a signal
     int signal = 0;      ///< the signal that killed it, 0 if it exited
+    /// True when `spawn_ranks` stopped it because another rank failed or time ran out.
     bool stopped_by_us = false;
 
+    /// Exited with status 0.
     bool ok() const noexcept { return signal == 0 && exit_code == 0; }
+    /// One line for a message: "rank 2 (pid 1234) exited with status 1", or the signal's name.
     std::string describe() const {
         std::string s = "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ") ";
         if (signal != 0) {
@@ -53,17 +58,21 @@ struct rank_exit {
 
 /// What `spawn_ranks` saw.
 struct spawn_result {
+    /// Every rank's exit, indexed by rank.
     std::vector<rank_exit> ranks;
     /// The rank whose failure came first, or -1: a rank killed by a signal we did not send;
     /// else the first rank to report that its body failed (ranks report before their peers
     /// can notice); else the first failed rank reaped.
     int first_failure = -1;
+    /// Every rank exited with status 0.
     bool ok() const noexcept { return first_failure < 0; }
 };
 
+/// How `spawn_ranks` runs and stops the children.
 struct spawn_options {
     /// When a rank fails, stop the others (SIGTERM, then SIGKILL after `grace`).
     bool stop_others_on_failure = true;
+    /// Between SIGTERM and SIGKILL when ranks are stopped.
     std::chrono::milliseconds grace = std::chrono::seconds(5);
     /// Stop every rank (as failed) if they are not all done by then.
     std::chrono::milliseconds timeout = std::chrono::minutes(30);

@@ -25,17 +25,22 @@ inline env_lookup process_env() {
 
 /// What the launcher that started this process says about it.
 struct launch_info {
+    /// This process's rank in the job.
     int rank = -1;
+    /// Ranks in the job.
     int world_size = -1;
     int local_rank = -1;        ///< -1 when the launcher does not say
     int local_world_size = -1;  ///< -1 when the launcher does not say
     /// Which convention the numbers came from: "torchrun" (RANK/WORLD_SIZE, also corocollrun's),
     /// "openmpi", "mpich" (Hydra's PMI_*), "slurm".
     std::string launcher;
+    /// Host of the rendezvous store (MASTER_ADDR, or derived under srun).
     std::optional<std::string> master_addr;
+    /// Port of the rendezvous store (MASTER_PORT, or derived under srun).
     std::optional<std::uint16_t> master_port;
     /// torchrun's agent already serves the store on MASTER_ADDR:MASTER_PORT.
     bool agent_store = false;
+    /// TORCHELASTIC_RESTART_COUNT: how many times torchrun restarted the workers.
     int restart_count = 0;
 
     /// The key prefix workers use in an agent's store (torch 1.13's env:// rendezvous).
