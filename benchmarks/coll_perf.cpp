@@ -10,7 +10,9 @@
 //           ranks 0 and 1), several with commas, or all. nccl-tests picks it by program name
 //           (all_reduce_perf, ...) and uses every letter for something else, so it has no
 //           letter here; --op is nccl-tests' long name for -o, the reduction.
-//   -d, --datatype  int8, uint8, int32, int64, float (default), double, half, bfloat16, or all
+//   -d, --datatype  int8, uint8, int16, uint16, int32, uint32, int64, uint64, float (default),
+//                   double, half, bfloat16, bool, complex64, complex128, or all (a
+//                   reduction a type lacks, such as max of complex64, is skipped)
 //   -o, --op  sum (default), prod, min, max, avg, or all (reducing collectives only)
 //   -r, --root  the root of broadcast, reduce, gather and scatter (default 0)
 //   --algo  force an algorithm (ring, recursive_doubling, binomial, chain, bruck, linear,
@@ -46,9 +48,13 @@
 #include "common/report.hpp"
 #include "redop.hpp"
 
+// std::vector<bool> packs bits and is no buffer: bool runs through this container.
+#include "../tests/support/bool_vector.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <complex>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -67,8 +73,12 @@ namespace {
 const std::vector<std::string> all_colls = {"all_reduce", "broadcast",      "reduce",
                                             "all_gather", "reduce_scatter", "gather",
                                             "scatter",    "all_to_all",     "ping_pong"};
-const std::vector<std::string> all_types = {"int8",  "uint8",  "int32", "int64",
-                                            "float", "double", "half",  "bfloat16"};
+const std::vector<std::string> all_types = {
+    "int8",  "uint8",  "int16", "uint16",   "int32", "uint32",    "int64",     "uint64",
+    "float", "double", "half",  "bfloat16", "bool",  "complex64", "complex128"};
+
+template <class T>
+using vec = corocoll_test::vector_of<T>;
 
 struct config {
     std::vector<std::string> colls{"all_reduce"};
@@ -162,10 +172,15 @@ double reduced(const std::string& redop, std::size_t i, int n) {
     return acc;
 }
 
+// Complex values are real numbers (v, 0): the checks stay those of the reals; bool is v != 0.
 template <class T>
 T make(double v) {
     if constexpr (std::is_same_v<T, cc::float16> || std::is_same_v<T, cc::bfloat16>) {
         return T(static_cast<float>(v));
+    } else if constexpr (cc::detail::is_complex_v<T>) {
+        return T(static_cast<typename T::value_type>(v), 0);
+    } else if constexpr (std::is_same_v<T, bool>) {
+        return v != 0;
     } else {
         return static_cast<T>(v);
     }
@@ -175,6 +190,8 @@ template <class T>
 double read(T v) {
     if constexpr (std::is_same_v<T, cc::float16> || std::is_same_v<T, cc::bfloat16>) {
         return static_cast<double>(static_cast<float>(v));
+    } else if constexpr (cc::detail::is_complex_v<T>) {
+        return v.imag() == 0 ? static_cast<double>(v.real()) : NAN;
     } else {
         return static_cast<double>(v);
     }
@@ -182,8 +199,12 @@ double read(T v) {
 
 template <class T>
 bool same(double got, double want) {
-    if constexpr (std::is_integral_v<T>) {
+    if constexpr (std::is_same_v<T, bool>) {
+        return (got != 0) == (want != 0);  // sum and max are or, product and min are and
+    } else if constexpr (std::is_integral_v<T>) {
         return got == want;
+    } else if constexpr (cc::detail::is_complex_v<T>) {
+        return same<typename T::value_type>(got, want);
     } else {
         // Exact for every op but avg, whose quotient rounds in T.
         double tol = std::is_same_v<T, double> ? 1e-12 : std::is_same_v<T, float> ? 1e-6 : 1e-2;
@@ -308,7 +329,7 @@ public:
 
 private:
     void fill() {
-        auto set = [](std::vector<T>& v, auto f) {
+        auto set = [](vec<T>& v, auto f) {
             for (std::size_t i = 0; i < v.size(); ++i) v[i] = make<T>(f(i));
         };
         std::fill(b_.begin(), b_.end(), make<T>(0));
@@ -333,7 +354,7 @@ private:
 
     long long verify() const {
         long long wrong = 0;
-        auto expect = [&](const std::vector<T>& v, auto f) {
+        auto expect = [&](const vec<T>& v, auto f) {
             for (std::size_t i = 0; i < v.size(); ++i) {
                 if (!same<T>(read(v[i]), f(i))) ++wrong;
             }
@@ -383,8 +404,8 @@ private:
     std::size_t count_;
     int n_;
     int rank_;
-    std::vector<T> a_;
-    std::vector<T> b_;
+    vec<T> a_;
+    vec<T> b_;
 };
 
 // What every row so far adds up to, for the footer and the exit code.
@@ -445,6 +466,7 @@ cc::task<> sweep(cc::process_group& pg, const config& c, const std::string& op,
                  const std::string& type, const std::string& redop, perf::report* out,
                  totals& sum) {
     const int n = pg.size();
+    if (reduces(op) && !cc::op_supported(perf::redop_of(redop), cc::dtype_of<T>)) co_return;
     for (std::size_t bytes : c.sweep.sizes()) {
         std::size_t count = elements(op, bytes, sizeof(T), n);
         if (count == 0) continue;  // too small to give every rank an element
@@ -483,6 +505,15 @@ cc::task<> sweep_type(cc::process_group& pg, const config& c, const std::string&
                       totals& sum) {
     if (type == "int8") return sweep<std::int8_t>(pg, c, op, type, redop, out, sum);
     if (type == "uint8") return sweep<std::uint8_t>(pg, c, op, type, redop, out, sum);
+    if (type == "int16") return sweep<std::int16_t>(pg, c, op, type, redop, out, sum);
+    if (type == "uint16") return sweep<std::uint16_t>(pg, c, op, type, redop, out, sum);
+    if (type == "uint32") return sweep<std::uint32_t>(pg, c, op, type, redop, out, sum);
+    if (type == "uint64") return sweep<std::uint64_t>(pg, c, op, type, redop, out, sum);
+    if (type == "bool") return sweep<bool>(pg, c, op, type, redop, out, sum);
+    if (type == "complex64") return sweep<std::complex<float>>(pg, c, op, type, redop, out, sum);
+    if (type == "complex128") {
+        return sweep<std::complex<double>>(pg, c, op, type, redop, out, sum);
+    }
     if (type == "int32") return sweep<std::int32_t>(pg, c, op, type, redop, out, sum);
     if (type == "int64") return sweep<std::int64_t>(pg, c, op, type, redop, out, sum);
     if (type == "float") return sweep<float>(pg, c, op, type, redop, out, sum);

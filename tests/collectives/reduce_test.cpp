@@ -1,11 +1,14 @@
 #include <corocoll/collectives/dtype.hpp>
 #include <corocoll/collectives/reduce_op.hpp>
 
+#include "../support/bool_vector.hpp"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <complex>
 #include <cstddef>
 #include <cstdint>
 #include <ios>
@@ -27,11 +30,21 @@ static_assert(cc::dtype_of<float> == cc::dtype::float32);
 static_assert(cc::dtype_of<const double> == cc::dtype::float64);
 static_assert(cc::dtype_of<cc::float16> == cc::dtype::float16);
 static_assert(cc::dtype_of<cc::bfloat16> == cc::dtype::bfloat16);
-static_assert(!cc::element<bool>);
-static_assert(!cc::element<char>);
-static_assert(!cc::element<std::int16_t>);
-static_assert(!cc::element<std::uint32_t>);
+// By kind and size, not exact type: `long long` and `long` are both int64 here.
+static_assert(cc::dtype_of<long long> == cc::dtype::int64);
+static_assert(cc::dtype_of<unsigned long long> == cc::dtype::uint64);
+static_assert(cc::dtype_of<long> == cc::dtype::int64);
+static_assert(cc::dtype_of<std::int16_t> == cc::dtype::int16);
+static_assert(cc::dtype_of<std::uint16_t> == cc::dtype::uint16);
+static_assert(cc::dtype_of<std::uint32_t> == cc::dtype::uint32);
+static_assert(cc::dtype_of<unsigned char> == cc::dtype::uint8);
+static_assert(cc::dtype_of<signed char> == cc::dtype::int8);
+static_assert(cc::dtype_of<bool> == cc::dtype::bool_);
+static_assert(cc::dtype_of<std::complex<float>> == cc::dtype::complex64);
+static_assert(cc::dtype_of<const std::complex<double>> == cc::dtype::complex128);
 static_assert(!cc::element<long double>);
+static_assert(!cc::element<std::complex<long double>>);
+static_assert(!cc::element<std::string>);
 static_assert(!cc::element<int*>);
 static_assert(std::is_trivially_copyable_v<cc::float16> && sizeof(cc::float16) == 2);
 static_assert(std::is_trivially_copyable_v<cc::bfloat16> && sizeof(cc::bfloat16) == 2);
@@ -49,8 +62,10 @@ static_assert(static_cast<float>(cc::bfloat16::from_bits(0xc2f7)) == -123.5f);
 namespace {
 
 constexpr cc::dtype all_dtypes[] = {
-    cc::dtype::int8,    cc::dtype::uint8,   cc::dtype::int32,   cc::dtype::int64,
-    cc::dtype::float32, cc::dtype::float64, cc::dtype::float16, cc::dtype::bfloat16,
+    cc::dtype::int8,    cc::dtype::uint8,     cc::dtype::int32,      cc::dtype::int64,
+    cc::dtype::float32, cc::dtype::float64,   cc::dtype::float16,    cc::dtype::bfloat16,
+    cc::dtype::int16,   cc::dtype::uint16,    cc::dtype::uint32,     cc::dtype::uint64,
+    cc::dtype::bool_,   cc::dtype::complex64, cc::dtype::complex128,
 };
 constexpr cc::reduce_op all_ops[] = {
     cc::reduce_op::sum,  cc::reduce_op::product, cc::reduce_op::min,  cc::reduce_op::max,
@@ -297,22 +312,28 @@ TEST_CASE("float16 and bfloat16 compare as numbers, not as bits") {
 }
 
 TEST_CASE("dtype sizes, names and kinds match torch's") {
-    const char* names[] = {"int8",    "uint8",   "int32",   "int64",
-                           "float32", "float64", "float16", "bfloat16"};
-    const std::size_t sizes[] = {1, 1, 4, 8, 4, 8, 2, 2};
+    const char* names[] = {"int8",    "uint8",   "int32",    "int64",     "float32",
+                           "float64", "float16", "bfloat16", "int16",     "uint16",
+                           "uint32",  "uint64",  "bool",     "complex64", "complex128"};
+    const std::size_t sizes[] = {1, 1, 4, 8, 4, 8, 2, 2, 2, 2, 4, 8, 1, 8, 16};
     for (std::size_t i = 0; i < std::size(all_dtypes); ++i) {
         CHECK(std::string(cc::dtype_name(all_dtypes[i])) == names[i]);
         CHECK(cc::dtype_size(all_dtypes[i]) == sizes[i]);
-        CHECK(cc::is_integral(all_dtypes[i]) == (i < 4));
+        CHECK(cc::is_integral(all_dtypes[i]) == (i < 4 || (i >= 8 && i < 12)));
+        CHECK(cc::is_complex(all_dtypes[i]) == (i >= 13));
     }
+    // Wire values: the first eight as before, the new ones after them.
     CHECK(static_cast<int>(cc::dtype::int8) == 1);
     CHECK(static_cast<int>(cc::dtype::bfloat16) == 8);
+    CHECK(static_cast<int>(cc::dtype::complex128) == 15);
     CHECK(cc::dtype_size(static_cast<cc::dtype>(0)) == 0);
-    CHECK(cc::dtype_size(static_cast<cc::dtype>(9)) == 0);
+    CHECK(cc::dtype_size(static_cast<cc::dtype>(16)) == 0);
     CHECK(std::string(cc::dtype_name(static_cast<cc::dtype>(0))) == "unknown dtype");
 }
 
-TEST_CASE("bitwise ops are supported on integer dtypes only, and the refusal names op and dtype") {
+TEST_CASE(
+    "ops are supported as torch's (bitwise on integers and bool, no order on complex, "
+    "no avg on bool), and a refusal names op and dtype") {
     const char* names[] = {"sum", "product", "min", "max", "band", "bor", "bxor", "avg"};
     for (std::size_t i = 0; i < std::size(all_ops); ++i) {
         const cc::reduce_op op = all_ops[i];
@@ -322,7 +343,12 @@ TEST_CASE("bitwise ops are supported on integer dtypes only, and the refusal nam
         for (const cc::dtype t : all_dtypes) {
             CAPTURE(cc::op_name(op));
             CAPTURE(cc::dtype_name(t));
-            CHECK(cc::op_supported(op, t) == (!bitwise || cc::is_integral(t)));
+            const bool ordered = op == cc::reduce_op::min || op == cc::reduce_op::max;
+            const bool expected = bitwise   ? cc::is_integral(t) || t == cc::dtype::bool_
+                                  : ordered ? !cc::is_complex(t)
+                                  : op == cc::reduce_op::avg ? t != cc::dtype::bool_
+                                                             : true;
+            CHECK(cc::op_supported(op, t) == expected);
             const std::string reason = cc::unsupported_reason(op, t);
             if (cc::op_supported(op, t)) {
                 CHECK(reason.empty());
@@ -358,7 +384,25 @@ namespace {
 // unsigned arithmetic truncated back (wrap-around), floats directly, 16-bit floats in float.
 template <class T>
 T reference_apply(cc::reduce_op op, T a, T b) {
-    if constexpr (std::is_integral_v<T>) {
+    if constexpr (std::is_same_v<T, bool>) {
+        switch (op) {
+            case cc::reduce_op::sum:
+            case cc::reduce_op::max:
+            case cc::reduce_op::bor:
+                return a || b;
+            case cc::reduce_op::product:
+            case cc::reduce_op::min:
+            case cc::reduce_op::band:
+                return a && b;
+            case cc::reduce_op::bxor:
+                return a != b;
+            default:
+                break;
+        }
+    } else if constexpr (cc::detail::is_complex_v<T>) {
+        if (op == cc::reduce_op::product) return a * b;
+        return a + b;
+    } else if constexpr (std::is_integral_v<T>) {
         // Through int64_t: negative values sign-extend, so the low bits of the 64-bit result
         // are the wrapped-around result of T.
         const auto ua = static_cast<std::uint64_t>(static_cast<std::int64_t>(a));
@@ -407,7 +451,9 @@ T reference_apply(cc::reduce_op op, T a, T b) {
 // Equal representations, or both NaN.
 template <class T>
 bool same(T a, T b) {
-    if constexpr (std::is_floating_point_v<T>) {
+    if constexpr (cc::detail::is_complex_v<T>) {
+        return same(a.real(), b.real()) && same(a.imag(), b.imag());
+    } else if constexpr (std::is_floating_point_v<T>) {
         if (std::isnan(a) && std::isnan(b)) return true;
         if constexpr (sizeof(T) == 4) {
             return bits_of(a) == bits_of(b);
@@ -424,7 +470,14 @@ bool same(T a, T b) {
 
 template <class T>
 T random_element(std::mt19937_64& rng) {
-    if constexpr (std::is_integral_v<T>) {
+    if constexpr (std::is_same_v<T, bool>) {
+        return (rng() & 1) != 0;
+    } else if constexpr (cc::detail::is_complex_v<T>) {
+        // Finite parts: NaN and infinity handling of std::complex's product is the library's.
+        std::uniform_real_distribution<double> d(-1000, 1000);
+        using V = typename T::value_type;
+        return T(static_cast<V>(d(rng)), static_cast<V>(d(rng)));
+    } else if constexpr (std::is_integral_v<T>) {
         return static_cast<T>(rng());  // the whole range: sums and products overflow
     } else if constexpr (std::is_floating_point_v<T>) {
         const std::uint64_t r = rng();
@@ -452,11 +505,11 @@ void check_reduce(cc::reduce_op op, std::mt19937_64& rng) {
     constexpr std::size_t guard = 3;
     for (const std::size_t n : lengths) {
         CAPTURE(n);
-        std::vector<T> inout(n + guard);
-        std::vector<T> in(n + guard);
+        corocoll_test::vector_of<T> inout(n + guard);
+        corocoll_test::vector_of<T> in(n + guard);
         for (auto& x : inout) x = random_element<T>(rng);
         for (auto& x : in) x = random_element<T>(rng);
-        const std::vector<T> before = inout;
+        const corocoll_test::vector_of<T> before = inout;
         cc::reduce_into(op, cc::dtype_of<T>, reinterpret_cast<std::byte*>(inout.data()),
                         reinterpret_cast<const std::byte*>(in.data()), n);
         std::size_t wrong = 0;
@@ -489,11 +542,26 @@ void with_type(cc::dtype t, F&& f) {
             return f(cc::float16{});
         case cc::dtype::bfloat16:
             return f(cc::bfloat16{});
+        case cc::dtype::int16:
+            return f(std::int16_t{});
+        case cc::dtype::uint16:
+            return f(std::uint16_t{});
+        case cc::dtype::uint32:
+            return f(std::uint32_t{});
+        case cc::dtype::uint64:
+            return f(std::uint64_t{});
+        case cc::dtype::bool_:
+            return f(bool{});
+        case cc::dtype::complex64:
+            return f(std::complex<float>{});
+        case cc::dtype::complex128:
+            return f(std::complex<double>{});
     }
 }
 
-template <class T>
-void reduce(cc::reduce_op op, std::vector<T>& inout, const std::vector<T>& in) {
+template <class V>
+void reduce(cc::reduce_op op, V& inout, const std::type_identity_t<V>& in) {
+    using T = std::remove_cv_t<std::remove_reference_t<decltype(*inout.data())>>;
     REQUIRE(inout.size() == in.size());
     cc::reduce_into(op, cc::dtype_of<T>, reinterpret_cast<std::byte*>(inout.data()),
                     reinterpret_cast<const std::byte*>(in.data()), inout.size());
@@ -555,18 +623,22 @@ TEST_CASE("min and max propagate NaN from either side, for every floating dtype"
         CAPTURE(cc::dtype_name(t));
         with_type(t, [&](auto tag) {
             using T = decltype(tag);
-            // Long enough for the vectorized blocks and the scalar tail to meet NaNs.
-            const std::size_t n = 300;
-            for (const cc::reduce_op op : {cc::reduce_op::min, cc::reduce_op::max}) {
-                CAPTURE(cc::op_name(op));
-                std::vector<T> inout(n, T(1.0f));
-                std::vector<T> in(n, T(2.0f));
-                for (std::size_t i = 0; i < n; i += 3) inout[i] = T(nan);
-                for (std::size_t i = 1; i < n; i += 3) in[i] = T(nan);
-                reduce(op, inout, in);
-                for (std::size_t i = 0; i < n; ++i) {
-                    const float want = i % 3 == 2 ? (op == cc::reduce_op::min ? 1.0f : 2.0f) : nan;
-                    CHECK(same(static_cast<float>(inout[i]), want));
+            if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, cc::float16> ||
+                          std::is_same_v<T, cc::bfloat16>) {
+                // Long enough for the vectorized blocks and the scalar tail to meet NaNs.
+                const std::size_t n = 300;
+                for (const cc::reduce_op op : {cc::reduce_op::min, cc::reduce_op::max}) {
+                    CAPTURE(cc::op_name(op));
+                    std::vector<T> inout(n, T(1.0f));
+                    std::vector<T> in(n, T(2.0f));
+                    for (std::size_t i = 0; i < n; i += 3) inout[i] = T(nan);
+                    for (std::size_t i = 1; i < n; i += 3) in[i] = T(nan);
+                    reduce(op, inout, in);
+                    for (std::size_t i = 0; i < n; ++i) {
+                        const float want =
+                            i % 3 == 2 ? (op == cc::reduce_op::min ? 1.0f : 2.0f) : nan;
+                        CHECK(same(static_cast<float>(inout[i]), want));
+                    }
                 }
             }
         });
@@ -683,4 +755,37 @@ TEST_CASE("avg then finish_avg gives the mean over worlds of 1, 2, 3 and 5 ranks
             CHECK(iacc[i] == iexpected[i] / world);  // C++ division truncates, as documented
         }
     }
+}
+
+TEST_CASE("bool reduces logically as torch's, and complex sums, products and averages exactly") {
+    corocoll_test::bool_vector a(4), b(4);
+    const bool av[] = {false, false, true, true}, bv[] = {false, true, false, true};
+    auto run = [&](cc::reduce_op op) {
+        corocoll_test::bool_vector x(4), y(4);
+        for (int i = 0; i < 4; ++i) x[i] = av[i], y[i] = bv[i];
+        reduce(op, x, y);
+        return std::vector<bool>(x.begin(), x.end());
+    };
+    const std::vector<bool> any{false, true, true, true}, all{false, false, false, true},
+        odd{false, true, true, false};
+    CHECK(run(cc::reduce_op::sum) == any);
+    CHECK(run(cc::reduce_op::max) == any);
+    CHECK(run(cc::reduce_op::bor) == any);
+    CHECK(run(cc::reduce_op::product) == all);
+    CHECK(run(cc::reduce_op::min) == all);
+    CHECK(run(cc::reduce_op::band) == all);
+    CHECK(run(cc::reduce_op::bxor) == odd);
+    CHECK(cc::unsupported_reason(cc::reduce_op::avg, cc::dtype::bool_) ==
+          "reduce_op avg is not defined for bool (avg needs numbers)");
+    CHECK(cc::unsupported_reason(cc::reduce_op::max, cc::dtype::complex64) ==
+          "reduce_op max is not defined for complex64 (complex numbers have no order)");
+
+    // (1 + 2i)(3 - i) = 5 + 5i: a complex product, not one of the parts.
+    std::vector<std::complex<double>> z{{1, 2}, {0, 1}}, w{{3, -1}, {0, 1}};
+    reduce(cc::reduce_op::product, z, w);
+    CHECK(z == std::vector<std::complex<double>>{{5, 5}, {-1, 0}});
+    std::vector<std::complex<float>> s{{1, 2}, {-3, 4}}, t{{3, 6}, {1, 4}};
+    reduce(cc::reduce_op::avg, s, t);
+    cc::finish_avg(cc::dtype::complex64, reinterpret_cast<std::byte*>(s.data()), s.size(), 2);
+    CHECK(s == std::vector<std::complex<float>>{{2, 4}, {-1, 4}});
 }

@@ -56,6 +56,38 @@ TEST_CASE("a rank calling another collective makes every rank fail, naming both 
     CHECK(std::chrono::steady_clock::now() - t0 < 10s);  // an error, not the 20 s timeout
 }
 
+TEST_CASE(
+    "a collective called without co_await fails the group on every rank, naming the call "
+    "and the rank, instead of being skipped") {
+    auto errors = errors_of(3, [](cc::process_group& pg) -> cc::task<> {
+        std::vector<std::int64_t> t{pg.rank()};
+        if (pg.rank() == 1) {
+            // What `pg.all_reduce(t);` does when the nodiscard warning is ignored: the call is
+            // dropped unawaited.
+            static_cast<void>(pg.all_reduce(t));
+        } else {
+            co_await pg.all_reduce(t);
+        }
+        co_await pg.barrier();  // rank 1 learns it here at the latest
+    });
+    // Ranks 0 and 2 are inside the all_reduce that rank 1 never ran; none waits for a deadline.
+    check_every_rank_failed_with(errors, {"rank 1 called all_reduce on group 'default' but never "
+                                          "awaited it (a forgotten co_await?)"});
+    for (const auto& e : errors) CHECK(e.find("timed out") == std::string::npos);
+}
+
+TEST_CASE("a collective kept as a task or started later runs; only a dropped one fails") {
+    auto errors = errors_of(2, [](cc::process_group& pg) -> cc::task<> {
+        std::vector<int> a{1}, b{2};
+        cc::task<> kept = pg.all_reduce(a);  // handed over: runs when awaited
+        auto later = pg.all_reduce(b);       // a collective_call, awaited below
+        co_await std::move(kept);
+        co_await std::move(later);
+        if (a[0] != 2 || b[0] != 4) throw std::runtime_error("wrong sums");
+    });
+    for (const auto& e : errors) CHECK(e == "");
+}
+
 TEST_CASE("a rank with another size, root, type or op makes every rank fail, saying so") {
     SUBCASE("size") {
         auto errors = errors_of(3, [](cc::process_group& pg) -> cc::task<> {

@@ -78,6 +78,25 @@ public:
         }
     }
 
+    bool run_until(bool (*ready)(const void*) noexcept, const void* arg,
+                   std::chrono::steady_clock::time_point deadline) override {
+        ++runs_;
+        std::unique_lock lock(mutex_);
+        while (!ready(arg)) {
+            if (!queue_.empty()) {
+                cc::detail::work_item* item = queue_.front();
+                queue_.pop_front();
+                lock.unlock();
+                ++items_run_;
+                item->run_(item);
+                lock.lock();
+                continue;
+            }
+            if (!cv_.wait_until(lock, deadline, [&] { return !queue_.empty(); })) break;
+        }
+        return ready(arg);
+    }
+
     int runs() const noexcept { return runs_; }
     int items_run() const noexcept { return items_run_; }
 

@@ -5,6 +5,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace rdv = corocoll::rendezvous;
 
@@ -98,4 +99,69 @@ TEST_CASE("missing, malformed, out-of-range and contradictory variables are name
     CHECK(clash.find("OMPI_COMM_WORLD_RANK=1") != std::string::npos);
     CHECK(error_of({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "70000"}})
               .find("MASTER_PORT=70000") != std::string::npos);
+}
+
+TEST_CASE("a Slurm hostlist expands as scontrol show hostnames does, keeping zero padding") {
+    using v = std::vector<std::string>;
+    CHECK(rdv::expand_hostlist("node[01-04,07]") ==
+          v{"node01", "node02", "node03", "node04", "node07"});
+    CHECK(rdv::expand_hostlist("n1") == v{"n1"});
+    CHECK(rdv::expand_hostlist("a[8-10],login2,b[007]") == v{"a8", "a9", "a10", "login2", "b007"});
+    CHECK(rdv::expand_hostlist("r[1-2]n[1,3]-ib") == v{"r1n1-ib", "r1n3-ib", "r2n1-ib", "r2n3-ib"});
+    CHECK(rdv::expand_hostlist("").empty());
+    auto error = [](const char* list) {
+        try {
+            (void)rdv::expand_hostlist(list);
+        } catch (const std::invalid_argument& e) {
+            return std::string(e.what());
+        }
+        return std::string("no error");
+    };
+    CHECK(error("node[01-04").find("'node[01-04': '[' without ']'") != std::string::npos);
+    CHECK(error("node[4-1]").find("range '4-1' runs backwards") != std::string::npos);
+    CHECK(error("node[a-b]").find("'a-b' is not a number") != std::string::npos);
+    CHECK(error("node[0-999999]").find("more than 100000 hosts") != std::string::npos);
+}
+
+TEST_CASE(
+    "under srun, MASTER_ADDR is the step's first host and MASTER_PORT comes from the job id") {
+    auto info = rdv::read_launch_env(env_of({{"SLURM_PROCID", "5"},
+                                             {"SLURM_NTASKS", "8"},
+                                             {"SLURM_LOCALID", "1"},
+                                             {"SLURM_JOB_ID", "4242137"},
+                                             {"SLURM_JOB_NODELIST", "gpu[01-09]"},
+                                             {"SLURM_STEP_NODELIST", "gpu[03-04,07]"}}));
+    CHECK(info.launcher == "slurm");
+    CHECK(info.rank == 5);
+    CHECK(info.world_size == 8);
+    CHECK(info.local_rank == 1);
+    CHECK(info.master_addr == "gpu03");
+    CHECK(info.master_port == 15000 + 2137);
+    CHECK(rdv::slurm_port(4242137) == 17137);
+
+    // Without a step list (a batch script's own step), the job's list; exports win.
+    auto batch = rdv::read_launch_env(env_of({{"SLURM_PROCID", "0"},
+                                              {"SLURM_NTASKS", "2"},
+                                              {"SLURM_JOB_ID", "7"},
+                                              {"SLURM_JOB_NODELIST", "cn[12,14]"}}));
+    CHECK(batch.master_addr == "cn12");
+    CHECK(batch.master_port == 15007);
+    auto exported = rdv::read_launch_env(env_of({{"SLURM_PROCID", "0"},
+                                                 {"SLURM_NTASKS", "2"},
+                                                 {"SLURM_JOB_ID", "7"},
+                                                 {"SLURM_JOB_NODELIST", "cn[12,14]"},
+                                                 {"MASTER_ADDR", "10.0.0.1"},
+                                                 {"MASTER_PORT", "29500"}}));
+    CHECK(exported.master_addr == "10.0.0.1");
+    CHECK(exported.master_port == 29500);
+
+    // Other launchers inside an allocation derive nothing: mpirun may place rank 0 anywhere.
+    auto ompi = rdv::read_launch_env(env_of({{"OMPI_COMM_WORLD_RANK", "0"},
+                                             {"OMPI_COMM_WORLD_SIZE", "2"},
+                                             {"SLURM_JOB_ID", "7"},
+                                             {"SLURM_JOB_NODELIST", "cn[12,14]"}}));
+    CHECK_FALSE(ompi.master_addr);
+    CHECK_FALSE(ompi.master_port);
+    CHECK(error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_JOB_NODELIST", "a[1"}})
+              .find("(from SLURM_JOB_NODELIST)") != std::string::npos);
 }

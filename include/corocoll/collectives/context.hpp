@@ -27,7 +27,9 @@ public:
     static constexpr std::size_t kept_bytes = std::size_t{8} << 20;
 
     scratch_buffers() = default;
+    /// Moves the buffers; the source keeps none.
     scratch_buffers(scratch_buffers&&) noexcept = default;
+    /// Moves the buffers; the source keeps none.
     scratch_buffers& operator=(scratch_buffers&&) noexcept = default;
     scratch_buffers(const scratch_buffers&) = delete;
     scratch_buffers& operator=(const scratch_buffers&) = delete;
@@ -72,12 +74,17 @@ struct context {
     /// What `recv` returns: the posted receive, awaited for its length.
     using recv_operation = transport::recv_op<transport::recv_yields::length>;
 
+    /// The group's transport: every message of the collective goes through it.
     transport::engine& net;
+    /// What every frame of this collective carries and the receiver checks.
     transport::collective_meta meta;
+    /// When a receive of this collective stops waiting (see `soft_deadline`).
     std::chrono::steady_clock::time_point deadline;
+    /// Bytes per pipelined chunk of the ring and chain algorithms.
     std::size_t chunk_bytes = std::size_t{1} << 20;
     /// The group's reusable buffers; null gives the call (and its copies) buffers of its own.
     scratch_buffers* scratch_pool = nullptr;
+    /// Buffers this call owns when `scratch_pool` is null.
     std::shared_ptr<scratch_buffers> own_scratch{};
     /// The deadline ends only the receive that reaches it: for a wait with a bound of its own
     /// that it survives (monitored_barrier). Otherwise a receive past its deadline fails the
@@ -87,7 +94,9 @@ struct context {
     /// Slots of `scratch`: the ring steps use `ring_slot` and `ring_slot + 1`; an algorithm
     /// that calls no other uses `algorithm_slot` and `algorithm_slot + 1`; the group's own
     /// wrappers around an algorithm use `group_slot`.
-    static constexpr std::size_t ring_slot = 0, algorithm_slot = 2, group_slot = 4;
+    static constexpr std::size_t ring_slot = 0;
+    static constexpr std::size_t algorithm_slot = 2;  ///< see `ring_slot`
+    static constexpr std::size_t group_slot = 4;      ///< see `ring_slot`
 
     /// A temporary of `bytes` (contents unspecified) that later calls reuse.
     std::span<std::byte> scratch(std::size_t slot, std::size_t bytes) {
@@ -98,7 +107,9 @@ struct context {
         return scratch_pool->get(slot, bytes);
     }
 
+    /// This rank in the group.
     int rank() const noexcept { return net.rank(); }
+    /// Ranks in the group.
     int size() const noexcept { return net.size(); }
 
     /// The frame's step (its tag) for (round, chunk): the round in the top 12 bits, the chunk
@@ -111,6 +122,7 @@ struct context {
         return (round << 20) | (chunk & 0xfffffu);
     }
 
+    /// Sends `data` to `dst` as step (`round`, `chunk`) of this collective. One frame per call.
     task<> send(std::span<const std::byte> data, int dst, std::uint32_t round,
                 std::uint32_t chunk = 0) {
         return net.send_coll(data, dst, meta, step(round, chunk), deadline);

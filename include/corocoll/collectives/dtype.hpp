@@ -4,6 +4,7 @@
 
 #include <bit>
 #include <compare>
+#include <complex>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -167,14 +168,21 @@ static_assert(std::is_trivially_copyable_v<bfloat16> && std::is_trivial_v<bfloat
 /// The element type of a collective's buffer, as it travels in frame headers (one byte; 0 is
 /// never a valid dtype). Names and meanings follow torch (`torch.int8`, …, `torch.bfloat16`).
 enum class dtype : std::uint8_t {
-    int8 = 1,  ///< std::int8_t
-    uint8,     ///< std::uint8_t
-    int32,     ///< std::int32_t
-    int64,     ///< std::int64_t
-    float32,   ///< float
-    float64,   ///< double
-    float16,   ///< corocoll::float16 (IEEE binary16)
-    bfloat16,  ///< corocoll::bfloat16
+    int8 = 1,    ///< std::int8_t
+    uint8,       ///< std::uint8_t
+    int32,       ///< std::int32_t
+    int64,       ///< std::int64_t
+    float32,     ///< float
+    float64,     ///< double
+    float16,     ///< corocoll::float16 (IEEE binary16)
+    bfloat16,    ///< corocoll::bfloat16
+    int16,       ///< std::int16_t
+    uint16,      ///< std::uint16_t
+    uint32,      ///< std::uint32_t
+    uint64,      ///< std::uint64_t
+    bool_,       ///< bool (torch.bool)
+    complex64,   ///< std::complex<float>
+    complex128,  ///< std::complex<double>
 };
 
 /// Bytes per element of `t` (also its alignment); 0 for a value that is not a dtype, which
@@ -183,16 +191,24 @@ constexpr std::size_t dtype_size(dtype t) noexcept {
     switch (t) {
         case dtype::int8:
         case dtype::uint8:
+        case dtype::bool_:
             return 1;
         case dtype::float16:
         case dtype::bfloat16:
+        case dtype::int16:
+        case dtype::uint16:
             return 2;
         case dtype::int32:
+        case dtype::uint32:
         case dtype::float32:
             return 4;
         case dtype::int64:
+        case dtype::uint64:
         case dtype::float64:
+        case dtype::complex64:
             return 8;
+        case dtype::complex128:
+            return 16;
     }
     return 0;
 }
@@ -217,28 +233,71 @@ constexpr const char* dtype_name(dtype t) noexcept {
             return "float16";
         case dtype::bfloat16:
             return "bfloat16";
+        case dtype::int16:
+            return "int16";
+        case dtype::uint16:
+            return "uint16";
+        case dtype::uint32:
+            return "uint32";
+        case dtype::uint64:
+            return "uint64";
+        case dtype::bool_:
+            return "bool";
+        case dtype::complex64:
+            return "complex64";
+        case dtype::complex128:
+            return "complex128";
     }
     return "unknown dtype";
 }
 
-/// Whether `t` is an integer type (int8, uint8, int32, int64); false for floating types and
-/// for values that are not dtypes. Constant time.
+/// Whether `t` is an integer type (int8, int16, int32, int64 and the unsigned ones); false for
+/// bool, floating and complex types and for values that are not dtypes. Constant time.
 constexpr bool is_integral(dtype t) noexcept {
-    return t == dtype::int8 || t == dtype::uint8 || t == dtype::int32 || t == dtype::int64;
+    switch (t) {
+        case dtype::int8:
+        case dtype::uint8:
+        case dtype::int16:
+        case dtype::uint16:
+        case dtype::int32:
+        case dtype::uint32:
+        case dtype::int64:
+        case dtype::uint64:
+            return true;
+        default:
+            return false;
+    }
+}
+
+/// Whether `t` is complex64 or complex128. Constant time.
+constexpr bool is_complex(dtype t) noexcept {
+    return t == dtype::complex64 || t == dtype::complex128;
 }
 
 namespace detail {
 
+// Element types are mapped by kind and size, not by exact type: every integer type of 1, 2, 4
+// or 8 bytes is the intN/uintN of its size and signedness (`long long` and `long` are both
+// int64 where both are 64-bit; `char` is int8 or uint8 as the platform's char is signed or
+// not), bool is bool, and the floating and complex types are those of torch.
 template <class T>
 struct dtype_of_impl {};
+
+template <class T>
+constexpr dtype integer_dtype() noexcept {
+    constexpr bool s = std::is_signed_v<T>;
+    if constexpr (sizeof(T) == 1) return s ? dtype::int8 : dtype::uint8;
+    if constexpr (sizeof(T) == 2) return s ? dtype::int16 : dtype::uint16;
+    if constexpr (sizeof(T) == 4) return s ? dtype::int32 : dtype::uint32;
+    if constexpr (sizeof(T) == 8) return s ? dtype::int64 : dtype::uint64;
+    return dtype{};
+}
+
+template <class T>
+    requires(std::is_integral_v<T> && !std::is_same_v<T, bool> && integer_dtype<T>() != dtype{})
+struct dtype_of_impl<T> : std::integral_constant<dtype, integer_dtype<T>()> {};
 template <>
-struct dtype_of_impl<std::int8_t> : std::integral_constant<dtype, dtype::int8> {};
-template <>
-struct dtype_of_impl<std::uint8_t> : std::integral_constant<dtype, dtype::uint8> {};
-template <>
-struct dtype_of_impl<std::int32_t> : std::integral_constant<dtype, dtype::int32> {};
-template <>
-struct dtype_of_impl<std::int64_t> : std::integral_constant<dtype, dtype::int64> {};
+struct dtype_of_impl<bool> : std::integral_constant<dtype, dtype::bool_> {};
 template <>
 struct dtype_of_impl<float> : std::integral_constant<dtype, dtype::float32> {};
 template <>
@@ -247,12 +306,17 @@ template <>
 struct dtype_of_impl<float16> : std::integral_constant<dtype, dtype::float16> {};
 template <>
 struct dtype_of_impl<bfloat16> : std::integral_constant<dtype, dtype::bfloat16> {};
+template <>
+struct dtype_of_impl<std::complex<float>> : std::integral_constant<dtype, dtype::complex64> {};
+template <>
+struct dtype_of_impl<std::complex<double>> : std::integral_constant<dtype, dtype::complex128> {};
 
 }  // namespace detail
 
-/// A type that collectives can carry: std::int8_t, std::uint8_t, std::int32_t, std::int64_t,
-/// float, double, float16, bfloat16 (cv-qualified or not). Other integer types of the same
-/// size (`char`, `long long`) are deliberately not elements: cast the buffer.
+/// A type that collectives can carry (cv-qualified or not): any integer type of 1, 2, 4 or 8
+/// bytes (int8 ... uint64 by size and signedness: `long long` is int64), bool, float, double,
+/// float16, bfloat16, std::complex<float> (complex64) and std::complex<double> (complex128).
+/// Others (strings, your own types) go through the object collectives.
 template <class T>
 concept element = requires {
     detail::dtype_of_impl<std::remove_cv_t<T>>::value;

@@ -4,6 +4,7 @@
 #include <corocoll/version.hpp>
 
 #include <cassert>
+#include <complex>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -49,22 +50,26 @@ constexpr const char* op_name(reduce_op op) noexcept {
     return "unknown reduce_op";
 }
 
-/// Whether `reduce_into` can combine elements of type `t` with `op`: the bitwise ops need an
-/// integer dtype, every other op takes every dtype. False when `op` or `t` is not a valid
-/// value (as read off the wire). Constant time.
+/// Whether `reduce_into` can combine elements of type `t` with `op`, as torch can: the
+/// bitwise ops need an integer or bool dtype; min and max need an order (not complex); avg
+/// needs a number (not bool); sum, product, min and max on bool are logical (sum and max:
+/// or; product and min: and). False when `op` or `t` is not a valid value (as read off the
+/// wire). Constant time.
 constexpr bool op_supported(reduce_op op, dtype t) noexcept {
     if (dtype_size(t) == 0) return false;
     switch (op) {
         case reduce_op::sum:
         case reduce_op::product:
+            return true;
         case reduce_op::min:
         case reduce_op::max:
+            return !is_complex(t);
         case reduce_op::avg:
-            return true;
+            return t != dtype::bool_;
         case reduce_op::band:
         case reduce_op::bor:
         case reduce_op::bxor:
-            return is_integral(t);
+            return is_integral(t) || t == dtype::bool_;
     }
     return false;
 }
@@ -80,8 +85,11 @@ inline std::string unsupported_reason(reduce_op op, dtype t) {
                " is not a known reduce_op";
     }
     if (op_supported(op, t)) return {};
-    return std::string("reduce_op ") + op_name(op) + " is not defined for " + dtype_name(t) +
-           " (bitwise ops need an integer type)";
+    const char* why = op == reduce_op::avg ? "avg needs numbers"
+                      : is_complex(t)      ? "complex numbers have no order"
+                                           : "bitwise ops need an integer type";
+    return std::string("reduce_op ") + op_name(op) + " is not defined for " + dtype_name(t) + " (" +
+           why + ")";
 }
 
 namespace detail {
@@ -91,6 +99,11 @@ namespace detail {
 // conversion back to a signed type is modular since C++20.
 template <class T>
 using wrap_t = decltype(std::make_unsigned_t<T>{} + 0u);
+
+template <class T>
+inline constexpr bool is_complex_v = false;
+template <class V>
+inline constexpr bool is_complex_v<std::complex<V>> = true;
 
 struct op_sum {
     template <class T>
@@ -218,6 +231,14 @@ inline void avg_block(T* __restrict data, Count n, int world_size) noexcept {
     } else if constexpr (std::is_floating_point_v<T>) {
         const T w = static_cast<T>(world_size);
         for (std::size_t i = 0; i < n; ++i) data[i] = data[i] / w;
+    } else if constexpr (is_complex_v<T>) {
+        // Each part divided, exactly rounded.
+        const typename T::value_type w = static_cast<typename T::value_type>(world_size);
+        for (std::size_t i = 0; i < n; ++i) data[i] = data[i] / w;
+    } else if constexpr (std::is_same_v<T, bool>) {
+        (void)data;  // avg is refused for bool
+        (void)n;
+        (void)world_size;
     } else {
         // In int (int64 for int64): an int8 or uint8 world size could not hold the divisor.
         for (std::size_t i = 0; i < n; ++i) data[i] = static_cast<T>(data[i] / world_size);
@@ -244,6 +265,20 @@ inline void visit_dtype(dtype t, F&& f) {
             return f(float16{});
         case dtype::bfloat16:
             return f(bfloat16{});
+        case dtype::int16:
+            return f(std::int16_t{});
+        case dtype::uint16:
+            return f(std::uint16_t{});
+        case dtype::uint32:
+            return f(std::uint32_t{});
+        case dtype::uint64:
+            return f(std::uint64_t{});
+        case dtype::bool_:
+            return f(bool{});
+        case dtype::complex64:
+            return f(std::complex<float>{});
+        case dtype::complex128:
+            return f(std::complex<double>{});
     }
 }
 
@@ -277,29 +312,57 @@ inline void reduce_into(reduce_op op, dtype t, std::byte* inout, const std::byte
                reinterpret_cast<std::uintptr_t>(inout));
     detail::visit_dtype(t, [&](auto tag) {
         using T = decltype(tag);
-        auto* a = reinterpret_cast<T*>(inout);
-        const auto* b = reinterpret_cast<const T*>(in);
-        switch (op) {
-            case reduce_op::sum:
-            case reduce_op::avg:
-                return detail::reduce_loop<T, detail::op_sum>(a, b, count);
-            case reduce_op::product:
+        if constexpr (std::is_same_v<T, bool>) {
+            // Logical, as torch's: on the bytes (0 or 1), or for sum, max and bor, and for
+            // product, min and band.
+            auto* a = reinterpret_cast<std::uint8_t*>(inout);
+            const auto* b = reinterpret_cast<const std::uint8_t*>(in);
+            switch (op) {
+                case reduce_op::sum:
+                case reduce_op::max:
+                case reduce_op::bor:
+                    return detail::reduce_loop<std::uint8_t, detail::op_bor>(a, b, count);
+                case reduce_op::product:
+                case reduce_op::min:
+                case reduce_op::band:
+                    return detail::reduce_loop<std::uint8_t, detail::op_band>(a, b, count);
+                case reduce_op::bxor:
+                    return detail::reduce_loop<std::uint8_t, detail::op_bxor>(a, b, count);
+                case reduce_op::avg:
+                    return;  // unreachable: op_supported refused it
+            }
+        } else if constexpr (detail::is_complex_v<T>) {
+            auto* a = reinterpret_cast<T*>(inout);
+            const auto* b = reinterpret_cast<const T*>(in);
+            if (op == reduce_op::product) {
                 return detail::reduce_loop<T, detail::op_product>(a, b, count);
-            case reduce_op::min:
-                return detail::reduce_loop<T, detail::op_min>(a, b, count);
-            case reduce_op::max:
-                return detail::reduce_loop<T, detail::op_max>(a, b, count);
-            case reduce_op::band:
-            case reduce_op::bor:
-            case reduce_op::bxor:
-                if constexpr (std::is_integral_v<T>) {
-                    if (op == reduce_op::band)
-                        return detail::reduce_loop<T, detail::op_band>(a, b, count);
-                    if (op == reduce_op::bor)
-                        return detail::reduce_loop<T, detail::op_bor>(a, b, count);
-                    return detail::reduce_loop<T, detail::op_bxor>(a, b, count);
-                }
-                return;  // unreachable: op_supported refused bitwise ops on floating types
+            }
+            return detail::reduce_loop<T, detail::op_sum>(a, b, count);  // sum, avg
+        } else {
+            auto* a = reinterpret_cast<T*>(inout);
+            const auto* b = reinterpret_cast<const T*>(in);
+            switch (op) {
+                case reduce_op::sum:
+                case reduce_op::avg:
+                    return detail::reduce_loop<T, detail::op_sum>(a, b, count);
+                case reduce_op::product:
+                    return detail::reduce_loop<T, detail::op_product>(a, b, count);
+                case reduce_op::min:
+                    return detail::reduce_loop<T, detail::op_min>(a, b, count);
+                case reduce_op::max:
+                    return detail::reduce_loop<T, detail::op_max>(a, b, count);
+                case reduce_op::band:
+                case reduce_op::bor:
+                case reduce_op::bxor:
+                    if constexpr (std::is_integral_v<T>) {
+                        if (op == reduce_op::band)
+                            return detail::reduce_loop<T, detail::op_band>(a, b, count);
+                        if (op == reduce_op::bor)
+                            return detail::reduce_loop<T, detail::op_bor>(a, b, count);
+                        return detail::reduce_loop<T, detail::op_bxor>(a, b, count);
+                    }
+                    return;  // unreachable: op_supported refused bitwise ops on floating types
+            }
         }
     });
 }

@@ -12,9 +12,12 @@ namespace collectives {
 
 /// The reduction a collective applies: op and element type, as the kernels take them.
 struct reduction {
+    /// The reduction applied element by element.
     reduce_op op;
+    /// The element type both operands hold.
     dtype type;
 
+    /// Bytes per element of `type`.
     std::size_t elem() const noexcept { return dtype_size(type); }
     /// inout[i] = inout[i] op in[i] for `count` elements (avg sums; see `finish`).
     void operator()(std::byte* inout, const std::byte* in, std::size_t count) const {

@@ -135,7 +135,9 @@ inline bool supports(collective_kind k, algorithm a) noexcept {
 
 /// Sizes at which the automatic choice switches to the bandwidth-bound algorithm.
 struct thresholds {
+    /// all_reduce: from this many bytes the ring, below it recursive doubling.
     std::size_t all_reduce_ring_bytes = std::size_t{256} << 10;
+    /// broadcast: from this many bytes the pipelined chain, below it the binomial tree.
     std::size_t broadcast_chain_bytes = std::size_t{512} << 10;
     std::size_t all_gather_ring_bytes = std::size_t{256} << 10;  ///< of the gathered total
     std::size_t linear_block_bytes = std::size_t{64} << 10;      ///< gather/scatter, per block
@@ -144,6 +146,8 @@ struct thresholds {
 /// Algorithms forced per collective; `automatic` leaves the choice to size and world size.
 class algorithm_choice {
 public:
+    /// Forces `a` for every later `k`; `automatic` gives the choice back. Throws
+    /// `std::invalid_argument` when `k` has no algorithm `a`.
     void force(collective_kind k, algorithm a) {
         if (a != algorithm::automatic && !supports(k, a)) {
             throw std::invalid_argument(std::string("corocoll: ") + kind_name(k) +
@@ -151,6 +155,7 @@ public:
         }
         forced_[static_cast<std::size_t>(k)] = a;
     }
+    /// The algorithm forced for `k`, or `automatic`.
     algorithm forced(collective_kind k) const noexcept {
         return forced_[static_cast<std::size_t>(k)];
     }

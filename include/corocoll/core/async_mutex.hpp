@@ -19,8 +19,11 @@ public:
     async_mutex(const async_mutex&) = delete;
     async_mutex& operator=(const async_mutex&) = delete;
 
+    /// Awaitable of `lock()`: takes the mutex at once when free, else queues the coroutine (no
+    /// allocation) until `unlock` hands it over.
     class lock_awaiter {
     public:
+        /// Waits for `m`.
         explicit lock_awaiter(async_mutex& m) noexcept : mutex_(m) {}
         bool await_ready() noexcept { return mutex_.try_lock(); }
         bool await_suspend(std::coroutine_handle<> h) noexcept {
@@ -39,7 +42,9 @@ public:
     /// Unlocks when destroyed.
     class [[nodiscard]] guard {
     public:
+        /// Holds `m`, which the caller has locked; unlocks it when destroyed.
         explicit guard(async_mutex& m) noexcept : mutex_(&m) {}
+        /// Takes over `o`'s lock; `o` holds none.
         guard(guard&& o) noexcept : mutex_(o.mutex_) { o.mutex_ = nullptr; }
         guard(const guard&) = delete;
         guard& operator=(const guard&) = delete;

@@ -3,6 +3,7 @@
 #include <corocoll/version.hpp>
 
 #include <atomic>
+#include <chrono>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -29,6 +30,12 @@ public:
     /// while nothing is ready; another thread that wants `done` seen posts a work item that
     /// sets it.
     virtual void run_until(const std::atomic<bool>& done) = 0;
+    /// Runs the loop on the calling thread until `ready(arg)` is true or the steady clock
+    /// reaches `deadline`, whichever is first; returns `ready(arg)`. `ready` is asked after
+    /// every turn of the loop, so what makes it true must happen on this loop (a coroutine it
+    /// resumes) or post to it.
+    virtual bool run_until(bool (*ready)(const void* arg) noexcept, const void* arg,
+                           std::chrono::steady_clock::time_point deadline) = 0;
 
     /// The loop bound to the calling thread, or null when it has none.
     static event_loop* current() noexcept { return current_ref(); }

@@ -90,11 +90,15 @@ template <class T>
 class [[nodiscard]] task {
 public:
     using promise_type = detail::task_promise<T>;
+    /// What `co_await` on the task yields.
     using value_type = T;
 
     task() noexcept = default;
+    /// Owns the coroutine `h` (what `promise_type::get_return_object` makes).
     explicit task(std::coroutine_handle<promise_type> h) noexcept : handle_(h) {}
+    /// Takes over `other`'s coroutine; `other` becomes empty.
     task(task&& other) noexcept : handle_(std::exchange(other.handle_, {})) {}
+    /// Destroys the coroutine held, if any, and takes over `other`'s.
     task& operator=(task&& other) noexcept {
         if (this != &other) {
             if (handle_) handle_.destroy();

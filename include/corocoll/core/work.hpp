@@ -7,8 +7,13 @@
 #include <corocoll/version.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <coroutine>
 #include <exception>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 COROCOLL_BEGIN_NAMESPACE
@@ -67,10 +72,14 @@ template <class T = void>
 class [[nodiscard]] work {
 public:
     work() noexcept = default;
+    /// Starts `t` now (it runs until its first suspension) and keeps its result for `wait` or
+    /// `co_await`. One allocation for the shared state.
     explicit work(task<T> t) : state_(new detail::work_state<T>) {
         detail::run_work(std::move(t), state_);
     }
+    /// Takes over `o`'s operation; `o` holds none.
     work(work&& o) noexcept : state_(std::exchange(o.state_, nullptr)) {}
+    /// Drops the operation held (as the destructor does) and takes over `o`'s.
     work& operator=(work&& o) noexcept {
         if (this != &o) {
             if (state_ != nullptr) state_->release();
@@ -90,6 +99,7 @@ public:
                                         detail::work_state<T>::done_marker();
     }
 
+    /// Awaitable: suspends until the operation ends, then yields its result or rethrows its error.
     auto operator co_await() noexcept {
         struct awaiter {
             detail::work_state<T>* state;
@@ -110,6 +120,34 @@ public:
     /// Blocks until the operation finishes (running the thread's reactor meanwhile) and
     /// returns its result: torch's `req.wait()`.
     T wait() { return sync_wait(*this); }
+
+    /// torch's `Work.wait(timeout)`: blocks until the operation finishes or `timeout` passes,
+    /// running the thread's reactor meanwhile. Returns its result, rethrows its error, or
+    /// throws `std::system_error` (`std::errc::timed_out`) "work::wait: the operation did not
+    /// finish within N ms". A timeout leaves the operation running (it has its own deadline,
+    /// the group's): wait again, poll `is_completed()`, or close the group to end it. From
+    /// plain code only; on a thread without a reactor it sleeps in steps of 100 µs.
+    T wait(std::chrono::milliseconds timeout) {
+        if (state_ == nullptr) throw std::logic_error("corocoll: work::wait: an empty work");
+        auto deadline = std::chrono::steady_clock::now() + timeout;
+        auto ready = [](const void* s) noexcept {
+            return static_cast<const detail::work_state<T>*>(s)->waiter.load(
+                       std::memory_order_acquire) == detail::work_state<T>::done_marker();
+        };
+        if (auto* loop = detail::event_loop::current(); loop != nullptr) {
+            loop->run_until(ready, state_, deadline);
+        } else {
+            while (!ready(state_) && std::chrono::steady_clock::now() < deadline) {
+                std::this_thread::sleep_for(std::chrono::microseconds(100));
+            }
+        }
+        if (!ready(state_)) {
+            throw std::system_error(std::make_error_code(std::errc::timed_out),
+                                    "corocoll: work::wait: the operation did not finish within " +
+                                        std::to_string(timeout.count()) + " ms");
+        }
+        return state_->result.take();
+    }
 
 private:
     detail::work_state<T>* state_ = nullptr;

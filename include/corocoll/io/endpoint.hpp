@@ -83,9 +83,12 @@ public:
     /// The IPv4 loopback address with `port` (0: let the kernel pick one at bind).
     static endpoint loopback(std::uint16_t port = 0) { return from_numeric("127.0.0.1", port); }
 
+    /// AF_INET or AF_INET6; AF_UNSPEC when empty.
     int family() const noexcept { return storage_.ss_family; }
+    /// True for a default-constructed endpoint.
     bool empty() const noexcept { return len_ == 0; }
 
+    /// The port, in host byte order.
     std::uint16_t port() const noexcept {
         if (family() == AF_INET)
             return ntohs(reinterpret_cast<const sockaddr_in*>(&storage_)->sin_port);
@@ -122,12 +125,18 @@ public:
         return s;
     }
 
+    /// The address for connect(2), bind(2) and sendto(2).
     const sockaddr* data() const noexcept { return reinterpret_cast<const sockaddr*>(&storage_); }
+    /// The address for accept(2) and getsockname(2) to fill in; `resize` afterwards.
     sockaddr* data() noexcept { return reinterpret_cast<sockaddr*>(&storage_); }
+    /// Bytes of the address in `data()`.
     socklen_t size() const noexcept { return len_; }
+    /// Bytes `data()` can hold (a `sockaddr_storage`).
     static constexpr socklen_t capacity() noexcept { return sizeof(sockaddr_storage); }
+    /// Sets the length the kernel reported after filling `data()`.
     void resize(socklen_t len) noexcept { len_ = len; }
 
+    /// The same address bytes: family, address and port (IPv6: flow info and scope too).
     friend bool operator==(const endpoint& a, const endpoint& b) noexcept {
         return a.len_ == b.len_ && std::memcmp(&a.storage_, &b.storage_, a.len_) == 0;
     }

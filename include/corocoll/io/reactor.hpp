@@ -1,5 +1,7 @@
 #pragma once
 
+#include <corocoll/core/async_scope.hpp>
+#include <corocoll/core/awaitable_traits.hpp>
 #include <corocoll/core/error.hpp>
 #include <corocoll/core/event_loop.hpp>
 #include <corocoll/core/sync_wait.hpp>
@@ -52,6 +54,9 @@ struct op_options;
 /// waits for posts from other threads that are still returning.
 class reactor final : public corocoll::detail::event_loop {
 public:
+    /// Sets up this thread's ring with `options` (probing set-up flags and falling back) and its
+    /// eventfd. Throws `std::logic_error` when this thread has a reactor already,
+    /// `std::system_error` when io_uring is unavailable.
     explicit reactor(reactor_options options = {}) : options_(options) {
         if (current_ref() != nullptr) {
             throw std::logic_error("corocoll: this thread already has an io::reactor");
@@ -75,6 +80,14 @@ public:
     reactor& operator=(const reactor&) = delete;
 
     ~reactor() {
+        // Work handed over with `adopt` (a group closing because its last reference went)
+        // finishes first, while the ring still runs.
+        if (adopted_.pending() != 0) {
+            try {
+                corocoll::sync_wait(adopted_.join());
+            } catch (...) {
+            }
+        }
         while (posters_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
         live_reactors().fetch_sub(1, std::memory_order_relaxed);
         current_ref() = nullptr;
@@ -132,6 +145,8 @@ public:
     /// What the loop has done so far (see `reactor_stats`). Only on this reactor's thread.
     const reactor_stats& stats() const noexcept { return stats_; }
 
+    /// Queues `item` to run on the reactor's thread; from any thread. Wakes the loop through its
+    /// eventfd only when the queue was empty: no allocation, at most one write(2).
     void post(corocoll::detail::work_item& item) noexcept override {
         if (current_ref() == this) {
             // The loop drains the queue before it sleeps: no wake, no lifetime guard needed.
@@ -146,11 +161,39 @@ public:
         posters_.fetch_sub(1, std::memory_order_acq_rel);
     }
 
+    /// Runs the loop until `done` is true; another thread sets it and wakes the reactor.
     void run_until(const std::atomic<bool>& done) override {
-        while (!done.load(std::memory_order_acquire)) {
+        loop_while([&] { return !done.load(std::memory_order_acquire); });
+    }
+
+    /// Runs the loop until `ready(arg)` holds or `deadline` passes; false on the deadline.
+    bool run_until(bool (*ready)(const void* arg) noexcept, const void* arg,
+                   std::chrono::steady_clock::time_point deadline) override {
+        struct expiry : timer_entry {
+            std::atomic<bool> passed{false};
+        } timer;
+        timer.when = deadline;
+        timer.fire = [](timer_entry& t) noexcept {
+            static_cast<expiry&>(t).passed.store(true, std::memory_order_release);
+        };
+        if (!ready(arg)) {
+            arm(timer);
+            loop_while(
+                [&] { return !ready(arg) && !timer.passed.load(std::memory_order_acquire); });
+            disarm(timer);
+        }
+        return ready(arg);
+    }
+
+private:
+    // The loop: runs while `go_on()`, which is asked before every turn.
+    template <class GoOn>
+    void loop_while(GoOn go_on) {
+        ++depth_;
+        while (go_on()) {
             ++stats_.turns;
             run_posted();
-            if (done.load(std::memory_order_acquire)) break;
+            if (!go_on()) break;
             submit_backlog();
             bool progressed = reap() > 0;
             // Timers fire even while completions keep coming. Busy polling of watched entries
@@ -166,7 +209,27 @@ public:
         }
         // What the last resumed coroutines queued goes out now rather than at the next run.
         if (io_uring_sq_ready(&ring_) > 0) flush();
+        --depth_;
     }
+
+public:
+    /// True while the loop runs on this thread (inside `run_until`, `run` or `sync_wait`):
+    /// code called from a coroutine it resumed sees true, plain code around it false. A
+    /// blocking wait from there would run the loop nested inside whatever resumed the caller.
+    bool running() const noexcept { return depth_ > 0; }
+
+    /// Starts `a` now, detached, on this thread (it runs until it first suspends before
+    /// `adopt` returns); the reactor finishes it: whatever is still running when the reactor
+    /// is destroyed runs to its end first, in the destructor. Its exceptions are dropped.
+    /// For clean-up that must not block where it is started (a group whose last reference
+    /// goes inside a coroutine closes this way). Costs one coroutine frame. Only on this
+    /// reactor's thread.
+    template <corocoll::awaitable A>
+    void adopt(A a) {
+        adopted_.spawn(std::move(a));
+    }
+    /// Tasks given to `adopt` that have not finished.
+    std::size_t adopted() const noexcept { return adopted_.pending(); }
 
     /// Runs `a` on this reactor's thread until it completes and returns its result:
     /// `sync_wait(a)` with this reactor driving the I/O.
@@ -271,12 +334,14 @@ public:
     /// pipe, a signalfd, a file at its current offset); yields the byte count, 0 at end of
     /// file. Sockets have `socket::recv_some`.
     [[nodiscard]] auto read_some(int fd, std::span<std::byte> data);
+    /// As `read_some` above, with a deadline and a stop token.
     [[nodiscard]] auto read_some(int fd, std::span<std::byte> data, const op_options& o);
 
     /// Awaitable: waits until `fd` is ready for `events` (POLLIN, POLLOUT, ...: one-shot
     /// IORING_OP_POLL_ADD) and yields the events that are. A pidfd polls POLLIN when its
     /// process exits.
     [[nodiscard]] auto poll(int fd, unsigned events);
+    /// As `poll` above, with a deadline and a stop token.
     [[nodiscard]] auto poll(int fd, unsigned events, const op_options& o);
 
 private:
@@ -651,6 +716,8 @@ private:
     bool clock_skipped_ = false;
     std::chrono::steady_clock::time_point last_enter_{};
     reactor_stats stats_;
+    int depth_ = 0;
+    corocoll::async_scope adopted_;
 };
 
 }  // namespace io

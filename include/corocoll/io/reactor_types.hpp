@@ -34,6 +34,7 @@ struct reactor_options {
     /// environment's COROCOLL_BUSY_POLL_US.
     std::chrono::microseconds busy_poll = default_busy_poll();
 
+    /// `busy_poll`'s default: COROCOLL_BUSY_POLL_US when set and valid, else 50 µs.
     static std::chrono::microseconds default_busy_poll() noexcept {
         static const std::chrono::microseconds value = [] {
             const char* text = std::getenv("COROCOLL_BUSY_POLL_US");
@@ -95,11 +96,15 @@ struct reactor_stats {
 /// caller's memory, which must outlast its armed time; arming costs no allocation in steady
 /// state and no system call.
 struct timer_entry {
+    /// When the timer fires.
     std::chrono::steady_clock::time_point when{};
+    /// Called on the reactor's thread when `when` has passed; the entry is disarmed by then.
     void (*fire)(timer_entry&) noexcept = nullptr;
     /// Position in the reactor's heap; `not_armed` when not armed.
     std::size_t slot = not_armed;
+    /// The `slot` of an entry that is not in the heap.
     static constexpr std::size_t not_armed = static_cast<std::size_t>(-1);
+    /// True between arming and firing or disarming.
     bool armed() const noexcept { return slot != not_armed; }
 };
 
@@ -124,14 +129,18 @@ struct timer_entry {
 /// that says no (its wait is over meanwhile) counts as progress; entries asked before it get
 /// `end_sleep` at once.
 struct poll_entry {
+    /// Looks once whether the wait is over; true when it made progress.
     bool (*poll)(poll_entry&) noexcept = nullptr;
     /// True: whatever this entry waits for will complete a ring operation, so the loop may
     /// sleep. Null: the entry needs the pauses.
     bool (*prepare_sleep)(poll_entry&) noexcept = nullptr;
     /// After a sleep that `prepare_sleep` allowed (or when another entry refused it).
     void (*end_sleep)(poll_entry&) noexcept = nullptr;
+    /// The reactor's list of watched entries; set while `watched`.
     poll_entry* prev = nullptr;
+    /// The reactor's list of watched entries; set while `watched`.
     poll_entry* next = nullptr;
+    /// True while the reactor polls this entry.
     bool watched = false;
 };
 

@@ -281,8 +281,10 @@ public:
     socket() noexcept = default;
     /// Takes ownership of connected descriptor `fd` whose peer is `peer`.
     socket(reactor& r, int fd, endpoint peer) noexcept : reactor_(&r), fd_(fd), peer_(peer) {}
+    /// Takes over `o`'s descriptor; `o` is closed.
     socket(socket&& o) noexcept
         : reactor_(o.reactor_), fd_(std::exchange(o.fd_, -1)), peer_(o.peer_) {}
+    /// Closes the descriptor held and takes over `o`'s.
     socket& operator=(socket&& o) noexcept {
         if (this != &o) {
             close();
@@ -332,9 +334,13 @@ public:
         if (fd_ >= 0) ::close(std::exchange(fd_, -1));
     }
 
+    /// True while a descriptor is held.
     bool is_open() const noexcept { return fd_ >= 0; }
+    /// The descriptor, -1 when closed.
     int native_handle() const noexcept { return fd_; }
+    /// The address connected to or accepted from.
     const endpoint& peer() const noexcept { return peer_; }
+    /// The reactor the socket's operations run on.
     reactor& owner() const noexcept { return *reactor_; }
 
     /// The local address the socket is bound to.
@@ -369,8 +375,10 @@ private:
 class acceptor {
 public:
     acceptor() noexcept = default;
+    /// Takes over `o`'s descriptor; `o` is closed.
     acceptor(acceptor&& o) noexcept
         : reactor_(o.reactor_), fd_(std::exchange(o.fd_, -1)), local_(o.local_) {}
+    /// Closes the descriptor held and takes over `o`'s.
     acceptor& operator=(acceptor&& o) noexcept {
         if (this != &o) {
             close();
@@ -420,11 +428,15 @@ public:
     /// Awaitable: waits for the next connection and yields it as a `socket`.
     detail::accept_op accept(op_options o = {});
 
+    /// Closes the listening descriptor now (close(2)); closing twice does nothing.
     void close() noexcept {
         if (fd_ >= 0) ::close(std::exchange(fd_, -1));
     }
+    /// True while listening.
     bool is_open() const noexcept { return fd_ >= 0; }
+    /// The listening descriptor, -1 when closed.
     int native_handle() const noexcept { return fd_; }
+    /// The address bound, with the port the kernel chose for port 0.
     const endpoint& local_endpoint() const noexcept { return local_; }
 
 private:

@@ -78,7 +78,9 @@ inline int get_world_size() noexcept {
 /// The default group (throws `std::logic_error` before init).
 inline process_group& default_group() { return detail::require_default_group("default_group"); }
 
-/// Closes and forgets the default group (and the reactor init made for it).
+/// Closes and forgets the default group, and with it every group made from it (`new_group`,
+/// `split`), as torch's does; then the reactor init made for it. A group kept past this
+/// refuses every operation with an error that says it is closed, and may be dropped.
 inline void destroy_process_group() {
     auto& state = detail::default_group_ref();
     if (state.group) {
@@ -192,14 +194,17 @@ void broadcast_object_list(std::vector<T>& objects, int src = 0) {
         detail::require_default_group("broadcast_object_list").broadcast_object_list(objects, src));
 }
 template <class T>
+/// `gather_object` on the default group, blocking; see `process_group::gather_object`.
 void gather_object(const T& object, std::vector<T>& out, int dst = 0) {
     sync_wait(detail::require_default_group("gather_object").gather_object(object, out, dst));
 }
 template <class T>
+/// `all_gather_object` on the default group, blocking; see `process_group::all_gather_object`.
 void all_gather_object(std::vector<T>& out, const T& object) {
     sync_wait(detail::require_default_group("all_gather_object").all_gather_object(out, object));
 }
 template <class T>
+/// `scatter_object_list` on the default group, blocking; see `process_group::scatter_object_list`.
 void scatter_object_list(T& out, const std::vector<T>& in, int src = 0) {
     sync_wait(
         detail::require_default_group("scatter_object_list").scatter_object_list(out, in, src));

@@ -46,6 +46,7 @@ struct init_options {
     std::string init_method = "env://";
     /// -1: from the launcher's environment.
     int world_size = -1;
+    /// -1: from the launcher's environment.
     int rank = -1;
     /// Deadline of set-up and default deadline of every operation: COROCOLL_TIMEOUT seconds
     /// when that is set, else c10d's 30 minutes.
@@ -54,6 +55,8 @@ struct init_options {
     std::shared_ptr<rendezvous::store> store;
     /// Groups with different names keep apart in one store.
     std::string group_name = "default";
+    /// Transport limits and knobs (transport, stall reports, early-message budget); defaults from
+    /// COROCOLL_* variables.
     transport::engine_options limits;
 };
 
@@ -273,9 +276,11 @@ inline task<std::shared_ptr<process_group>> build_group(
                                  corocoll::detail::context_of(e)));
     }
     COROCOLL_LOG(info, "INIT", "group '", name, "' ready: rank ", rank, " of ", size);
-    co_return std::make_shared<process_group>(r, rank, size, std::move(name), timeout,
-                                              std::move(group_store), std::move(peers), limits,
-                                              std::move(hosted), listen_on);
+    // The disposer closes a group whose last reference goes, wherever that happens.
+    co_return std::shared_ptr<process_group>(
+        new process_group(r, rank, size, std::move(name), timeout, std::move(group_store),
+                          std::move(peers), limits, std::move(hosted), listen_on),
+        group_disposer{});
 }
 
 /// The part of `init_process_group` that does not depend on the backend: works out rank and
@@ -401,7 +406,9 @@ inline task<std::shared_ptr<process_group>> init_process_group(io::reactor& r,
         transport::choose_listen_address(rv.master), std::move(rv.hosted));
 }
 
-inline task<std::shared_ptr<process_group>> process_group::new_group(std::vector<int> ranks) {
+inline task<std::shared_ptr<process_group>> process_group::new_group(rank_list list) {
+    std::vector<int> ranks = std::move(list).take();
+    check_open("new_group");
     std::sort(ranks.begin(), ranks.end());
     if (ranks.empty() || std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() ||
         ranks.front() < 0 || ranks.back() >= size()) {
@@ -412,10 +419,13 @@ inline task<std::shared_ptr<process_group>> process_group::new_group(std::vector
     auto me = std::find(ranks.begin(), ranks.end(), rank());
     if (me == ranks.end()) co_return nullptr;
     auto store = std::make_shared<rendezvous::prefix_store>("sub/" + std::to_string(k), store_);
-    co_return co_await detail::build_group(
+    auto group = co_await detail::build_group(
         reactor_, std::move(store), static_cast<int>(me - ranks.begin()),
         static_cast<int>(ranks.size()), name_ + "/sub" + std::to_string(k), timeout_, limits_,
         listen_on_, nullptr);
+    std::erase_if(made_, [](const auto& w) { return w.expired(); });
+    made_.push_back(group);
+    co_return group;
 }
 
 inline task<std::shared_ptr<process_group>> process_group::split(int colour, int key) {
@@ -434,10 +444,13 @@ inline task<std::shared_ptr<process_group>> process_group::split(int colour, int
     while (members[static_cast<std::size_t>(index)].second != rank()) ++index;
     auto store = std::make_shared<rendezvous::prefix_store>(
         "split/" + std::to_string(k) + "/" + std::to_string(colour), store_);
-    co_return co_await detail::build_group(
+    auto group = co_await detail::build_group(
         reactor_, std::move(store), index, static_cast<int>(members.size()),
         name_ + "/split" + std::to_string(k) + "." + std::to_string(colour), timeout_, limits_,
         listen_on_, nullptr);
+    std::erase_if(made_, [](const auto& w) { return w.expired(); });
+    made_.push_back(group);
+    co_return group;
 }
 
 COROCOLL_END_NAMESPACE

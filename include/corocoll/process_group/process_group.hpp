@@ -32,6 +32,7 @@
 #include <corocoll/io/endpoint.hpp>
 #include <corocoll/io/reactor.hpp>
 #include <corocoll/process_group/buffer.hpp>
+#include <corocoll/process_group/collective_call.hpp>
 #include <corocoll/rendezvous/store.hpp>
 #include <corocoll/rendezvous/tcp_store.hpp>
 #include <corocoll/transport/engine.hpp>
@@ -57,6 +58,35 @@ COROCOLL_BEGIN_NAMESPACE
 /// `recv`/`irecv` from whichever rank sends first.
 inline constexpr int any_source = transport::any_source;
 
+/// The ranks of a group to make (`new_group`): a `std::vector<int>`, or a braced list such as
+/// `{0, 1}`, torch's `[0, 1]`. The braced list reaches the constructor as separate ints, so no
+/// initializer_list array is kept in the caller's coroutine frame, which g++ 12 cannot
+/// compile ("array used as initializer") inside `co_await`.
+class rank_list {
+public:
+    /// Takes the ranks of `ranks`.
+    rank_list(std::vector<int> ranks) noexcept : ranks_(std::move(ranks)) {}  // NOLINT: implicit
+    /// Takes the ranks given one by one: `{0, 1}`.
+    template <std::convertible_to<int>... I>
+        requires(sizeof...(I) > 0)
+    rank_list(I... ranks) : ranks_{static_cast<int>(ranks)...} {}  // NOLINT: implicit
+    /// The ranks, moved out.
+    std::vector<int> take() && noexcept { return std::move(ranks_); }
+
+private:
+    std::vector<int> ranks_;
+};
+
+class process_group;
+
+namespace detail {
+/// What a `shared_ptr<process_group>` made by corocoll does with the group when its last
+/// reference goes: see `process_group::dispose`.
+struct group_disposer {
+    void operator()(process_group* g) const noexcept;
+};
+}  // namespace detail
+
 /// A set of ranks that exchange messages, like torch's ProcessGroup: the public face of
 /// corocoll. Bound to the reactor of the thread that created it; its operations are
 /// coroutines to await there (`isend`/`irecv` start at once and return a `work`). Every
@@ -64,8 +94,10 @@ inline constexpr int any_source = transport::any_source;
 /// pending and later operation fail with an error naming it; the group must then be closed.
 class process_group {
 public:
+    /// The unit of timeouts.
     using duration = std::chrono::milliseconds;
 
+    /// Made by `init_process_group` and `new_group`, not by hand.
     process_group(io::reactor& r, int rank, int size, std::string name, duration timeout,
                   std::shared_ptr<rendezvous::store> store,
                   std::vector<std::unique_ptr<transport::channel>> peers,
@@ -87,7 +119,8 @@ public:
     }
     process_group(const process_group&) = delete;
     process_group& operator=(const process_group&) = delete;
-    /// Closes the group if `close()` was not awaited (on this thread's reactor).
+    /// Closes the group if `close()` was not awaited, blocking on this thread's reactor. Groups
+    /// made by corocoll (shared_ptr) never get here unclosed: see `dispose`.
     ~process_group() {
         if (!closed_) {
             try {
@@ -97,10 +130,15 @@ public:
         }
     }
 
+    /// This rank in the group, 0 to `size() - 1` (torch's `get_rank`).
     int rank() const noexcept { return engine_.rank(); }
+    /// Ranks in the group (torch's `get_world_size`).
     int size() const noexcept { return engine_.size(); }
+    /// The group's name ("default" for the world group).
     const std::string& name() const noexcept { return name_; }
+    /// The default deadline of every operation on the group.
     duration timeout() const noexcept { return timeout_; }
+    /// The reactor the group's operations run on.
     io::reactor& reactor() const noexcept { return reactor_; }
     /// The channel that carries this rank's messages to and from rank `peer`: "shm" (shared
     /// memory, on this host) or "tcp"; empty for this rank itself or a rank outside the group.
@@ -115,6 +153,8 @@ public:
     /// buffer may then be reused).
     template <buffer R>
     task<> send(const R& buf, int dst, std::int64_t tag = 0) {
+        COROCOLL_CHECK_BUFFER(R);
+        check_open("send");
         return engine_.send(detail::bytes_of(buf), dst, tag, deadline());
     }
 
@@ -125,6 +165,8 @@ public:
     template <buffer R>
     transport::recv_op<transport::recv_yields::source> recv(R& buf, int src = any_source,
                                                             std::int64_t tag = 0) {
+        COROCOLL_CHECK_BUFFER(R);
+        check_open("recv");
         return engine_.recv<transport::recv_yields::source>(detail::writable_bytes_of(buf), src,
                                                             tag, deadline());
     }
@@ -145,6 +187,7 @@ public:
     /// Starts every operation of `ops` at once, like torch's `batch_isend_irecv`; one `work`
     /// per operation, in order (a send's yields its peer).
     std::vector<work<int>> batch_isend_irecv(const std::vector<p2p_op>& ops) {
+        check_open("batch_isend_irecv");
         std::vector<work<int>> out;
         out.reserve(ops.size());
         for (const auto& op : ops) {
@@ -161,10 +204,12 @@ public:
     // ---- subgroups ----
 
     /// Like torch's new_group: every rank of this group calls it, in the same order, with the
-    /// same `ranks`; the members get a new group (their ranks in it follow the sorted `ranks`),
-    /// the others get null. It has its own connections, sequence numbers and lock, so its
-    /// collectives run concurrently with this group's.
-    task<std::shared_ptr<process_group>> new_group(std::vector<int> ranks);
+    /// same `ranks` (a vector or a braced list: `co_await pg.new_group({0, 1})`); the members
+    /// get a new group (their ranks in it follow the sorted `ranks`), the others get null. It
+    /// has its own connections, sequence numbers and lock, so its collectives run concurrently
+    /// with this group's. Dropping its last reference closes it; closing this group closes
+    /// it too.
+    task<std::shared_ptr<process_group>> new_group(rank_list ranks);
 
     /// Splits the group by colour, like MPI_Comm_split: every rank calls it; the ranks that
     /// pass the same colour form a group, ordered by (key, rank). A negative colour joins no
@@ -182,73 +227,76 @@ public:
     void set_chunk_bytes(std::size_t bytes) noexcept {
         chunk_bytes_ = std::max<std::size_t>(bytes, 1);
     }
+    /// Bytes per pipelined chunk of the ring and chain algorithms.
     std::size_t chunk_bytes() const noexcept { return chunk_bytes_; }
 
     /// Blocks until every rank of the group has called it (dissemination).
-    task<> barrier() {
-        return collective(
-            collectives::collective_kind::barrier, {}, 0, 0, 0,
-            [](collectives::context& c) { return collectives::barrier_dissemination(c); });
+    collective_call<> barrier() {
+        return call("barrier", collective(collectives::collective_kind::barrier, {}, 0, 0, 0,
+                                          [](collectives::context& c) {
+                                              return collectives::barrier_dissemination(c);
+                                          }));
     }
 
     /// Copies `data` of rank `src` into `data` of every rank.
     template <buffer R>
-    task<> broadcast(R& data, int src) {
+    collective_call<> broadcast(R& data, int src) {
         auto bytes = detail::writable_bytes_of(data);
         check_root("broadcast", src);
         auto kind = collectives::collective_kind::broadcast;
         auto algo = collectives::select(kind, bytes.size(), size(), algorithms_);
-        return collective(
-            kind, element_of<R>(), std::ranges::size(data), 0, src,
-            [bytes, src, algo](collectives::context& c) -> task<> {
-                if (algo == collectives::algorithm::chain) {
-                    return collectives::broadcast_chain(c, bytes, src);
-                }
-                return collectives::broadcast_binomial(c, bytes, src);
-            },
-            algo);
+        return call("broadcast", collective(
+                                     kind, element_of<R>(), std::ranges::size(data), 0, src,
+                                     [bytes, src, algo](collectives::context& c) -> task<> {
+                                         if (algo == collectives::algorithm::chain) {
+                                             return collectives::broadcast_chain(c, bytes, src);
+                                         }
+                                         return collectives::broadcast_binomial(c, bytes, src);
+                                     },
+                                     algo));
     }
 
     /// Reduces `data` over every rank with `op`, in place; every rank gets the result.
     template <buffer R>
-    task<> all_reduce(R& data, reduce_op op = reduce_op::sum) {
+    collective_call<> all_reduce(R& data, reduce_op op = reduce_op::sum) {
         auto bytes = detail::writable_bytes_of(data);
         collectives::reduction red{op, element_of<R>()};
         check_op("all_reduce", red);
         auto kind = collectives::collective_kind::all_reduce;
         auto algo = collectives::select(kind, bytes.size(), size(), algorithms_);
-        return collective(
-            kind, red.type, std::ranges::size(data), static_cast<std::uint8_t>(op), 0,
-            [bytes, red, algo](collectives::context& c) -> task<> {
-                if (algo == collectives::algorithm::ring) {
-                    return collectives::all_reduce_ring(c, bytes, red);
-                }
-                return collectives::all_reduce_recursive_doubling(c, bytes, red);
-            },
-            algo);
+        return call("all_reduce",
+                    collective(
+                        kind, red.type, std::ranges::size(data), static_cast<std::uint8_t>(op), 0,
+                        [bytes, red, algo](collectives::context& c) -> task<> {
+                            if (algo == collectives::algorithm::ring) {
+                                return collectives::all_reduce_ring(c, bytes, red);
+                            }
+                            return collectives::all_reduce_recursive_doubling(c, bytes, red);
+                        },
+                        algo));
     }
 
     /// Reduces `data` over every rank into `data` of rank `dst`; the other ranks' buffers are
     /// left as they were.
     template <buffer R>
-    task<> reduce(R& data, int dst, reduce_op op = reduce_op::sum) {
+    collective_call<> reduce(R& data, int dst, reduce_op op = reduce_op::sum) {
         auto bytes = detail::writable_bytes_of(data);
         collectives::reduction red{op, element_of<R>()};
         check_op("reduce", red);
         check_root("reduce", dst);
-        return collective(
-            collectives::collective_kind::reduce, red.type, std::ranges::size(data),
-            static_cast<std::uint8_t>(op), dst,
-            [bytes, red, dst](collectives::context& c) {
-                return collectives::reduce_binomial(c, bytes, red, dst);
-            },
-            collectives::algorithm::binomial);
+        return call("reduce", collective(
+                                  collectives::collective_kind::reduce, red.type,
+                                  std::ranges::size(data), static_cast<std::uint8_t>(op), dst,
+                                  [bytes, red, dst](collectives::context& c) {
+                                      return collectives::reduce_binomial(c, bytes, red, dst);
+                                  },
+                                  collectives::algorithm::binomial));
     }
 
     /// Gathers every rank's `in` into `out` (size() blocks of in.size() elements, in rank
     /// order) on every rank: torch's all_gather_into_tensor.
     template <buffer O, buffer I>
-    task<> all_gather_into(O& out, const I& in) {
+    collective_call<> all_gather_into(O& out, const I& in) {
         static_assert(std::is_same_v<std::ranges::range_value_t<O>, std::ranges::range_value_t<I>>,
                       "corocoll: all_gather: input and output must hold the same type");
         auto out_bytes = detail::writable_bytes_of(out);
@@ -257,31 +305,28 @@ public:
         auto kind = collectives::collective_kind::all_gather;
         auto algo = collectives::select(kind, out_bytes.size(), size(), algorithms_);
         std::size_t elem = sizeof(std::ranges::range_value_t<I>);
-        return collective(
-            kind, element_of<I>(), std::ranges::size(in), 0, 0,
-            [out_bytes, in_bytes, algo, elem](collectives::context& c) -> task<> {
-                if (algo == collectives::algorithm::bruck) {
-                    return collectives::all_gather_bruck(c, out_bytes, in_bytes);
-                }
-                return collectives::all_gather_ring(c, out_bytes, in_bytes, elem);
-            },
-            algo);
+        return call("all_gather_into",
+                    collective(
+                        kind, element_of<I>(), std::ranges::size(in), 0, 0,
+                        [out_bytes, in_bytes, algo, elem](collectives::context& c) -> task<> {
+                            if (algo == collectives::algorithm::bruck) {
+                                return collectives::all_gather_bruck(c, out_bytes, in_bytes);
+                            }
+                            return collectives::all_gather_ring(c, out_bytes, in_bytes, elem);
+                        },
+                        algo));
     }
 
     /// Gathers every rank's `in` into `outs[r]` on every rank (torch's all_gather with a list).
     template <buffer R>
-    task<> all_gather(std::vector<R>& outs, const R& in) {
-        check_size("all_gather", "output list", outs.size(), static_cast<std::size_t>(size()));
-        detail::check_entries(rank(), "all_gather", outs, std::ranges::size(in));
-        std::vector<std::ranges::range_value_t<R>> flat(std::ranges::size(in) * size());
-        co_await all_gather_into(flat, in);
-        detail::split_into(flat, outs);
+    collective_call<> all_gather(std::vector<R>& outs, const R& in) {
+        return call("all_gather", all_gather_run(outs, in));
     }
 
     /// Gathers every rank's `in` into `out` (size() blocks, rank order) on rank `dst`; `out`
     /// is only used there.
     template <buffer O, buffer I>
-    task<> gather_into(const I& in, O& out, int dst) {
+    collective_call<> gather_into(const I& in, O& out, int dst) {
         auto in_bytes = detail::bytes_of(in);
         auto out_bytes = detail::writable_bytes_of(out);
         check_root("gather", dst);
@@ -290,36 +335,29 @@ public:
         }
         auto kind = collectives::collective_kind::gather;
         auto algo = collectives::select(kind, in_bytes.size(), size(), algorithms_);
-        return collective(
-            kind, element_of<I>(), std::ranges::size(in), 0, dst,
-            [in_bytes, out_bytes, dst, algo](collectives::context& c) -> task<> {
-                if (algo == collectives::algorithm::linear) {
-                    return collectives::gather_linear(c, in_bytes, out_bytes, dst);
-                }
-                return collectives::gather_binomial(c, in_bytes, out_bytes, dst);
-            },
-            algo);
+        return call("gather_into",
+                    collective(
+                        kind, element_of<I>(), std::ranges::size(in), 0, dst,
+                        [in_bytes, out_bytes, dst, algo](collectives::context& c) -> task<> {
+                            if (algo == collectives::algorithm::linear) {
+                                return collectives::gather_linear(c, in_bytes, out_bytes, dst);
+                            }
+                            return collectives::gather_binomial(c, in_bytes, out_bytes, dst);
+                        },
+                        algo));
     }
 
     /// torch's gather: on `dst`, `gather_list[r]` receives rank r's `in`; elsewhere the list is
     /// not used (it may be empty).
     template <buffer R>
-    task<> gather(const R& in, std::vector<R>& gather_list, int dst = 0) {
-        std::vector<std::ranges::range_value_t<R>> flat(
-            rank() == dst ? std::ranges::size(in) * size() : 0);
-        if (rank() == dst) {
-            check_size("gather", "gather_list", gather_list.size(),
-                       static_cast<std::size_t>(size()));
-            detail::check_entries(rank(), "gather", gather_list, std::ranges::size(in));
-        }
-        co_await gather_into(in, flat, dst);
-        if (rank() == dst) detail::split_into(flat, gather_list);
+    collective_call<> gather(const R& in, std::vector<R>& gather_list, int dst = 0) {
+        return call("gather", gather_run(in, gather_list, dst));
     }
 
     /// Scatters `in` of rank `src` (size() blocks of out.size() elements) so that rank r gets
     /// block r in `out`; `in` is only used on `src`.
     template <buffer O, buffer I>
-    task<> scatter_from(O& out, const I& in, int src) {
+    collective_call<> scatter_from(O& out, const I& in, int src) {
         auto in_bytes = detail::bytes_of(in);
         auto out_bytes = detail::writable_bytes_of(out);
         check_root("scatter", src);
@@ -328,34 +366,28 @@ public:
         }
         auto kind = collectives::collective_kind::scatter;
         auto algo = collectives::select(kind, out_bytes.size(), size(), algorithms_);
-        return collective(
-            kind, element_of<O>(), std::ranges::size(out), 0, src,
-            [in_bytes, out_bytes, src, algo](collectives::context& c) -> task<> {
-                if (algo == collectives::algorithm::linear) {
-                    return collectives::scatter_linear(c, in_bytes, out_bytes, src);
-                }
-                return collectives::scatter_binomial(c, in_bytes, out_bytes, src);
-            },
-            algo);
+        return call("scatter_from",
+                    collective(
+                        kind, element_of<O>(), std::ranges::size(out), 0, src,
+                        [in_bytes, out_bytes, src, algo](collectives::context& c) -> task<> {
+                            if (algo == collectives::algorithm::linear) {
+                                return collectives::scatter_linear(c, in_bytes, out_bytes, src);
+                            }
+                            return collectives::scatter_binomial(c, in_bytes, out_bytes, src);
+                        },
+                        algo));
     }
 
     /// torch's scatter: rank r gets `scatter_list[r]` of rank `src` in `out`.
     template <buffer R>
-    task<> scatter(R& out, const std::vector<R>& scatter_list, int src = 0) {
-        std::vector<std::ranges::range_value_t<R>> flat;
-        if (rank() == src) {
-            check_size("scatter", "scatter_list", scatter_list.size(),
-                       static_cast<std::size_t>(size()));
-            flat = detail::concat(rank(), "scatter", "scatter_list", scatter_list,
-                                  std::ranges::size(out));
-        }
-        co_await scatter_from(out, flat, src);
+    collective_call<> scatter(R& out, const std::vector<R>& scatter_list, int src = 0) {
+        return call("scatter", scatter_run(out, scatter_list, src));
     }
 
     /// Reduces `in` (size() blocks of out.size() elements) over every rank with `op`; rank r
     /// gets the reduction of block r in `out` (torch's reduce_scatter_tensor). `in` is read only.
     template <buffer O, buffer I>
-    task<> reduce_scatter_into(O& out, const I& in, reduce_op op = reduce_op::sum) {
+    collective_call<> reduce_scatter_into(O& out, const I& in, reduce_op op = reduce_op::sum) {
         static_assert(std::is_same_v<std::ranges::range_value_t<O>, std::ranges::range_value_t<I>>,
                       "corocoll: reduce_scatter: input and output must hold the same type");
         collectives::reduction red{op, element_of<O>()};
@@ -364,32 +396,31 @@ public:
                    std::ranges::size(out) * size());
         auto out_bytes = detail::writable_bytes_of(out);
         auto in_bytes = detail::bytes_of(in);
-        return collective(
-            collectives::collective_kind::reduce_scatter, red.type, std::ranges::size(out),
-            static_cast<std::uint8_t>(op), 0,
-            [out_bytes, in_bytes, red](collectives::context& c) {
-                return collectives::reduce_scatter_ring(c, out_bytes, in_bytes, red);
-            },
-            collectives::algorithm::ring);
+        return call("reduce_scatter_into",
+                    collective(
+                        collectives::collective_kind::reduce_scatter, red.type,
+                        std::ranges::size(out), static_cast<std::uint8_t>(op), 0,
+                        [out_bytes, in_bytes, red](collectives::context& c) {
+                            return collectives::reduce_scatter_ring(c, out_bytes, in_bytes, red);
+                        },
+                        collectives::algorithm::ring));
     }
 
     /// torch's reduce_scatter with a list: rank r gets the reduction of every rank's
     /// `in_list[r]` in `out`.
     template <buffer R>
-    task<> reduce_scatter(R& out, const std::vector<R>& in_list, reduce_op op = reduce_op::sum) {
-        check_size("reduce_scatter", "input list", in_list.size(),
-                   static_cast<std::size_t>(size()));
-        auto flat =
-            detail::concat(rank(), "reduce_scatter", "input list", in_list, std::ranges::size(out));
-        co_await reduce_scatter_into(out, flat, op);
+    collective_call<> reduce_scatter(R& out, const std::vector<R>& in_list,
+                                     reduce_op op = reduce_op::sum) {
+        return call("reduce_scatter", reduce_scatter_run(out, in_list, op));
     }
 
     /// Every rank sends block p of `in` to rank p and receives rank p's block into block p of
     /// `out` (torch's all_to_all_single). Without split sizes the blocks are equal; with them,
     /// `in_splits[p]` / `out_splits[p]` elements go to / come from rank p.
     template <buffer O, buffer I>
-    task<> all_to_all_single(O& out, const I& in, std::vector<std::size_t> out_splits = {},
-                             std::vector<std::size_t> in_splits = {}) {
+    collective_call<> all_to_all_single(O& out, const I& in,
+                                        std::vector<std::size_t> out_splits = {},
+                                        std::vector<std::size_t> in_splits = {}) {
         static_assert(std::is_same_v<std::ranges::range_value_t<O>, std::ranges::range_value_t<I>>,
                       "corocoll: all_to_all: input and output must hold the same type");
         std::size_t elem = sizeof(std::ranges::range_value_t<I>);
@@ -402,18 +433,204 @@ public:
                     in_splits == out_splits;
         auto out_bytes = detail::writable_bytes_of(out);
         auto in_bytes = detail::bytes_of(in);
-        return collective(
-            collectives::collective_kind::all_to_all, element_of<I>(),
-            even ? std::ranges::size(in) : 0, 0, 0,
-            [out_bytes, in_bytes, out_off, in_off](collectives::context& c) {
-                return collectives::all_to_all_pairwise(c, out_bytes, out_off, in_bytes, in_off);
-            },
-            collectives::algorithm::pairwise);
+        return call("all_to_all_single",
+                    collective(
+                        collectives::collective_kind::all_to_all, element_of<I>(),
+                        even ? std::ranges::size(in) : 0, 0, 0,
+                        [out_bytes, in_bytes, out_off, in_off](collectives::context& c) {
+                            return collectives::all_to_all_pairwise(c, out_bytes, out_off, in_bytes,
+                                                                    in_off);
+                        },
+                        collectives::algorithm::pairwise));
     }
 
     /// torch's all_to_all with lists: `outs[p]` receives `ins[rank()]` of rank p.
     template <buffer R>
-    task<> all_to_all(std::vector<R>& outs, const std::vector<R>& ins) {
+    collective_call<> all_to_all(std::vector<R>& outs, const std::vector<R>& ins) {
+        return call("all_to_all", all_to_all_run(outs, ins));
+    }
+
+    /// A barrier that rank 0 watches: every rank reports to rank 0, which waits up to
+    /// `timeout` and then names every rank that did not arrive (all of them, not just the
+    /// first); every rank that arrived gets the same error. Like torch's monitored_barrier.
+    collective_call<> monitored_barrier(std::chrono::milliseconds timeout) {
+        return call("monitored_barrier",
+                    collective(collectives::collective_kind::monitored_barrier, {}, 0, 0, 0,
+                               [timeout](collectives::context& c) {
+                                   return collectives::monitored_barrier_star(c, timeout);
+                               }));
+    }
+
+    // ---- object collectives: any serializable type (see collectives/object.hpp) ----
+
+    /// Broadcasts the objects of rank `src`'s list into every rank's list (same length on
+    /// every rank, as in torch).
+    template <class T>
+    collective_call<> broadcast_object_list(std::vector<T>& objects, int src = 0) {
+        return call("broadcast_object_list", broadcast_object_list_run(objects, src));
+    }
+
+    /// Gathers one object from every rank into `out` (resized to size()) on rank `dst`.
+    template <class T>
+    collective_call<> gather_object(const T& object, std::vector<T>& out, int dst = 0) {
+        return call("gather_object", gather_object_run(object, out, dst));
+    }
+
+    /// Gathers one object from every rank into `out` (resized to size()) on every rank.
+    template <class T>
+    collective_call<> all_gather_object(std::vector<T>& out, const T& object) {
+        return call("all_gather_object", all_gather_object_run(out, object));
+    }
+
+    /// Rank r gets `in[r]` of rank `src` in `out` (torch's scatter_object_list).
+    template <class T>
+    collective_call<> scatter_object_list(T& out, const std::vector<T>& in, int src = 0) {
+        return call("scatter_object_list", scatter_object_list_run(out, in, src));
+    }
+
+    /// Says goodbye to the peers, closes the connections and fails whatever is pending; first
+    /// closes every group made from this one (`new_group`, `split`) that is still alive, as
+    /// torch's destroy_process_group tears down every group. Operations called afterwards
+    /// throw `std::logic_error` naming the call and the group. Idempotent: a second call
+    /// completes when the first has.
+    task<> close() {
+        if (closed_) {
+            while (!close_finished_) co_await reactor_.sleep_for(std::chrono::milliseconds(1));
+            co_return;
+        }
+        closed_ = true;
+        for (auto& weak : made_) {
+            if (auto g = weak.lock()) {
+                try {
+                    co_await g->close();
+                } catch (...) {
+                    // Its own close goes on whatever a subgroup's did.
+                }
+            }
+        }
+        made_.clear();
+        // The rank that serves the store keeps it up until the others are gone.
+        co_await engine_.close(hosted_ ? deadline() : std::chrono::steady_clock::time_point{});
+        // The last collective's lock release (`unlock_item_`) may still wait in the reactor's
+        // posted batch that is running now (a reader's cancellation ended the close inside
+        // it): let that batch finish before the caller may destroy the group.
+        co_await reactor_.schedule();
+        close_finished_ = true;
+    }
+
+    /// True once `close()` has begun (or finished).
+    bool closed() const noexcept { return closed_; }
+
+    /// The transport underneath (for collectives and tests).
+    transport::engine& engine() noexcept { return engine_; }
+
+private:
+    friend struct detail::group_disposer;
+
+    // The last reference to a group made by corocoll went. A closed group is deleted at once,
+    // without its reactor (which destroy_process_group may have destroyed). Plain code on the
+    // group's thread, outside the loop, closes it blocking, as the destructor always did.
+    // Anywhere else the close must not block: from a coroutine the reactor resumed (perhaps
+    // this group's own reader, which the close waits for) a blocking close would run the loop
+    // nested inside that coroutine and wait on itself. There the reactor adopts a task that
+    // closes the group from its own queue and then deletes it; the reactor finishes that task
+    // before it is destroyed. From another thread the group's reactor is asked to do the same.
+    static void dispose(process_group* g) noexcept {
+        if (g->closed_ && g->close_finished_) {
+            delete g;
+            return;
+        }
+        io::reactor& r = g->reactor_;
+        if (io::reactor::current() == &r) {
+            if (!r.running() && !g->closed_) {
+                delete g;
+                return;
+            }
+            r.adopt(close_then_delete(g));
+            return;
+        }
+        struct handover : corocoll::detail::work_item {
+            process_group* group = nullptr;
+        };
+        auto* item = new handover;
+        item->group = g;
+        item->run_ = [](corocoll::detail::work_item* self) noexcept {
+            auto* h = static_cast<handover*>(self);
+            h->group->reactor_.adopt(close_then_delete(h->group));
+            delete h;
+        };
+        r.post(*item);
+    }
+
+    static task<> close_then_delete(process_group* g) {
+        // Out of whatever coroutine dropped the reference first.
+        co_await g->reactor_.schedule();
+        try {
+            co_await g->close();
+        } catch (...) {
+        }
+        delete g;
+    }
+
+    // Operations on a closed group are refused before they touch its reactor (gone after
+    // destroy_process_group).
+    void check_open(const char* what) const {
+        if (!closed_) return;
+        throw std::logic_error(prefix(what) + "process group '" + name_ +
+                               "' is closed (by close(), destroy_process_group() or the close "
+                               "of the group it was made from)");
+    }
+
+    // ---- collective helpers ----
+
+    // The collectives that are coroutines of their own (lists, objects); their public faces
+    // above wrap them in a collective_call.
+
+    template <buffer R>
+    task<> all_gather_run(std::vector<R>& outs, const R& in) {
+        check_size("all_gather", "output list", outs.size(), static_cast<std::size_t>(size()));
+        detail::check_entries(rank(), "all_gather", outs, std::ranges::size(in));
+        std::vector<std::ranges::range_value_t<R>> flat(std::ranges::size(in) * size());
+        co_await all_gather_into(flat, in);
+        detail::split_into(flat, outs);
+    }
+
+    template <buffer R>
+    task<> gather_run(const R& in, std::vector<R>& gather_list, int dst) {
+        std::vector<std::ranges::range_value_t<R>> flat(
+            rank() == dst ? std::ranges::size(in) * size() : 0);
+        if (rank() == dst) {
+            check_size("gather", "gather_list", gather_list.size(),
+                       static_cast<std::size_t>(size()));
+            detail::check_entries(rank(), "gather", gather_list, std::ranges::size(in));
+        }
+        co_await gather_into(in, flat, dst);
+        if (rank() == dst) detail::split_into(flat, gather_list);
+    }
+
+    template <buffer R>
+    task<> scatter_run(R& out, const std::vector<R>& scatter_list, int src) {
+        std::vector<std::ranges::range_value_t<R>> flat;
+        if (rank() == src) {
+            check_size("scatter", "scatter_list", scatter_list.size(),
+                       static_cast<std::size_t>(size()));
+            flat = detail::concat(rank(), "scatter", "scatter_list", scatter_list,
+                                  std::ranges::size(out));
+        }
+        co_await scatter_from(out, flat, src);
+    }
+
+    template <buffer R>
+    task<> reduce_scatter_run(R& out, const std::vector<R>& in_list, reduce_op op) {
+        check_size("reduce_scatter", "input list", in_list.size(),
+                   static_cast<std::size_t>(size()));
+        auto flat =
+            detail::concat(rank(), "reduce_scatter", "input list", in_list, std::ranges::size(out));
+        co_await reduce_scatter_into(out, flat, op);
+    }
+
+    template <buffer R>
+    task<> all_to_all_run(std::vector<R>& outs, const std::vector<R>& ins) {
         check_size("all_to_all", "input list", ins.size(), static_cast<std::size_t>(size()));
         check_size("all_to_all", "output list", outs.size(), static_cast<std::size_t>(size()));
         std::vector<std::size_t> in_splits = detail::sizes_of(ins);
@@ -425,22 +642,8 @@ public:
         detail::split_into(out_flat, outs);
     }
 
-    /// A barrier that rank 0 watches: every rank reports to rank 0, which waits up to
-    /// `timeout` and then names every rank that did not arrive (all of them, not just the
-    /// first); every rank that arrived gets the same error. Like torch's monitored_barrier.
-    task<> monitored_barrier(std::chrono::milliseconds timeout) {
-        return collective(collectives::collective_kind::monitored_barrier, {}, 0, 0, 0,
-                          [timeout](collectives::context& c) {
-                              return collectives::monitored_barrier_star(c, timeout);
-                          });
-    }
-
-    // ---- object collectives: any serializable type (see collectives/object.hpp) ----
-
-    /// Broadcasts the objects of rank `src`'s list into every rank's list (same length on
-    /// every rank, as in torch).
     template <class T>
-    task<> broadcast_object_list(std::vector<T>& objects, int src = 0) {
+    task<> broadcast_object_list_run(std::vector<T>& objects, int src) {
         check_root("broadcast_object_list", src);
         std::string bytes = rank() == src ? to_bytes(objects) : std::string{};
         co_await object_collective(collectives::collective_kind::broadcast_object, objects.size(),
@@ -454,9 +657,8 @@ public:
         }
     }
 
-    /// Gathers one object from every rank into `out` (resized to size()) on rank `dst`.
     template <class T>
-    task<> gather_object(const T& object, std::vector<T>& out, int dst = 0) {
+    task<> gather_object_run(const T& object, std::vector<T>& out, int dst) {
         check_root("gather_object", dst);
         std::vector<std::string> all;
         co_await object_collective(
@@ -466,9 +668,8 @@ public:
         if (rank() == dst) out = detail::decode_all<T>(all);
     }
 
-    /// Gathers one object from every rank into `out` (resized to size()) on every rank.
     template <class T>
-    task<> all_gather_object(std::vector<T>& out, const T& object) {
+    task<> all_gather_object_run(std::vector<T>& out, const T& object) {
         std::vector<std::string> all;
         co_await object_collective(
             collectives::collective_kind::all_gather_object, 1, 0, [&](collectives::context& c) {
@@ -477,9 +678,8 @@ public:
         out = detail::decode_all<T>(all);
     }
 
-    /// Rank r gets `in[r]` of rank `src` in `out` (torch's scatter_object_list).
     template <class T>
-    task<> scatter_object_list(T& out, const std::vector<T>& in, int src = 0) {
+    task<> scatter_object_list_run(T& out, const std::vector<T>& in, int src) {
         check_root("scatter_object_list", src);
         if (rank() == src)
             check_size("scatter_object_list", "input list", in.size(),
@@ -496,32 +696,40 @@ public:
         out = from_bytes<T>(mine);
     }
 
-    /// Says goodbye to the peers, closes the connections and fails whatever is pending.
-    /// Idempotent.
-    task<> close() {
-        if (closed_) co_return;
-        closed_ = true;
-        // The rank that serves the store keeps it up until the others are gone.
-        co_await engine_.close(hosted_ ? deadline() : std::chrono::steady_clock::time_point{});
-        // The last collective's lock release (`unlock_item_`) may still wait in the reactor's
-        // posted batch that is running now (a reader's cancellation ended the close inside
-        // it): let that batch finish before the caller may destroy the group.
-        co_await reactor_.schedule();
+    collective_call<> call(const char* what, task<> body) noexcept {
+        return {std::move(body), this, &forgotten, what};
     }
 
-    /// The transport underneath (for collectives and tests).
-    transport::engine& engine() noexcept { return engine_; }
-
-private:
-    // ---- collective helpers ----
+    // A collective_call of this group was dropped without being awaited: the collective never
+    // ran, and the other ranks wait in it. The group fails from this rank, with words that
+    // say why, so that every rank learns it instead of hanging or going on silently.
+    static void forgotten(void* self, const char* what) noexcept {
+        auto& g = *static_cast<process_group*>(self);
+        if (g.closed_) return;
+        try {
+            g.engine_.abandon("rank " + std::to_string(g.rank()) + " called " + what +
+                              " on group '" + g.name_ +
+                              "' but never awaited it (a forgotten co_await?): the collective "
+                              "never ran");
+        } catch (...) {
+            std::terminate();  // out of memory for the words: still no silent skip
+        }
+    }
 
     template <class R>
     static dtype element_of() {
         using T = std::ranges::range_value_t<R>;
-        static_assert(element<T>,
-                      "corocoll: collectives take int8, uint8, int32, int64, float, double, "
-                      "float16 or bfloat16 elements");
-        return dtype_of<T>;
+        COROCOLL_CHECK_BUFFER(R);
+        static_assert(!std::is_trivially_copyable_v<T> || element<T>,
+                      "corocoll: collectives take integers of 1-8 bytes, bool, float, double, "
+                      "float16, bfloat16, std::complex<float> or std::complex<double> elements; "
+                      "for other types use the object collectives (broadcast_object_list, "
+                      "all_gather_object, gather_object, scatter_object_list)");
+        if constexpr (element<T>) {
+            return dtype_of<T>;
+        } else {
+            return dtype{};
+        }
     }
 
     std::string prefix(const char* what) const { return collectives::error_prefix(rank(), what); }
@@ -542,6 +750,7 @@ private:
     task<> collective(collectives::collective_kind kind, dtype type, std::size_t count,
                       std::uint8_t redop, int root, Body body,
                       collectives::algorithm algo = collectives::algorithm::automatic) {
+        check_open(collectives::kind_name(kind));
         co_await collective_lock_.lock();
         // The next collective gets the lock through the reactor's queue, after our caller
         // has resumed: so collectives complete in issue order even when the next one could
@@ -596,6 +805,9 @@ private:
     collectives::algorithm_choice algorithms_ = collectives::algorithm_choice::from_env();
     transport::engine engine_;
     bool closed_ = false;
+    bool close_finished_ = false;
+    // Groups made from this one, closed with it.
+    std::vector<std::weak_ptr<process_group>> made_;
     async_mutex collective_lock_;
     struct unlock_item : corocoll::detail::work_item {
         async_mutex* lock = nullptr;
@@ -604,6 +816,10 @@ private:
     std::size_t chunk_bytes_ = std::size_t{1} << 20;
     collectives::scratch_buffers scratch_;
 };
+
+inline void detail::group_disposer::operator()(process_group* g) const noexcept {
+    process_group::dispose(g);
+}
 
 COROCOLL_END_NAMESPACE
 

@@ -32,13 +32,18 @@ COROCOLL_BEGIN_NAMESPACE
 
 /// How one rank of `spawn_ranks` ended.
 struct rank_exit {
+    /// The rank the child ran.
     int rank = -1;
+    /// The child's process id.
     pid_t pid = -1;
     int exit_code = -1;  ///< -1 when killed by a signal
     int signal = 0;      ///< the signal that killed it, 0 if it exited
+    /// True when `spawn_ranks` stopped it because another rank failed or time ran out.
     bool stopped_by_us = false;
 
+    /// Exited with status 0.
     bool ok() const noexcept { return signal == 0 && exit_code == 0; }
+    /// One line for a message: "rank 2 (pid 1234) exited with status 1", or the signal's name.
     std::string describe() const {
         std::string s = "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ") ";
         if (signal != 0) {
@@ -53,17 +58,21 @@ struct rank_exit {
 
 /// What `spawn_ranks` saw.
 struct spawn_result {
+    /// Every rank's exit, indexed by rank.
     std::vector<rank_exit> ranks;
     /// The rank whose failure came first, or -1: a rank killed by a signal we did not send;
     /// else the first rank to report that its body failed (ranks report before their peers
     /// can notice); else the first failed rank reaped.
     int first_failure = -1;
+    /// Every rank exited with status 0.
     bool ok() const noexcept { return first_failure < 0; }
 };
 
+/// How `spawn_ranks` runs and stops the children.
 struct spawn_options {
     /// When a rank fails, stop the others (SIGTERM, then SIGKILL after `grace`).
     bool stop_others_on_failure = true;
+    /// Between SIGTERM and SIGKILL when ranks are stopped.
     std::chrono::milliseconds grace = std::chrono::seconds(5);
     /// Stop every rank (as failed) if they are not all done by then.
     std::chrono::milliseconds timeout = std::chrono::minutes(30);
@@ -233,11 +242,23 @@ spawn_result spawn_processes(int n, ChildMain child_main, spawn_options options 
     return result;
 }
 
-/// `spawn_processes` where each child runs `run(body)`.
+/// `spawn_processes` where each child runs `run(body, init)`: `init` sets every rank's group
+/// up (its timeout, COROCOLL_TIMEOUT or 30 minutes by default; backend; limits). Rank and
+/// world size are spawn's to give: `init.rank` and `init.world_size` must stay -1.
+template <class Body>
+spawn_result spawn_ranks(int n, Body body, init_options init, spawn_options options = {}) {
+    if (init.rank >= 0 || init.world_size >= 0) {
+        throw std::invalid_argument(
+            "corocoll: spawn: init_options.rank and world_size are set by spawn (leave them -1)");
+    }
+    return spawn_processes(
+        n, [&body, &init] { return run(body, init); }, options);
+}
+
+/// `spawn_ranks` with the default init options.
 template <class Body>
 spawn_result spawn_ranks(int n, Body body, spawn_options options = {}) {
-    return spawn_processes(
-        n, [&body] { return run(body); }, options);
+    return spawn_ranks(n, std::move(body), init_options{}, options);
 }
 
 namespace detail {
@@ -272,12 +293,18 @@ int spawn(int n, Body body, spawn_options options = {}) {
     return detail::report(spawn_ranks(n, std::move(body), options));
 }
 
-/// For examples and tools: `run(body)` when a launcher started this process, otherwise
-/// `spawn(n, body)` on this machine, as torch tutorials do.
+/// `spawn` whose ranks set their groups up with `init` (see `spawn_ranks`).
 template <class Body>
-int run_or_spawn(int n, Body body) {
-    if (launched_by_launcher()) return run(std::move(body));
-    return spawn(n, std::move(body));
+int spawn(int n, Body body, init_options init, spawn_options options = {}) {
+    return detail::report(spawn_ranks(n, std::move(body), std::move(init), options));
+}
+
+/// For examples and tools: `run(body, init)` when a launcher started this process, otherwise
+/// `spawn(n, body, init)` on this machine, as torch tutorials do.
+template <class Body>
+int run_or_spawn(int n, Body body, init_options init = {}) {
+    if (launched_by_launcher()) return run(std::move(body), std::move(init));
+    return spawn(n, std::move(body), std::move(init));
 }
 
 /// The same for programs written with the blocking API: `rank_main()` sets up the default

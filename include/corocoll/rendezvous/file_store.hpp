@@ -32,6 +32,8 @@ namespace rendezvous {
 /// running meanwhile). Not wire-compatible with c10d's FileStore.
 class file_store final : public store {
 public:
+    /// A store in the file at `path` (created if missing) shared by every rank that names it; waits
+    /// time out after `timeout`.
     explicit file_store(std::string path, duration timeout = default_timeout)
         : store(timeout), path_(std::move(path)) {
         fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -41,6 +43,7 @@ public:
     file_store& operator=(const file_store&) = delete;
     ~file_store() override { ::close(fd_); }
 
+    /// The file the store lives in.
     const std::string& path() const noexcept { return path_; }
 
     task<> set(std::string key, std::string value) override {

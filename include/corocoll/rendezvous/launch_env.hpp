@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -24,17 +25,22 @@ inline env_lookup process_env() {
 
 /// What the launcher that started this process says about it.
 struct launch_info {
+    /// This process's rank in the job.
     int rank = -1;
+    /// Ranks in the job.
     int world_size = -1;
     int local_rank = -1;        ///< -1 when the launcher does not say
     int local_world_size = -1;  ///< -1 when the launcher does not say
     /// Which convention the numbers came from: "torchrun" (RANK/WORLD_SIZE, also corocollrun's),
     /// "openmpi", "mpich" (Hydra's PMI_*), "slurm".
     std::string launcher;
+    /// Host of the rendezvous store (MASTER_ADDR, or derived under srun).
     std::optional<std::string> master_addr;
+    /// Port of the rendezvous store (MASTER_PORT, or derived under srun).
     std::optional<std::uint16_t> master_port;
     /// torchrun's agent already serves the store on MASTER_ADDR:MASTER_PORT.
     bool agent_store = false;
+    /// TORCHELASTIC_RESTART_COUNT: how many times torchrun restarted the workers.
     int restart_count = 0;
 
     /// The key prefix workers use in an agent's store (torch 1.13's env:// rendezvous).
@@ -85,9 +91,103 @@ inline constexpr launcher_vars launchers[] = {
 
 }  // namespace detail
 
+/// Expands a Slurm hostlist such as `node[01-04,07],login1` into its host names, in order
+/// (`node01 node02 node03 node04 node07 login1`), as `scontrol show hostnames` does. Ranges keep
+/// the zero padding of their lower bound; several bracket groups in one name multiply
+/// (`r[1-2]n[1-2]` gives four names). Throws `std::invalid_argument` naming the list on an
+/// unbalanced bracket, a range that runs backwards or a list of more than 100,000 names. Costs
+/// one string per host.
+inline std::vector<std::string> expand_hostlist(std::string_view list) {
+    auto bad = [&](const std::string& why) {
+        return std::invalid_argument("corocoll: Slurm hostlist '" + std::string(list) +
+                                     "': " + why);
+    };
+    constexpr std::size_t max_hosts = 100000;
+    std::vector<std::string> out;
+    // Split at the commas outside brackets; each piece is a name with bracket groups.
+    std::size_t start = 0;
+    int depth = 0;
+    std::vector<std::string_view> pieces;
+    for (std::size_t i = 0; i <= list.size(); ++i) {
+        char c = i < list.size() ? list[i] : ',';
+        if (c == '[') {
+            if (++depth > 1) throw bad("nested '['");
+        } else if (c == ']') {
+            if (--depth < 0) throw bad("']' without '['");
+        } else if (c == ',' && depth == 0) {
+            if (i > start) pieces.push_back(list.substr(start, i - start));
+            start = i + 1;
+        }
+    }
+    if (depth != 0) throw bad("'[' without ']'");
+    for (std::string_view piece : pieces) {
+        std::vector<std::string> names{std::string()};
+        std::size_t i = 0;
+        while (i < piece.size()) {
+            std::size_t open = piece.find('[', i);
+            std::string_view literal =
+                piece.substr(i, open == std::string_view::npos ? std::string_view::npos : open - i);
+            for (auto& n : names) n.append(literal);
+            if (open == std::string_view::npos) break;
+            std::size_t close = piece.find(']', open);
+            std::string_view group = piece.substr(open + 1, close - open - 1);
+            std::vector<std::string> suffixes;
+            std::size_t g = 0;
+            while (g <= group.size()) {
+                std::size_t comma = group.find(',', g);
+                std::string_view item = group.substr(
+                    g, comma == std::string_view::npos ? std::string_view::npos : comma - g);
+                std::size_t dash = item.find('-');
+                std::string_view lo = item.substr(0, dash);
+                std::string_view hi = dash == std::string_view::npos ? lo : item.substr(dash + 1);
+                auto number = [&](std::string_view d) {
+                    if (d.empty() || d.size() > 9 ||
+                        d.find_first_not_of("0123456789") != std::string_view::npos) {
+                        throw bad("'" + std::string(item) + "' is not a number or a range");
+                    }
+                    return std::stoul(std::string(d));
+                };
+                unsigned long a = number(lo), b = number(hi);
+                if (b < a) throw bad("range '" + std::string(item) + "' runs backwards");
+                if ((b - a + 1) * names.size() + out.size() > max_hosts) {
+                    throw bad("more than 100000 hosts");
+                }
+                for (unsigned long v = a; v <= b; ++v) {
+                    std::string digits = std::to_string(v);
+                    if (digits.size() < lo.size()) digits.insert(0, lo.size() - digits.size(), '0');
+                    suffixes.push_back(std::move(digits));
+                }
+                if (comma == std::string_view::npos) break;
+                g = comma + 1;
+            }
+            std::vector<std::string> grown;
+            grown.reserve(names.size() * suffixes.size());
+            for (const auto& n : names) {
+                for (const auto& sfx : suffixes) grown.push_back(n + sfx);
+            }
+            names = std::move(grown);
+            i = close + 1;
+        }
+        if (names.size() + out.size() > max_hosts) throw bad("more than 100000 hosts");
+        for (auto& n : names) out.push_back(std::move(n));
+    }
+    return out;
+}
+
+/// The store port a Slurm job's ranks agree on without talking: 15000 plus the last four
+/// digits of SLURM_JOB_ID (15000-24999), as PyTorch Lightning derives it. Two jobs whose ids
+/// end alike on one node clash: export MASTER_PORT then.
+inline std::uint16_t slurm_port(unsigned long long job_id) {
+    return static_cast<std::uint16_t>(15000 + job_id % 10000);
+}
+
 /// Fills in where the rendezvous store is: MASTER_ADDR, MASTER_PORT, and whether torchrun's
 /// agent serves it (TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT). Needs no rank
-/// variables: `env://` with an explicit rank and world size reads only these.
+/// variables: `env://` with an explicit rank and world size reads only these. When the ranks
+/// came from Slurm (`info.launcher == "slurm"`, as srun sets them) and MASTER_ADDR or
+/// MASTER_PORT is not exported, they are derived: the address is the first host of
+/// SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST), where srun's default block distribution puts
+/// task 0, and the port is `slurm_port(SLURM_JOB_ID)`.
 inline void read_master_env(launch_info& info, const env_lookup& env = process_env()) {
     if (const char* a = env("MASTER_ADDR")) info.master_addr = a;
     if (auto p = detail::env_int(env, "MASTER_PORT")) {
@@ -104,6 +204,25 @@ inline void read_master_env(launch_info& info, const env_lookup& env = process_e
     if (auto c = detail::env_int(env, "TORCHELASTIC_RESTART_COUNT")) {
         info.restart_count = static_cast<int>(*c);
     }
+    if (info.launcher != "slurm") return;
+    if (!info.master_addr) {
+        for (const char* v : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"}) {
+            const char* list = env(v);
+            if (list == nullptr || *list == '\0') continue;
+            try {
+                auto hosts = expand_hostlist(list);
+                if (!hosts.empty()) info.master_addr = std::move(hosts.front());
+            } catch (const std::invalid_argument& e) {
+                throw std::invalid_argument(std::string(e.what()) + " (from " + v + ")");
+            }
+            break;
+        }
+    }
+    if (!info.master_port) {
+        if (auto id = detail::env_int(env, "SLURM_JOB_ID"); id && *id >= 0) {
+            info.master_port = slurm_port(static_cast<unsigned long long>(*id));
+        }
+    }
 }
 
 /// Reads rank and world size from whichever launcher started the process. Precedence, first
@@ -112,7 +231,8 @@ inline void read_master_env(launch_info& info, const env_lookup& env = process_e
 /// A launcher whose rank is set but whose size is not (or the reverse), a value that is not an
 /// integer, a rank outside [0, size), or two launchers' variables that disagree on the rank or
 /// the size are errors that name the variables. MASTER_ADDR and MASTER_PORT are read for every
-/// launcher (mpirun and srun do not set them: export them). Throws `std::invalid_argument`;
+/// launcher; mpirun does not set them (export them), and under srun they are derived from
+/// Slurm's variables when not exported (see `read_master_env`). Throws `std::invalid_argument`;
 /// when no launcher's variables are there at all, the message says which were looked for.
 inline launch_info read_launch_env(const env_lookup& env = process_env()) {
     launch_info info;

@@ -17,10 +17,13 @@ namespace rendezvous {
 /// keys. `num_keys` counts the whole underlying store, as c10d's does.
 class prefix_store final : public store {
 public:
+    /// Every key of `base` seen through this store is `prefix + "/" + key`.
     prefix_store(std::string prefix, std::shared_ptr<store> base)
         : store(base->timeout()), prefix_(std::move(prefix)), base_(std::move(base)) {}
 
+    /// The prefix put before every key.
     const std::string& prefix() const noexcept { return prefix_; }
+    /// The store the keys go to.
     const std::shared_ptr<store>& underlying() const noexcept { return base_; }
 
     task<> set(std::string key, std::string value) override {

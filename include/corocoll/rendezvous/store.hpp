@@ -23,6 +23,7 @@ namespace rendezvous {
 /// `std::errc::timed_out` naming the keys that were missing.
 class store {
 public:
+    /// The unit of timeouts.
     using duration = std::chrono::milliseconds;
 
     /// c10d's default store timeout.
@@ -56,11 +57,15 @@ public:
 
     /// The timeout of `get` and of `wait` without an explicit one.
     duration timeout() const noexcept { return timeout_; }
+    /// Sets how long later waits wait.
     void set_timeout(duration t) noexcept { timeout_ = t; }
 
 protected:
+    /// A store whose waits time out after `timeout`.
     explicit store(duration timeout) noexcept : timeout_(timeout) {}
+    /// Copies the timeout.
     store(const store&) = default;
+    /// Copies the timeout.
     store& operator=(const store&) = default;
 
 private:

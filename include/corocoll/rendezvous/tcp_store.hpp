@@ -616,6 +616,7 @@ struct tcp_store_server_options {
     /// The accept loop's pause after a failed accept (out of descriptors, say), doubling
     /// from the first to the second after each failure in a row.
     std::chrono::milliseconds accept_backoff_min{10};
+    /// The longest pause after failed accepts in a row.
     std::chrono::milliseconds accept_backoff_max{1000};
     /// The job's token (COROCOLL_JOB_TOKEN); empty: none. With one, the server serves only
     /// clients that prove they know it (corocoll's `tcp_store` given the same token), by
@@ -627,14 +628,17 @@ struct tcp_store_server_options {
 /// What a `tcp_store_server` has done and holds, for tests and monitoring. Counters only grow;
 /// the others are the state at the time of `tcp_store_server::stats()`.
 struct tcp_store_server_stats {
+    /// Connections accepted so far.
     std::uint64_t connections_accepted = 0;
     /// Accepts that failed for a reason other than the server stopping (EMFILE, say).
     std::uint64_t accept_failures = 0;
+    /// Connections open now.
     std::uint64_t open_connections = 0;
     /// WAIT requests whose keys are not all there yet.
     std::uint64_t parked_waits = 0;
     /// Bytes held for unfinished requests and unsent replies, now and at most.
     std::uint64_t buffered_bytes = 0;
+    /// The most bytes held at once so far.
     std::uint64_t peak_buffered_bytes = 0;
     /// Requests refused (over a limit, an ADD that overflows, a missing key's GET, ...).
     std::uint64_t requests_refused = 0;
@@ -662,6 +666,8 @@ inline constexpr deferred_start_t deferred_start{};
 /// is dropped with its descriptor; at EMFILE the accept loop backs off.
 class tcp_store_server {
 public:
+    /// Listens on `where` (port 0: the kernel chooses; see `port()`) and serves from a thread
+    /// of its own until destroyed.
     explicit tcp_store_server(io::endpoint where, tcp_store_server_options o = {})
         : tcp_store_server(where, deferred_start, o) {
         start();
@@ -705,6 +711,7 @@ public:
 
     /// The address the server listens on (with the port the kernel picked, for port 0).
     const io::endpoint& local_endpoint() const noexcept { return local_; }
+    /// The port listened on.
     std::uint16_t port() const noexcept { return local_.port(); }
 
     /// A snapshot of the server's counters (any thread; each value is read on its own).
@@ -1111,6 +1118,7 @@ public:
         co_return s;
     }
 
+    /// The server's address.
     const io::endpoint& server() const noexcept { return server_; }
 
     task<> set(std::string key, std::string value) override {

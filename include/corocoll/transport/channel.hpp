@@ -75,6 +75,7 @@ public:
     virtual void leave_last_words(std::span<iovec> iov) noexcept { (void)iov; }
     /// What the peer left with `leave_last_words`; empty when nothing.
     virtual std::string last_words() const { return {}; }
+    /// Room `leave_last_words` has: a frame header and an abort notice's text.
     static constexpr std::size_t last_words_bytes = 64 + 4096;
 
     /// Ends the stream both ways: the peer reads its end, and a receive or send waiting here
@@ -83,6 +84,7 @@ public:
     /// Waits for what the channel still has in flight in the kernel, then releases it. After
     /// `shutdown`, with no receive or send waiting.
     virtual task<> close() = 0;
+    /// False after `close`.
     virtual bool is_open() const noexcept = 0;
 };
 

@@ -131,6 +131,7 @@ class engine {
     using op_label = detail::op_label;
 
 public:
+    /// Deadlines are points on the steady clock.
     using time_point = std::chrono::steady_clock::time_point;
 
     /// Over one channel per rank, indexed by rank (null for this rank and where none is).
@@ -169,13 +170,22 @@ public:
         if (readers_.pending() != 0) std::terminate();  // close() was not awaited
     }
 
+    /// This rank in the group.
     int rank() const noexcept { return rank_; }
+    /// Ranks in the group.
     int size() const noexcept { return size_; }
     /// The reactor the engine's operations run on.
     io::reactor& reactor() const noexcept { return reactor_; }
 
     /// True once a peer failed or the engine was closed.
     bool failed() const noexcept { return static_cast<bool>(failure_); }
+
+    /// Fails the group from this rank, as the rank to blame, with `text`: every pending and
+    /// later operation here ends with it, and every peer gets it in an abort notice, so theirs
+    /// do too (std::errc::operation_canceled). Nothing if the group failed already.
+    void abandon(const std::string& text) {
+        fail_verbatim(rank_, std::make_error_code(std::errc::operation_canceled), text);
+    }
 
     /// Sends `data` to `dst` with `tag`; completes when the bytes are handed to the kernel.
     task<> send(std::span<const std::byte> data, int dst, std::int64_t tag, time_point deadline) {
@@ -267,11 +277,13 @@ public:
     /// How long a stall lasts before the ranks compare notes (0: never), and how long they
     /// wait for each other's answers.
     std::chrono::milliseconds stall_interval() const noexcept { return *options_.stall; }
+    /// How long a stall report waits for the other ranks' answers.
     std::chrono::milliseconds answer_window() const noexcept { return *options_.answer_window; }
 
     /// How collective metadata reads in error messages ("all_reduce(sum, float32 x 100)");
     /// the collectives layer installs its own.
     using describer = detail::describer;
+    /// Installs `d` to describe collective metadata in error messages.
     void set_describer(describer d) noexcept { describe_ = d; }
 
     /// The kind of channel to rank `p` ("tcp", "shm"); empty for this rank.

@@ -40,9 +40,13 @@ inline constexpr std::uint8_t goodbye_abort = 1;
 /// it, so a stream that lost its framing is detected at the next header instead of being
 /// read as garbage.
 struct frame_header {
+    /// `frame_magic`: a header that lost its framing fails here.
     std::uint32_t magic = frame_magic;
+    /// `protocol_version` of the sender.
     std::uint16_t version = protocol_version;
+    /// What the frame carries.
     frame_kind kind = frame_kind::p2p;
+    /// Per kind: the algorithm of a collective, the end of a stream, ...
     std::uint8_t flags = 0;
     std::uint32_t src = 0;     ///< sender's rank in the group
     std::uint32_t dst = 0;     ///< receiver's rank in the group
@@ -53,8 +57,10 @@ struct frame_header {
     std::uint32_t root = 0;    ///< collective root
     std::uint8_t op = 0;       ///< collective kind / reduce op
     std::uint8_t dtype = 0;    ///< element type
+    /// Collective: the reduce op.
     std::uint16_t reserved0 = 0;
     std::uint32_t history = 0;  ///< collective: fingerprint of the sender's earlier collectives
+    /// FNV-1a of the words before it (see `compute_checksum`).
     std::uint32_t checksum = 0;
 
     /// FNV-1a over the 15 32-bit words before `checksum` (a word at a time: a quarter of the
@@ -67,6 +73,7 @@ struct frame_header {
         for (std::uint32_t w : words) h = (h ^ w) * 16777619u;
         return h;
     }
+    /// Sets `checksum` for the header as it is now.
     void seal() noexcept { checksum = compute_checksum(); }
 
     /// Empty when the header is sound; otherwise what is wrong with it.
@@ -91,17 +98,23 @@ static_assert(sizeof(frame_header) == 64, "the wire header is 64 bytes");
 /// `seq`, `history`) and checked by the receiver against its own call. The values are the
 /// collectives layer's enums.
 struct collective_meta {
+    /// The collective's kind (collectives layer's enum).
     std::uint8_t collective = 0;
+    /// The reduce op, 0 where none.
     std::uint8_t redop = 0;
+    /// The element type.
     std::uint8_t dtype = 0;
     std::uint8_t algorithm = 0;  ///< ranks that chose different algorithms disagree too
+    /// The root rank, 0 where none.
     std::uint32_t root = 0;
+    /// Elements in this rank's call.
     std::uint64_t count = 0;
     std::uint64_t seq = 0;  ///< the group's count of collectives so far, this one's number
     /// The fingerprint of every collective the rank ran before this one (`fold`): ranks whose
     /// earlier calls differed disagree here even when this call is the same.
     std::uint32_t history = 0;
 
+    /// Writes the metadata into `h`'s fields.
     void apply_to(frame_header& h) const noexcept {
         h.kind = frame_kind::collective;
         h.op = collective;
@@ -113,12 +126,14 @@ struct collective_meta {
         h.seq = seq;
         h.history = history;
     }
+    /// Reads the metadata back from a received header.
     static collective_meta of(const frame_header& h) noexcept {
         return {h.op,    static_cast<std::uint8_t>(h.reserved0),
                 h.dtype, h.flags,
                 h.root,  h.count,
                 h.seq,   h.history};
     }
+    /// Equal in every field: what a receiver checks.
     friend bool operator==(const collective_meta&, const collective_meta&) = default;
     /// The same call, whatever came before it.
     bool same_call(const collective_meta& o) const noexcept {
@@ -149,9 +164,13 @@ struct abort_notice {
     /// The longest error text a notice carries.
     static constexpr std::size_t max_text = 4096;
 
+    /// The rank the failure is blamed on.
     std::uint32_t culprit = 0;
+    /// The error code value.
     int code = 0;
+    /// True: `code` is in corocoll's category, else in the system category.
     bool corocoll_code = false;
+    /// Bytes of text after the notice.
     std::uint64_t text_length = 0;
 
     /// The sealed header from `src` to `dst` that carries this notice.

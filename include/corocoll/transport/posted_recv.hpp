@@ -24,7 +24,9 @@ inline constexpr int any_source = -1;
 
 /// What a receive got: who sent it and how many bytes.
 struct recv_result {
+    /// The rank that sent the message.
     int source = -1;
+    /// Bytes received.
     std::size_t length = 0;
 };
 

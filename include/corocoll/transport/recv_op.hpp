@@ -42,6 +42,7 @@ enum class recv_yields {
 template <recv_yields Y>
 class recv_op {
 public:
+    /// Takes over `o`'s receive, which must not have started.
     recv_op(recv_op&& o) noexcept : engine_(o.engine_), pr_(not_started(o.pr_)), what_(o.what_) {}
     recv_op& operator=(recv_op&&) = delete;
     recv_op(const recv_op&) = delete;
@@ -54,7 +55,9 @@ public:
 
     // The awaiter is a pointer to the operation: g++ 12 copies an lvalue awaiter into the
     // frame (`co_await op` with `op` named), and the posted receive must not move.
+    /// What `co_await` on a `recv_op` uses: posts the receive at suspension.
     struct awaiter {
+        /// The receive awaited.
         recv_op* op;
         // A receive that cannot be posted (bad peer, failed group) is ready at once and
         // throws from await_resume, as every operation does.
@@ -70,7 +73,9 @@ public:
         void await_suspend(std::coroutine_handle<> h) noexcept { op->pr_.waiter = h; }
         auto await_resume() { return op->result(); }
     };
+    /// Awaitable: posts the receive and yields its result.
     awaiter operator co_await() & noexcept { return {this}; }
+    /// Awaitable: posts the receive and yields its result.
     awaiter operator co_await() && noexcept { return {this}; }
 
     /// True once the message is in the buffer (or the receive failed).

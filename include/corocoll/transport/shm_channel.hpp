@@ -308,6 +308,7 @@ public:
         release();
     }
 
+    /// False after `close`.
     bool is_open() const noexcept override { return fd_ >= 0; }
 
 private:
@@ -503,12 +504,17 @@ private:
         bool for_room;
         const io::op_options& o;
         std::coroutine_handle<> handle;
+        /// The wait's deadline, armed on the reactor's timer heap.
         struct deadline_hook : io::timer_entry {
+            /// The wait the deadline ends.
             wait* w = nullptr;
         } timer;
         std::error_code error;
+        /// Ends the wait with `operation_canceled` when its stop token fires.
         struct on_stop {
+            /// The wait to end.
             wait* w;
+            /// Ends the wait.
             void operator()() const noexcept { w->ch.finish(*w, std::errc::operation_canceled); }
         };
         std::optional<std::stop_callback<on_stop>> stopping;

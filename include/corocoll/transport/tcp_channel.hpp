@@ -26,6 +26,7 @@ namespace transport {
 /// non-blocking system call.
 class tcp_channel final : public channel {
 public:
+    /// A channel over the connected socket `s`.
     explicit tcp_channel(io::socket s) : sock_(std::move(s)), address_(sock_.peer().to_string()) {}
 
     /// The channel over `s`, its send buffer sized as `size_send_buffer` says.
@@ -73,6 +74,7 @@ public:
         sock_.close();
         co_return;
     }
+    /// False after `close`.
     bool is_open() const noexcept override { return sock_.is_open(); }
 
     /// A send buffer of `bytes` where both ends have the same address (a peer on this host;

@@ -1,0 +1,68 @@
+#pragma once
+
+// collective_call: what a collective returns, so that a forgotten co_await is caught.
+
+#include <corocoll/core/task.hpp>
+#include <corocoll/version.hpp>
+
+#include <utility>
+
+COROCOLL_BEGIN_NAMESPACE
+
+/// A collective called on a group and not yet run: what `pg.all_reduce(t)` and every other
+/// collective return. `co_await` it (or pass it to `when_all`, `start`, `sync_wait`, or turn
+/// it into a `task<T>`) to run it; it runs when awaited, as a `task` does.
+///
+/// One that is destroyed without ever being handed over, as in `pg.all_reduce(t);` with the
+/// `co_await` forgotten, fails its group at once instead of silently skipping the collective
+/// (which would leave the other ranks waiting in it): every pending and later operation of
+/// this rank on the group throws "rank R: all_reduce on group 'G' was called but never awaited
+/// (a forgotten co_await?)", and the other ranks' pending and later operations fail with the
+/// same words, naming this rank. The group must then be closed, as after any failure. Costs a
+/// pointer check in the destructor.
+template <class T = void>
+class [[nodiscard("a collective runs only when awaited: co_await it")]] collective_call {
+public:
+    /// Called with the owner and the collective's name when a call is dropped unawaited.
+    using forgotten_fn = void (*)(void* owner, const char* what) noexcept;
+
+    /// Takes `body`, not started; `forgotten(owner, what)` runs if the call is dropped unawaited.
+    collective_call(task<T> body, void* owner, forgotten_fn forgotten, const char* what) noexcept
+        : body_(std::move(body)), owner_(owner), forgotten_(forgotten), what_(what) {}
+    /// Takes over `o`'s call; `o` holds none.
+    collective_call(collective_call && o) noexcept
+        : body_(std::move(o.body_)),
+          owner_(std::exchange(o.owner_, nullptr)),
+          forgotten_(o.forgotten_),
+          what_(o.what_) {}
+    collective_call(const collective_call&) = delete;
+    collective_call& operator=(const collective_call&) = delete;
+    collective_call& operator=(collective_call&&) = delete;
+    ~collective_call() {
+        if (owner_ != nullptr) forgotten_(owner_, what_);
+    }
+
+    /// Runs the collective; yields its result or rethrows its error.
+    auto operator co_await()&& noexcept {
+        owner_ = nullptr;
+        return std::move(body_).operator co_await();
+    }
+
+    /// The collective as a plain task (to keep in a `std::vector<task<T>>`); that task runs
+    /// it when awaited, and is no longer watched for a forgotten co_await.
+    operator task<T>()&& noexcept {  // NOLINT(google-explicit-constructor): a task stands in
+        owner_ = nullptr;
+        return std::move(body_);
+    }
+
+    /// The collective's name ("all_reduce").
+    const char* name() const noexcept { return what_; }
+
+private:
+    task<T> body_;
+    void* owner_;
+    forgotten_fn forgotten_;
+    const char* what_;
+};
+
+COROCOLL_END_NAMESPACE

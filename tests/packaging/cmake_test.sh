@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# CMake consumers: a project that takes corocoll with add_subdirectory, and one that finds an
+# installed corocoll with find_package(corocoll 0.1 REQUIRED), each build
+# tests/packaging/vendor_prog.cpp against corocoll::corocoll and run it.
+#
+# usage: cmake_test.sh <meson> <corocoll source dir> <build dir> <prefix>
+# env:   CXX  the compiler command (default g++)
+set -euo pipefail
+
+meson=$1
+srcdir=$2
+builddir=$3
+prefix=$4
+cxx=${CXX:-g++}
+# CMake wants the compiler alone: the first word of CXX ("ccache g++" keeps g++).
+compiler=$(command -v "${cxx##* }")
+
+if ! command -v cmake >/dev/null; then
+    echo "cmake test: SKIP: no cmake"
+    exit 77
+fi
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/corocoll-cmake.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+fail() {
+    echo "cmake test: FAIL: $*" >&2
+    exit 1
+}
+
+consumer() {  # <dir> <how to get corocoll>
+    mkdir -p "$1"
+    cp "$srcdir/tests/packaging/vendor_prog.cpp" "$1/"
+    cat >"$1/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.16)
+project(consumer LANGUAGES CXX)
+$2
+add_executable(prog vendor_prog.cpp)
+target_link_libraries(prog PRIVATE corocoll::corocoll)
+CMAKE
+}
+
+build_and_run() {  # <dir> <extra cmake args...>
+    local dir=$1
+    shift
+    cmake -S "$dir" -B "$dir/build" -DCMAKE_CXX_COMPILER="$compiler" "$@" >"$dir/configure.log" 2>&1 ||
+        { cat "$dir/configure.log" >&2; fail "cmake configure of $dir"; }
+    cmake --build "$dir/build" >"$dir/build.log" 2>&1 ||
+        { cat "$dir/build.log" >&2; fail "cmake build of $dir"; }
+    "$dir/build/prog" || fail "$dir/build/prog failed"
+}
+
+echo "== add_subdirectory"
+consumer "$tmp/sub" "add_subdirectory(\"$srcdir\" corocoll)"
+build_and_run "$tmp/sub"
+
+echo "== find_package from a meson install"
+dest=$tmp/dest
+"$meson" install -C "$builddir" --destdir "$dest" --no-rebuild >"$tmp/install.log" 2>&1 ||
+    { cat "$tmp/install.log" >&2; fail "meson install failed"; }
+config=$(find "$dest" -name corocollConfig.cmake)
+[[ $config == *"$prefix/lib/cmake/corocoll/corocollConfig.cmake" ]] ||
+    fail "corocollConfig.cmake installed as '$config'"
+[[ -f $(dirname "$config")/corocollConfigVersion.cmake ]] || fail "no corocollConfigVersion.cmake"
+consumer "$tmp/found" "find_package(corocoll 0.1 REQUIRED)
+message(STATUS \"corocoll \${corocoll_VERSION} from \${corocoll_DIR}\")"
+build_and_run "$tmp/found" -DCMAKE_PREFIX_PATH="$dest$prefix"
+grep -q "corocoll 0.1.0 from $dest$prefix/lib/cmake/corocoll" "$tmp/found/configure.log" ||
+    fail "find_package did not report version 0.1.0 from the install"
+# A version the install does not satisfy is refused.
+consumer "$tmp/too_new" "find_package(corocoll 0.2 REQUIRED)"
+if cmake -S "$tmp/too_new" -B "$tmp/too_new/build" -DCMAKE_PREFIX_PATH="$dest$prefix" \
+    >"$tmp/too_new.log" 2>&1; then
+    fail "find_package(corocoll 0.2) accepted 0.1.0"
+fi
+echo "cmake test: OK"
