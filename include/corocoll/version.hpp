@@ -1,5 +1,14 @@
 #pragma once
 
+// Every corocoll header includes this one first, so a compiler in an older mode stops here
+// with one message instead of thousands of lines (g++ 12 with -std=c++17 -fcoroutines, as its
+// own advice suggests, gave 4,310). The missing header after #error ends the compilation at
+// once, as #error alone does not.
+#if __cplusplus < 202002L
+#error "corocoll needs C++20: compile with -std=c++20 (or -std=gnu++20, or later)"
+#include <corocoll/compile_with_-std=c++20>
+#endif
+
 /// corocoll's version, as numbers and as the name of the inline namespace that holds every
 /// public entity. Two copies of corocoll of different versions can meet in one binary (two
 /// vendored libraries, say) without an ODR clash: their symbols live in different namespaces.

@@ -103,6 +103,8 @@ class LauncherTest(unittest.TestCase):
             (["--nproc_per_node=0", "env"], "must be in [1, 4096]"),
             (["--nproc_per_node=two", "env"], "expected a whole number"),
             (["--tee", "3", "env"], "--tee is not supported"),
+            (["-t", "3", "env"], "-t (torchrun's --tee) is not supported"),
+            (["-r3", "env"], "-r (torchrun's --redirects) is not supported"),
             (["--bogus", "env"], "unknown option '--bogus'"),
             (["--nproc_per_node=2"], "no program to run"),
             (["--rdzv_conf", "join_timeout=abc", "env"], "expected a number of seconds"),
@@ -114,9 +116,24 @@ class LauncherTest(unittest.TestCase):
         p, _ = launch("--help")
         self.assertEqual(p.returncode, 0)
         self.assertIn("--nproc_per_node", p.stdout)
+        self.assertIn("--version", p.stdout)
+        p, _ = launch("--version")
+        self.assertEqual(p.returncode, 0)
+        self.assertRegex(p.stdout, r"^corocollrun \d+\.\d+\.\d+ \(corocoll \d+\.\d+\.\d+\)\n$")
         p, _ = launch("--nproc_per_node=2", "no-such-program-anywhere")
         self.assertEqual(p.returncode, 1)
         self.assertIn("cannot start 'no-such-program-anywhere'", p.stderr)
+
+    def test_a_join_says_which_nodes_it_waits_for_and_a_failed_one_keeps_no_store_up(self):
+        # Node 0 of 3 alone: it names the missing nodes while it waits, then in the error; no
+        # node joined besides itself, so it does not keep the store up for them afterwards.
+        p, _ = launch("--nnodes=3", "--node_rank=0", "--master_port=0", "--rdzv_conf",
+                      "join_timeout=2", "env")
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertRegex(p.stderr, r"node 0 waits for node\(s\) 1, 2 to join at 127\.0\.0\.1:\d+")
+        self.assertIn("node(s) 1, 2 did not join within 2 s", p.stderr)
+        self.assertNotIn("keeps the store up", p.stderr)
+        self.assertEqual(p.stdout, "")
 
     def test_failing_worker_stops_the_others(self):
         p, took = launch("--nproc_per_node=3", "--grace_period=30", WORKER, "plain-fail", "1",

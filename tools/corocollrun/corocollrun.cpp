@@ -188,6 +188,8 @@ private:
 
     // Every node says how many workers it has; each learns where its ranks start.
     cc::task<rank_layout> join(int attempt) {
+        // Counted once per node, for `leave`: node 0 keeps the store up for the nodes that came.
+        if (attempt == 0) co_await store_->add("corocollrun/joined", 1);
         auto claims = co_await store_->add(
             key(attempt, "node/" + std::to_string(o_.node_rank) + "/claims"), 1);
         if (claims > 1) {
@@ -200,15 +202,39 @@ private:
         std::vector<std::string> keys;
         for (int n = 0; n < o_.nnodes; ++n)
             keys.push_back(key(attempt, "node/" + std::to_string(n)));
-        bool joined_in_time = true;
-        try {
-            co_await store_->wait(
-                keys, std::chrono::duration_cast<cc::rendezvous::store::duration>(o_.join_timeout));
-        } catch (const std::system_error& e) {
-            if (e.code() != std::errc::timed_out) throw;
-            joined_in_time = false;
+        // Waits in slices, saying which nodes it still waits for whenever that changes, so
+        // that a node started with the wrong address or port shows up long before the timeout.
+        const auto deadline = clock_type::now() + o_.join_timeout;
+        const auto slice = std::clamp<std::chrono::milliseconds>(o_.join_timeout / 4, 100ms, 5s);
+        std::string waiting_for;
+        for (;;) {
+            auto left = std::chrono::duration_cast<cc::rendezvous::store::duration>(
+                deadline - clock_type::now());
+            bool joined = true;
+            try {
+                co_await store_->wait(
+                    keys, std::clamp<cc::rendezvous::store::duration>(left, 1ms, slice));
+            } catch (const std::system_error& e) {
+                if (e.code() != std::errc::timed_out) throw;
+                joined = false;
+            }
+            if (joined) break;
+            std::string missing = co_await missing_list(keys);
+            if (missing.empty()) break;
+            if (clock_type::now() >= deadline) {
+                throw std::runtime_error("attempt " + std::to_string(attempt) + ": node(s) " +
+                                         missing + " did not join within " +
+                                         std::to_string(o_.join_timeout.count() / 1000) +
+                                         " s (--rdzv_conf join_timeout)");
+            }
+            if (missing != waiting_for) {
+                say("node " + std::to_string(o_.node_rank) + " waits for node(s) " + missing +
+                    " to join at " + store_->server().to_string() + " (" +
+                    std::to_string(o_.join_timeout.count() / 1000) +
+                    " s at most, --rdzv_conf join_timeout)");
+                waiting_for = missing;
+            }
         }
-        if (!joined_in_time) co_return co_await missing_nodes(attempt, keys);
         rank_layout layout;
         for (int n = 0; n < o_.nnodes; ++n) {
             std::string v = co_await store_->get(keys[static_cast<std::size_t>(n)]);
@@ -230,17 +256,15 @@ private:
         co_return layout;
     }
 
-    cc::task<rank_layout> missing_nodes(int attempt, std::vector<std::string> keys) {
+    // The nodes whose join key is not in the store yet: "1, 3", empty when none.
+    cc::task<std::string> missing_list(const std::vector<std::string>& keys) {
         std::string missing;
         for (int n = 0; n < o_.nnodes; ++n) {
             std::vector<std::string> one{keys[static_cast<std::size_t>(n)]};
             if (!co_await store_->check(one))
                 missing += (missing.empty() ? "" : ", ") + std::to_string(n);
         }
-        throw std::runtime_error("attempt " + std::to_string(attempt) + ": node(s) " + missing +
-                                 " did not join within " +
-                                 std::to_string(o_.join_timeout.count() / 1000) +
-                                 " s (--rdzv_conf join_timeout)");
+        co_return missing;
     }
 
     std::vector<std::string> worker_environment(int attempt, const rank_layout& layout,
@@ -733,9 +757,20 @@ private:
         try {
             co_await store_->add("corocollrun/left", 1);
             if (!o_.serves_store()) co_return;
-            auto until = clock_type::now() + 30s;
-            while (clock_type::now() < until &&
-                   co_await store_->add("corocollrun/left", 0) < o_.nnodes) {
+            // The store stays up until every node that joined has left (30 s at most): a node
+            // that never joined (a failed join) is not waited for.
+            auto since = clock_type::now();
+            auto until = since + 30s;
+            bool said = false;
+            for (;;) {
+                auto left = co_await store_->add("corocollrun/left", 0);
+                auto joined = co_await store_->add("corocollrun/joined", 0);
+                if (left >= joined || clock_type::now() >= until) break;
+                if (!said && clock_type::now() - since >= 1s) {
+                    say("node 0 keeps the store up until " + std::to_string(joined - left) +
+                        " more node(s) have left (30 s at most)");
+                    said = true;
+                }
                 co_await nap(r_, clock_type::now() + 20ms, {});
             }
         } catch (const std::exception&) {
@@ -824,9 +859,15 @@ int main(int argc, char** argv) {
     corocollrun::launch_options o;
     try {
         bool help = false;
-        o = corocollrun::parse_command_line(args, &help);
+        bool version = false;
+        o = corocollrun::parse_command_line(args, &help, &version);
         if (help) {
             std::fputs(corocollrun::usage_text, stdout);
+            return 0;
+        }
+        if (version) {
+            std::puts("corocollrun " COROCOLL_VERSION_STRING " (corocoll " COROCOLL_VERSION_STRING
+                      ")");
             return 0;
         }
     } catch (const corocollrun::usage_error& e) {

@@ -79,9 +79,17 @@ inline constexpr const char* usage_text =
     "  --no_prefix              pass worker output through without the '[rank N] ' prefix\n"
     "  --tail_lines N           stderr lines of a failed worker to repeat; default 10\n"
     "  --no_python              accepted (corocollrun always starts the program itself)\n"
+    "  --tee, --redirects, --log_dir, -t, -r  not supported: worker output always reaches\n"
+    "                           corocollrun's stdout and stderr\n"
+    "  --version                corocollrun's version (corocoll's)\n"
     "  -h, --help               this text\n";
 
 namespace detail {
+
+// Why --tee, --redirects, --log_dir and their short forms are refused.
+inline constexpr const char* no_log_files =
+    "is not supported: worker output always reaches corocollrun's stdout and stderr (redirect "
+    "those; --no_prefix drops the '[rank N] ' prefix)";
 
 inline int parse_int(std::string_view flag, std::string_view v, int lo, int hi) {
     if (v.empty() || v.size() > 9 ||
@@ -155,10 +163,12 @@ inline void parse_rdzv_conf(std::string_view v, launch_options& o) {
 }  // namespace detail
 
 /// Parses `args` (without the program name). Throws `usage_error`; `--help` yields an empty
-/// command and `help = true`.
-inline launch_options parse_command_line(const std::vector<std::string>& args, bool* help) {
+/// command and `help = true`, `--version` an empty command and `version = true`.
+inline launch_options parse_command_line(const std::vector<std::string>& args, bool* help,
+                                         bool* version = nullptr) {
     launch_options o;
     if (help) *help = false;
+    if (version) *version = false;
     bool nnodes_given = false;
     bool port_given = false;
     std::size_t i = 0;
@@ -172,7 +182,16 @@ inline launch_options parse_command_line(const std::vector<std::string>& args, b
             if (help) *help = true;
             return o;
         }
+        if (a == "--version") {
+            if (version) *version = true;
+            return o;
+        }
         if (a.size() < 2 || a[0] != '-') break;  // the program
+        // torchrun's short forms of --tee and --redirects (-t 3, -r 3, -t3).
+        if (a.rfind("-t", 0) == 0 || a.rfind("-r", 0) == 0) {
+            throw usage_error(std::string(a.substr(0, 2)) + " (torchrun's --" +
+                              (a[1] == 't' ? "tee" : "redirects") + ") " + detail::no_log_files);
+        }
         if (a.rfind("--", 0) != 0) {
             throw usage_error("unknown option '" + std::string(a) + "' (see --help)");
         }
@@ -266,10 +285,7 @@ inline launch_options parse_command_line(const std::vector<std::string>& args, b
         } else if (name == "no_python") {
             flag(false);
         } else if (name == "tee" || name == "redirects" || name == "log_dir") {
-            throw usage_error("--" + name +
-                              " is not supported: worker output always reaches corocollrun's "
-                              "stdout and stderr (redirect those; --no_prefix drops the "
-                              "'[rank N] ' prefix)");
+            throw usage_error("--" + name + " " + detail::no_log_files);
         } else if (name == "module" || name == "run_path") {
             throw usage_error("--" + name + " is for Python; corocollrun starts a program");
         } else {

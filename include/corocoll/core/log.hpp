@@ -4,9 +4,11 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -18,6 +20,20 @@ COROCOLL_BEGIN_NAMESPACE
 /// stderr that say which rank did what; `COROCOLL_DEBUG_SUBSYS=INIT,STORE,P2P,...` (default:
 /// all) narrows them. Errors never depend on it: exceptions carry the whole story.
 enum class log_level { none = 0, warn = 1, info = 2, trace = 3 };
+
+/// One log line as corocoll hands it to a `log_sink`. The views live for the call only.
+struct log_record {
+    log_level level;             ///< warn, info or trace
+    std::string_view subsystem;  ///< "INIT", "STORE", "P2P", ...
+    int rank;                    ///< the logging thread's rank, -1 before a group exists
+    std::string_view message;    ///< the text alone, without prefix or newline
+    std::string_view line;  ///< what stderr would get: "corocoll[pid 7 rank 1] INFO INIT: ...\n"
+};
+
+/// Where log lines go instead of stderr: called on the thread that logs, one line at a time
+/// (calls never overlap), with the `context` given to `set_log_sink`. It must not throw, nor
+/// log through corocoll.
+using log_sink = void (*)(const log_record& record, void* context) noexcept;
 
 namespace detail {
 
@@ -70,8 +86,29 @@ inline int& log_rank() noexcept {
     return rank;
 }
 
+// set_log_level's level, -1 while COROCOLL_DEBUG decides.
+inline std::atomic<int>& log_level_set() noexcept {
+    static std::atomic<int> level{-1};
+    return level;
+}
+
+struct log_sink_state {
+    std::mutex mutex;  // held while a line is handed over: calls never overlap
+    log_sink sink = nullptr;
+    void* context = nullptr;
+
+    static log_sink_state& get() noexcept {
+        static log_sink_state state;
+        return state;
+    }
+};
+
 inline bool log_enabled(log_level l, std::string_view subsystem) {
-    return log_config::get().enabled(l, subsystem);
+    const log_config& c = log_config::get();
+    int set = log_level_set().load(std::memory_order_relaxed);
+    if (set >= 0 && l > static_cast<log_level>(set)) return false;
+    if (set < 0 && l > c.level) return false;
+    return c.enabled(log_level::none, subsystem);
 }
 
 template <class... Args>
@@ -81,14 +118,49 @@ void log_write(log_level l, std::string_view subsystem, const Args&... args) {
     line << "corocoll[pid " << ::getpid();
     if (log_rank() >= 0) line << " rank " << log_rank();
     line << "] " << names[static_cast<int>(l)] << ' ' << subsystem << ": ";
+    const auto prefix = static_cast<std::size_t>(line.tellp());
     (line << ... << args);
     line << '\n';
     std::string s = line.str();
+    auto& state = log_sink_state::get();
+    {
+        std::lock_guard lock(state.mutex);
+        if (state.sink != nullptr) {
+            std::string_view text(s);
+            state.sink(
+                {l, subsystem, log_rank(), text.substr(prefix, text.size() - prefix - 1), text},
+                state.context);
+            return;
+        }
+    }
     // One write per line, so lines of different processes do not interleave mid-line.
     [[maybe_unused]] auto n = ::write(STDERR_FILENO, s.data(), s.size());
 }
 
 }  // namespace detail
+
+/// Routes corocoll's log lines to `sink` (with `context`) instead of stderr, so that an
+/// application's own logger gets them; null goes back to stderr. Which lines are logged is
+/// still decided by COROCOLL_DEBUG and COROCOLL_DEBUG_SUBSYS, or by `set_log_level`. From any
+/// thread; a line being handed over finishes first. Costs a mutex per logged line.
+inline void set_log_sink(log_sink sink, void* context = nullptr) {
+    auto& state = detail::log_sink_state::get();
+    std::lock_guard lock(state.mutex);
+    state.sink = sink;
+    state.context = context;
+}
+
+/// Sets the level of the logs from code, over COROCOLL_DEBUG (whose subsystems still apply);
+/// `log_level::none` turns them off. From any thread; one atomic store.
+inline void set_log_level(log_level level) noexcept {
+    detail::log_level_set().store(static_cast<int>(level), std::memory_order_relaxed);
+}
+
+/// The level in force: `set_log_level`'s, else COROCOLL_DEBUG's.
+inline log_level get_log_level() noexcept {
+    int set = detail::log_level_set().load(std::memory_order_relaxed);
+    return set >= 0 ? static_cast<log_level>(set) : detail::log_config::get().level;
+}
 
 COROCOLL_END_NAMESPACE
 
