@@ -9,13 +9,13 @@
 // (`Work::getFuture`, which DDP uses) are completed on a fourth thread, so that callbacks
 // chained with `then` never run on the reactor.
 
+#include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
-#include <torch/csrc/utils/pybind.h>
 
 #include <pybind11/chrono.h>
 
@@ -244,15 +244,32 @@ private:
 template <class F>
 bool with_element(at::ScalarType t, F&& f) {
     switch (t) {
-        case at::kChar: f(std::int8_t{}); return true;
-        case at::kByte: f(std::uint8_t{}); return true;
-        case at::kInt: f(std::int32_t{}); return true;
-        case at::kLong: f(std::int64_t{}); return true;
-        case at::kFloat: f(float{}); return true;
-        case at::kDouble: f(double{}); return true;
-        case at::kHalf: f(cc::float16{}); return true;
-        case at::kBFloat16: f(cc::bfloat16{}); return true;
-        default: return false;
+        case at::kChar:
+            f(std::int8_t{});
+            return true;
+        case at::kByte:
+            f(std::uint8_t{});
+            return true;
+        case at::kInt:
+            f(std::int32_t{});
+            return true;
+        case at::kLong:
+            f(std::int64_t{});
+            return true;
+        case at::kFloat:
+            f(float{});
+            return true;
+        case at::kDouble:
+            f(double{});
+            return true;
+        case at::kHalf:
+            f(cc::float16{});
+            return true;
+        case at::kBFloat16:
+            f(cc::bfloat16{});
+            return true;
+        default:
+            return false;
     }
 }
 
@@ -480,15 +497,15 @@ public:
                                         int tag) override {
         auto t = one_input("send", tensors);
         check_peer("send", dst);
-        return start(
-            c10d::OpType::SEND, "send to rank " + std::to_string(dst), {}, {}, [t, dst, tag](auto& pg) -> cc::task<int> {
-                co_await pg.send(bytes_of(t), dst, tag);
-                co_return -1;
-            });
+        return start(c10d::OpType::SEND, "send to rank " + std::to_string(dst), {}, {},
+                     [t, dst, tag](auto& pg) -> cc::task<int> {
+                         co_await pg.send(bytes_of(t), dst, tag);
+                         co_return -1;
+                     });
     }
 
     c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
-                                         int tag) override {
+                                        int tag) override {
         check_peer("recv", src);
         return receive(c10d::OpType::RECV, "recv from rank " + std::to_string(src), tensors, src,
                        tag);
@@ -496,18 +513,17 @@ public:
 
     c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
                                                  int tag) override {
-        return receive(c10d::OpType::RECVANYSOURCE, "recv from any source", tensors,
-                       cc::any_source, tag);
+        return receive(c10d::OpType::RECVANYSOURCE, "recv from any source", tensors, cc::any_source,
+                       tag);
     }
 
     // ---- collectives ----
 
     c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
-        return start(c10d::OpType::BARRIER, "barrier", {}, {},
-                     [](auto& pg) -> cc::task<int> {
-                         co_await pg.barrier();
-                         co_return -1;
-                     });
+        return start(c10d::OpType::BARRIER, "barrier", {}, {}, [](auto& pg) -> cc::task<int> {
+            co_await pg.barrier();
+            co_return -1;
+        });
     }
 
     void monitoredBarrier(const c10d::BarrierOptions& opts, bool /*wait_all_ranks*/) override {
@@ -593,11 +609,10 @@ public:
         check_cpu("_allgather_base", out);
         same_dtype("_allgather_base", in, out);
         if (out.numel() != in.numel() * getSize()) {
-            refuse("_allgather_base", "an output of " + std::to_string(out.numel()) +
-                                          " elements for an input of " +
-                                          std::to_string(in.numel()) + " on " +
-                                          std::to_string(getSize()) + " ranks (needs " +
-                                          std::to_string(in.numel() * getSize()) + ")");
+            refuse("_allgather_base",
+                   "an output of " + std::to_string(out.numel()) + " elements for an input of " +
+                       std::to_string(in.numel()) + " on " + std::to_string(getSize()) +
+                       " ranks (needs " + std::to_string(in.numel() * getSize()) + ")");
         }
         tensor_arg o = dense_arg(out);
         at::Tensor i = in.contiguous();
@@ -669,14 +684,13 @@ public:
         } else {
             flat = at::empty({0}, a.dense.options());
         }
-        return typed(
-            c10d::OpType::SCATTER, "scatter", a.dense, outputs, {a},
-            [flat, root](auto& pg, auto elem, const at::Tensor& t) -> cc::task<int> {
-                using T = decltype(elem);
-                auto os = span_of<T>(t);
-                co_await pg.scatter_from(os, span_of<T>(flat), root);
-                co_return -1;
-            });
+        return typed(c10d::OpType::SCATTER, "scatter", a.dense, outputs, {a},
+                     [flat, root](auto& pg, auto elem, const at::Tensor& t) -> cc::task<int> {
+                         using T = decltype(elem);
+                         auto os = span_of<T>(t);
+                         co_await pg.scatter_from(os, span_of<T>(flat), root);
+                         co_return -1;
+                     });
     }
 
     c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -753,13 +767,14 @@ public:
         tensor_arg o = dense_arg(out);
         at::Tensor i = in.contiguous();
         std::vector<at::Tensor> outs{out};
-        return typed(c10d::OpType::ALLTOALL_BASE, "alltoall_base", i, outs, {o},
-                     [o = o.dense, os, is](auto& pg, auto elem, const at::Tensor& t) -> cc::task<int> {
-                         using T = decltype(elem);
-                         auto out_span = span_of<T>(o);
-                         co_await pg.all_to_all_single(out_span, span_of<T>(t), os, is);
-                         co_return -1;
-                     });
+        return typed(
+            c10d::OpType::ALLTOALL_BASE, "alltoall_base", i, outs, {o},
+            [o = o.dense, os, is](auto& pg, auto elem, const at::Tensor& t) -> cc::task<int> {
+                using T = decltype(elem);
+                auto out_span = span_of<T>(o);
+                co_await pg.all_to_all_single(out_span, span_of<T>(t), os, is);
+                co_return -1;
+            });
     }
 
     c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
@@ -798,14 +813,13 @@ public:
             back.push_back({t, out_flat.narrow(0, at_elem, t.numel()).view(t.sizes())});
             at_elem += t.numel();
         }
-        return typed(
-            c10d::OpType::ALLTOALL, "alltoall", in_flat, outputs, std::move(back),
-            [out_flat, os, is](auto& pg, auto elem, const at::Tensor& t) -> cc::task<int> {
-                using T = decltype(elem);
-                auto out_span = span_of<T>(out_flat);
-                co_await pg.all_to_all_single(out_span, span_of<T>(t), os, is);
-                co_return -1;
-            });
+        return typed(c10d::OpType::ALLTOALL, "alltoall", in_flat, outputs, std::move(back),
+                     [out_flat, os, is](auto& pg, auto elem, const at::Tensor& t) -> cc::task<int> {
+                         using T = decltype(elem);
+                         auto out_span = span_of<T>(out_flat);
+                         co_await pg.all_to_all_single(out_span, span_of<T>(t), os, is);
+                         co_return -1;
+                     });
     }
 
 private:
@@ -813,10 +827,9 @@ private:
 
     cc::task<> set_up() {
         auto scoped = std::make_shared<cc::rendezvous::prefix_store>("corocoll", adapter_);
-        pg_ = co_await cc::detail::build_group(progress_.reactor(), std::move(scoped), getRank(),
-                                               getSize(), "torch", timeout_, {},
-                                               cc::transport::choose_listen_address(master_),
-                                               nullptr);
+        pg_ = co_await cc::detail::build_group(
+            progress_.reactor(), std::move(scoped), getRank(), getSize(), "torch", timeout_, {},
+            cc::transport::choose_listen_address(master_), nullptr);
     }
 
     std::string who() const {
@@ -835,7 +848,8 @@ private:
     void check_cpu(const char* op, const at::Tensor& t) const {
         if (!t.defined()) refuse(op, "an undefined tensor");
         if (!t.device().is_cpu()) {
-            refuse(op, "a tensor on " + t.device().str() + " (the corocoll backend takes CPU tensors)");
+            refuse(op,
+                   "a tensor on " + t.device().str() + " (the corocoll backend takes CPU tensors)");
         }
         if (t.layout() != at::kStrided) refuse(op, "a sparse tensor (only dense tensors)");
     }
@@ -854,7 +868,8 @@ private:
         if (peer == getRank()) refuse(op, "a message to or from itself");
     }
     int root_of(const char* op, std::int64_t root, std::int64_t root_tensor) const {
-        if (root_tensor != 0) refuse(op, "rootTensor " + std::to_string(root_tensor) + " (one tensor per rank)");
+        if (root_tensor != 0)
+            refuse(op, "rootTensor " + std::to_string(root_tensor) + " (one tensor per rank)");
         if (root < 0 || root >= getSize()) {
             refuse(op, "root " + std::to_string(root) + " is outside [0, " +
                            std::to_string(getSize()) + ")");
@@ -863,15 +878,25 @@ private:
     }
     cc::reduce_op op_of(const char* op, const c10d::ReduceOp& r) const {
         switch (r.op_) {
-            case c10d::ReduceOp::SUM: return cc::reduce_op::sum;
-            case c10d::ReduceOp::AVG: return cc::reduce_op::avg;
-            case c10d::ReduceOp::PRODUCT: return cc::reduce_op::product;
-            case c10d::ReduceOp::MIN: return cc::reduce_op::min;
-            case c10d::ReduceOp::MAX: return cc::reduce_op::max;
-            case c10d::ReduceOp::BAND: return cc::reduce_op::band;
-            case c10d::ReduceOp::BOR: return cc::reduce_op::bor;
-            case c10d::ReduceOp::BXOR: return cc::reduce_op::bxor;
-            default: refuse(op, "ReduceOp " + std::to_string(static_cast<int>(r.op_)) + " (PREMUL_SUM is NCCL's)");
+            case c10d::ReduceOp::SUM:
+                return cc::reduce_op::sum;
+            case c10d::ReduceOp::AVG:
+                return cc::reduce_op::avg;
+            case c10d::ReduceOp::PRODUCT:
+                return cc::reduce_op::product;
+            case c10d::ReduceOp::MIN:
+                return cc::reduce_op::min;
+            case c10d::ReduceOp::MAX:
+                return cc::reduce_op::max;
+            case c10d::ReduceOp::BAND:
+                return cc::reduce_op::band;
+            case c10d::ReduceOp::BOR:
+                return cc::reduce_op::bor;
+            case c10d::ReduceOp::BXOR:
+                return cc::reduce_op::bxor;
+            default:
+                refuse(op, "ReduceOp " + std::to_string(static_cast<int>(r.op_)) +
+                               " (PREMUL_SUM is NCCL's)");
         }
     }
 
@@ -926,9 +951,9 @@ private:
         }
         out.flat = at::empty({in.numel() * getSize()}, in.options());
         for (std::size_t r = 0; r < list.size(); ++r) {
-            out.back.push_back({list[r], out.flat.narrow(0, static_cast<std::int64_t>(r) * in.numel(),
-                                                         in.numel())
-                                             .view(list[r].sizes())});
+            out.back.push_back(
+                {list[r], out.flat.narrow(0, static_cast<std::int64_t>(r) * in.numel(), in.numel())
+                              .view(list[r].sizes())});
         }
         return out;
     }
@@ -958,11 +983,10 @@ private:
                                            std::vector<at::Tensor>& tensors, int src, int tag) {
         auto a = one_inout("recv", tensors);
         at::Tensor t = a.dense;
-        return start(type, std::move(what), tensors, {a},
-                     [t, src, tag](auto& pg) -> cc::task<int> {
-                         auto b = writable_bytes_of(t);
-                         co_return co_await pg.recv(b, src, tag);
-                     });
+        return start(type, std::move(what), tensors, {a}, [t, src, tag](auto& pg) -> cc::task<int> {
+            auto b = writable_bytes_of(t);
+            co_return co_await pg.recv(b, src, tag);
+        });
     }
 
     static std::span<const std::byte> bytes_of(const at::Tensor& t) {
@@ -997,9 +1021,7 @@ private:
         if (!known) {
             at::Tensor raw = t.view({-1}).view(at::kByte);
             w = start(type, what, std::move(outputs), std::move(args),
-                      [raw, body](cc::process_group& pg) {
-                          return body(pg, std::uint8_t{}, raw);
-                      });
+                      [raw, body](cc::process_group& pg) { return body(pg, std::uint8_t{}, raw); });
         }
         return w;
     }
@@ -1113,8 +1135,8 @@ inline c10::intrusive_ptr<c10::ivalue::Future> work::getFuture() {
     {
         std::lock_guard lock(mutex_);
         if (future_) return future_;
-        future_ = c10::make_intrusive<c10::ivalue::Future>(
-            c10::ListType::create(c10::TensorType::get()));
+        future_ =
+            c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
         f = future_;
         finished = completed_;
     }
