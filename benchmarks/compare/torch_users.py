@@ -39,7 +39,7 @@ def run(cmd, env):
 def torch_rows(a, backend, ranks, op, env):
     rows = []
     for lo, hi, n, w in RANGES:
-        cmd = [str(a.build / "tools/corocollrun/corocollrun"), f"--nproc_per_node={ranks}",
+        cmd = [str(a.build / "tools/corocollrun"), f"--nproc_per_node={ranks}",
                "--no_prefix", "/usr/bin/python3", str(HERE / "torch_perf.py"), "--backend",
                backend, "--coll", op, "-b", str(lo), "-e", str(hi), "-f", "4", "-n", str(n),
                "-w", str(w), "-c", "1"]
@@ -48,7 +48,7 @@ def torch_rows(a, backend, ranks, op, env):
 
 
 def coll_perf_rows(a, ranks, op, lo, hi, n, w, env):
-    cmd = [str(a.build / "tools/corocollrun/corocollrun"), f"--nproc_per_node={ranks}",
+    cmd = [str(a.build / "tools/corocollrun"), f"--nproc_per_node={ranks}",
            "--no_prefix", str(a.build / "benchmarks/coll_perf"), "--coll", op, "-d", "float",
            "-o", "sum", "-b", str(lo), "-e", str(hi), "-f", "4", "-n", str(n), "-w", str(w),
            "-c", "1", "-F", "json"]
@@ -120,7 +120,7 @@ def main():
 
 def torch_rows_one(a, ranks, env):
     """torch + corocoll at 4 B with the waiter going to sleep at once."""
-    cmd = [str(a.build / "tools/corocollrun/corocollrun"), f"--nproc_per_node={ranks}",
+    cmd = [str(a.build / "tools/corocollrun"), f"--nproc_per_node={ranks}",
            "--no_prefix", "/usr/bin/python3", str(HERE / "torch_perf.py"), "--backend",
            "corocoll", "--coll", "all_reduce", "-b", "4", "-e", "4", "-n", "2000", "-w", "200",
            "-c", "1"]
