@@ -3,11 +3,13 @@
 // compile. See docs/architecture.md, "The torch backend".
 //
 // Threads of one group: the caller's (Python's) thread checks the arguments, makes a `Work`
-// and posts it to the group's progress thread, which runs the corocoll reactor and completes
-// every `Work`. Blocking calls on torch's c10d::Store run on a third thread (the store
-// thread) through `co_await offload`, so set-up never blocks the reactor. Futures
-// (`Work::getFuture`, which DDP uses) are completed on a fourth thread, so that callbacks
-// chained with `then` never run on the reactor.
+// and starts it on the group's reactor itself when no other thread drives it; a caller that
+// waits drives the reactor itself until its Work completes (`progress_thread`, a baton
+// between threads). The group's progress thread drives it only for what nobody waits for.
+// Blocking calls on torch's c10d::Store run on a third thread (the store thread) through
+// `co_await offload`, so set-up never blocks the reactor. Futures (`Work::getFuture`, which
+// DDP uses) are completed on a fourth thread, so that callbacks chained with `then` never run
+// on the reactor.
 
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -20,8 +22,6 @@
 #include <pybind11/chrono.h>
 
 #include <corocoll/corocoll.hpp>
-
-#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -161,7 +161,15 @@ inline std::optional<cc::io::endpoint> store_master(c10::intrusive_ptr<c10d::Sto
 // Threads
 // ---------------------------------------------------------------------------------------------
 
-/// A thread that runs a corocoll reactor until told to stop; work reaches it by `post`.
+/// The group's reactor and who drives it. One thread at a time holds the baton and runs the
+/// reactor: a caller that waits for its operation (`drive_until`), or else the progress thread.
+/// A caller's thread thus makes the progress it waits for itself, with no hand-off to another
+/// thread and no wake-up on either side (2 ranks on 2 processors: 4 such wake-ups per 4-byte
+/// all_reduce cost most of its time). An operation starts on the caller's thread too
+/// (`submit`) when nobody drives. The progress thread drives only what nobody waits for: at
+/// once for operations marked eager (set-up, close, a Work whose future was taken, a wait
+/// with a timeout), and otherwise at its next tick (every `tick`, while operations were
+/// submitted in the last `idle_after`; it sleeps for good after that until woken).
 class progress_thread {
 public:
     progress_thread() {
@@ -170,13 +178,16 @@ public:
         thread_ = std::thread([this, &ready] {
             std::optional<cc::io::reactor> r;
             try {
-                r.emplace();
+                cc::io::reactor_options o;
+                // Several threads submit to the ring (see io::reactor::borrowed).
+                o.allowed_setup_flags = IORING_SETUP_SUBMIT_ALL;
+                r.emplace(o);
             } catch (...) {
                 ready.set_exception(std::current_exception());
                 return;
             }
             ready.set_value(&*r);
-            r->run_until(stop_);
+            loop(*r);
         });
         try {
             reactor_ = got.get();
@@ -184,29 +195,196 @@ public:
             thread_.join();
             throw;
         }
+        nudge_.run_ = [](cc::detail::work_item* item) noexcept {
+            static_cast<nudge_item*>(item)->pending->store(false, std::memory_order_release);
+        };
+        nudge_.pending = &nudged_;
     }
     progress_thread(const progress_thread&) = delete;
     progress_thread& operator=(const progress_thread&) = delete;
     ~progress_thread() {
-        stop_item_.flag = &stop_;
-        stop_item_.run_ = [](cc::detail::work_item* item) noexcept {
-            static_cast<stop_item*>(item)->flag->store(true, std::memory_order_release);
-        };
-        reactor_->post(stop_item_);
+        {
+            std::lock_guard lock(m_);
+            stop_ = true;
+            release_.store(true, std::memory_order_release);
+            if (driver_ == driver::progress) nudge();
+        }
+        progress_cv_.notify_one();
         thread_.join();
     }
 
     cc::io::reactor& reactor() const noexcept { return *reactor_; }
-    void post(cc::detail::work_item& item) noexcept { reactor_->post(item); }
-    std::thread::id id() const noexcept { return thread_.get_id(); }
+
+    /// Starts an operation: `item` runs on the reactor, on this thread at once when nobody
+    /// drives it and `eager` is false, else on the thread that drives. `finished(eager)` must
+    /// follow, on the driving thread, when the operation is over.
+    void submit(cc::detail::work_item& item, bool eager) {
+        eager = eager || !may_drive();
+        std::unique_lock lock(m_);
+        ++active_;
+        if (eager) ++eager_;
+        recent_ = true;
+        if (driver_ == driver::nobody && !eager) {
+            driver_ = driver::caller;
+            lock.unlock();
+            {
+                cc::io::reactor::borrowed here(*reactor_);
+                item.run_(&item);
+                // What the operation queued goes to the kernel now (the loop runs no turn).
+                static const std::atomic<bool> no_turn{true};
+                reactor_->run_until(no_turn);
+            }
+            lock.lock();
+            hand_over();
+            return;
+        }
+        reactor_->post(item);
+        if (driver_ == driver::nobody) progress_cv_.notify_one();
+    }
+
+    /// The driving thread's report that an operation is over; `eager` is its flag.
+    void finished(const bool& eager) {
+        std::lock_guard lock(m_);
+        --active_;
+        if (eager) --eager_;
+        // The progress thread drives only while nobody waits and there is something to do.
+        if (active_ == 0 || waiters_ > 0) release_.store(true, std::memory_order_release);
+        if (waiters_ > 0 || sleepers_ > 0) waiters_cv_.notify_all();
+    }
+
+    /// An operation nobody will drive by waiting (a future was taken, a wait with a
+    /// timeout): from now on the progress thread drives it without delay. `eager` is the
+    /// operation's flag (guarded here); `done` its completion.
+    void make_eager(bool& eager, const std::atomic<bool>& done) {
+        std::lock_guard lock(m_);
+        if (eager || done.load(std::memory_order_acquire)) return;
+        eager = true;
+        ++eager_;
+        if (driver_ == driver::nobody) progress_cv_.notify_one();
+    }
+    /// Runs the reactor on the calling thread until `done`, when no other thread drives it;
+    /// else sleeps until that one finishes `done` or hands the reactor over. The progress
+    /// thread, when it drives, is asked to hand over.
+    void drive_until(const std::atomic<bool>& done) {
+        if (!may_drive()) {
+            wait_until(done);
+            return;
+        }
+        std::unique_lock lock(m_);
+        ++waiters_;
+        while (!done.load(std::memory_order_acquire)) {
+            if (driver_ == driver::nobody) {
+                driver_ = driver::caller;
+                --waiters_;
+                lock.unlock();
+                {
+                    cc::io::reactor::borrowed here(*reactor_);
+                    reactor_->run_until(done);
+                }
+                lock.lock();
+                hand_over();
+                return;
+            }
+            if (driver_ == driver::progress) {
+                release_.store(true, std::memory_order_release);
+                nudge();
+            }
+            waiters_cv_.wait(lock);
+        }
+        --waiters_;
+    }
+
+    /// Whether the calling thread may drive the reactor: the thread that made the group, the
+    /// one that lives as long as it in the common case. The kernel cancels a thread's
+    /// io_uring requests when the thread ends, and a driving thread submits some that stay in
+    /// flight (the receives that watch connections): a thread that may end first must not.
+    bool may_drive() const noexcept { return std::this_thread::get_id() == creator_; }
 
 private:
-    struct stop_item : cc::detail::work_item {
-        std::atomic<bool>* flag = nullptr;
+    enum class driver { nobody, caller, progress };
+
+    // For a thread that must not drive: the progress thread drives at once instead.
+    void wait_until(const std::atomic<bool>& done) {
+        std::unique_lock lock(m_);
+        ++sleepers_;
+        ++eager_;
+        if (driver_ == driver::nobody) progress_cv_.notify_one();
+        waiters_cv_.wait(lock, [&] { return done.load(std::memory_order_acquire); });
+        --eager_;
+        --sleepers_;
+    }
+    struct nudge_item : cc::detail::work_item {
+        std::atomic<bool>* pending = nullptr;
     };
-    std::atomic<bool> stop_{false};
-    stop_item stop_item_;
+
+    // Wakes the reactor's loop (it then looks at `release_`); one nudge in the queue at most.
+    void nudge() noexcept {
+        if (!nudged_.exchange(true, std::memory_order_acq_rel)) reactor_->post(nudge_);
+    }
+
+    // A caller lets go of the reactor (the lock held): to a waiting caller, else to the
+    // progress thread when something is left that must not wait for its tick.
+    void hand_over() {
+        driver_ = driver::nobody;
+        if (waiters_ > 0) {
+            waiters_cv_.notify_all();
+        } else if (active_ > 0 && (eager_ > 0 || parked_)) {
+            progress_cv_.notify_one();
+        }
+    }
+
+    void loop(cc::io::reactor& r) {
+        using clock = std::chrono::steady_clock;
+        std::unique_lock lock(m_);
+        auto last_recent = clock::now();
+        while (!stop_) {
+            bool undriven = active_ > 0 && driver_ == driver::nobody && waiters_ == 0;
+            if (undriven && (eager_ > 0 || ticked_)) {
+                driver_ = driver::progress;
+                release_.store(false, std::memory_order_release);
+                lock.unlock();
+                r.run_until(release_);
+                lock.lock();
+                driver_ = driver::nobody;
+                ticked_ = false;
+                if (waiters_ > 0) waiters_cv_.notify_all();
+                continue;
+            }
+            auto now = clock::now();
+            if (recent_) {
+                recent_ = false;
+                last_recent = now;
+            }
+            if (active_ == 0 && now - last_recent > idle_after) {
+                parked_ = true;
+                progress_cv_.wait(lock);
+                parked_ = false;
+                continue;
+            }
+            ticked_ = progress_cv_.wait_for(lock, tick) == std::cv_status::timeout;
+        }
+    }
+
+    static constexpr std::chrono::microseconds tick{1000};
+    static constexpr std::chrono::milliseconds idle_after{100};
+
+    std::mutex m_;
+    std::condition_variable progress_cv_;
+    std::condition_variable waiters_cv_;
+    driver driver_ = driver::nobody;
+    int active_ = 0;
+    int eager_ = 0;
+    int waiters_ = 0;   // callers that want to drive
+    int sleepers_ = 0;  // callers that wait without driving (wait_until)
+    bool recent_ = false;
+    bool parked_ = false;
+    bool ticked_ = false;
+    bool stop_ = false;
+    std::atomic<bool> release_{false};
+    std::atomic<bool> nudged_{false};
+    nudge_item nudge_;
     cc::io::reactor* reactor_ = nullptr;
+    std::thread::id creator_ = std::this_thread::get_id();
     std::thread thread_;
 };
 
@@ -329,14 +507,11 @@ public:
     /// Waits for the operation, with the GIL released; `timeout` 0: up to the group's timeout,
     /// which bounds every corocoll operation. Rethrows the operation's error.
     bool wait(milliseconds timeout) override {
-        if (!done_.load(std::memory_order_acquire)) spin();
         if (!done_.load(std::memory_order_acquire)) {
             without_gil released;
-            std::unique_lock lock(mutex_);
-            auto finished = [this] { return completed_; };
             if (timeout == ::kNoTimeout) {
-                cv_.wait(lock, finished);
-            } else if (!cv_.wait_for(lock, timeout, finished)) {
+                drive_until_done();
+            } else if (!wait_for(timeout)) {
                 throw std::runtime_error("corocoll: " + what_ + ": wait(" +
                                          std::to_string(timeout.count()) +
                                          " ms) ended before the operation did; it goes on, "
@@ -371,7 +546,8 @@ protected:
 private:
     static detached drive(work* self, group* g);
     void complete(int source, std::exception_ptr e);
-    void spin() const;
+    void drive_until_done();
+    bool wait_for(milliseconds timeout);
     void complete_future(c10::intrusive_ptr<c10::ivalue::Future> f);
 
     std::string what_;
@@ -380,6 +556,9 @@ private:
     int source_ = -1;
     c10::intrusive_ptr<c10::ivalue::Future> future_;
     group* group_ = nullptr;
+    // Driven by the progress thread without delay (progress_thread::make_eager); guarded by
+    // the progress thread's lock.
+    bool eager_ = false;
 };
 
 /// A `work` whose operation is the lambda `Body(cc::process_group&) -> cc::task<int>`.
@@ -412,12 +591,12 @@ class group final : public c10d::ProcessGroup {
 public:
     group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, milliseconds timeout)
         : c10d::ProcessGroup(rank, size), timeout_(timeout), store_pool_(1), callbacks_(1) {
-        // Ranks of this host that outnumber its processors must not busy-poll plainly. Each
-        // rank here keeps two threads busy (the caller and the progress thread), so it
-        // counts twice: with 2 ranks on 2 processors the reactors yield between polls and
-        // the callers sleep at once (work::spin).
-        const char* local = std::getenv("LOCAL_WORLD_SIZE");
-        cc::io::reactor::set_local_processes(2 * std::max(1, local ? std::atoi(local) : 1));
+        // Ranks of this host that outnumber its processors must not busy-poll plainly. One
+        // thread per rank drives the reactor at a time (progress_thread), so a rank counts
+        // once.
+        if (const char* local = std::getenv("LOCAL_WORLD_SIZE")) {
+            cc::io::reactor::set_local_processes(std::atoi(local));
+        }
         adapter_ = std::make_shared<torch_store>(store, store_pool_);
         adapter_->set_timeout(timeout);
         master_ = store_master(store);
@@ -427,6 +606,7 @@ public:
             std::mutex m;
             std::condition_variable cv;
             bool done = false;
+            bool eager = true;
             std::exception_ptr error;
         } item;
         item.self = this;
@@ -439,13 +619,14 @@ public:
                 } catch (...) {
                     error = std::current_exception();
                 }
+                s->self->progress_.finished(s->eager);
                 std::lock_guard lock(s->m);
                 s->error = error;
                 s->done = true;
                 s->cv.notify_all();
             }(s);
         };
-        progress_.post(item);
+        progress_.submit(item, true);
         {
             without_gil released;
             std::unique_lock lock(item.m);
@@ -467,6 +648,7 @@ public:
                 std::mutex m;
                 std::condition_variable cv;
                 bool done = false;
+                bool eager = true;
             } item;
             item.self = this;
             item.run_ = [](cc::detail::work_item* i) noexcept {
@@ -477,12 +659,13 @@ public:
                     } catch (...) {
                     }
                     s->self->pg_.reset();
+                    s->self->progress_.finished(s->eager);
                     std::lock_guard lock(s->m);
                     s->done = true;
                     s->cv.notify_all();
                 }(s);
             };
-            progress_.post(item);
+            progress_.submit(item, true);
             std::unique_lock lock(item.m);
             item.cv.wait(lock, [&] { return item.done; });
         }
@@ -1069,7 +1252,7 @@ inline void work::submit(group& g) {
         auto* self = static_cast<work*>(item);
         drive(self, self->group_);
     };
-    g.progress().post(*this);
+    g.progress().submit(*this, false);
 }
 
 inline detached work::drive(work* self, group* g) {
@@ -1096,6 +1279,7 @@ inline void work::complete(int source, std::exception_ptr e) {
     }
     done_.store(true, std::memory_order_release);
     cv_.notify_all();
+    group_->progress().finished(eager_);
     if (f) {
         // Callbacks chained on the future run on the callbacks thread, never on the reactor.
         struct item : cc::detail::work_item {
@@ -1143,32 +1327,20 @@ inline c10::intrusive_ptr<c10::ivalue::Future> work::getFuture() {
         f = future_;
         finished = completed_;
     }
+    // A future's user waits on the future, not on this Work: nobody would drive it.
+    if (!finished) group_->progress().make_eager(eager_, done_);
     // Completed before anyone asked: the future is completed here, once.
     if (finished) complete_future(f);
     return f;
 }
 
-// Before sleeping, a waiter looks again for a while, giving way to other threads (the
-// progress thread may need this processor): a completion within the window costs no wake-up
-// of a sleeping thread. Not on a crowded host, where the spinning took the processor that the
-// progress threads needed (2 ranks on 2 processors: a 4-byte all_reduce 716 µs spinning
-// 100 µs, 203 µs without).
-inline void work::spin() const {
-    // COROCOLL_TORCH_SPIN_US, when set, is the window on any host.
-    static const std::optional<std::chrono::microseconds> forced =
-        []() -> std::optional<std::chrono::microseconds> {
-        const char* v = std::getenv("COROCOLL_TORCH_SPIN_US");
-        if (v == nullptr || *v == '\0') return std::nullopt;
-        return std::chrono::microseconds(std::max(0, std::atoi(v)));
-    }();
-    auto window = forced ? *forced
-                         : (cc::io::reactor::crowded() ? std::chrono::microseconds(0)
-                                                       : std::chrono::microseconds(100));
-    if (window.count() == 0) return;
-    auto until = std::chrono::steady_clock::now() + window;
-    while (!done_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) {
-        sched_yield();
-    }
+inline void work::drive_until_done() { group_->progress().drive_until(done_); }
+
+// A wait with a timeout sleeps; the progress thread drives the operation meanwhile.
+inline bool work::wait_for(milliseconds timeout) {
+    group_->progress().make_eager(eager_, done_);
+    std::unique_lock lock(mutex_);
+    return cv_.wait_for(lock, timeout, [this] { return completed_; });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -102,6 +102,25 @@ public:
         return static_cast<reactor*>(corocoll::detail::event_loop::current());
     }
 
+    /// While it lives, a reactor is the calling thread's (`current()`), so that this thread may
+    /// drive it (`run_until`) in turns with the thread that made it: the way a thread that
+    /// waits for an operation makes progress itself instead of sleeping until another thread
+    /// has. The caller keeps the turns apart (one thread at a time, by a lock of its own), and
+    /// the ring must take submissions from several threads: set it up without
+    /// IORING_SETUP_SINGLE_ISSUER, DEFER_TASKRUN and COOP_TASKRUN
+    /// (`reactor_options::allowed_setup_flags`; completions then run on the thread that
+    /// submitted the operation, woken for it if it sleeps). Costs two thread-local stores.
+    class [[nodiscard]] borrowed {
+    public:
+        explicit borrowed(reactor& r) noexcept : previous_(current_ref()) { current_ref() = &r; }
+        ~borrowed() { current_ref() = previous_; }
+        borrowed(const borrowed&) = delete;
+        borrowed& operator=(const borrowed&) = delete;
+
+    private:
+        corocoll::detail::event_loop* previous_;
+    };
+
     /// How many processes of this job run on this host (the launcher's local world size; the
     /// process group sets it at start-up). 1 until then.
     static void set_local_processes(int n) noexcept {
