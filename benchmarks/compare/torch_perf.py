@@ -1,8 +1,12 @@
 """torch_perf: coll_perf's measurements (benchmarks/coll_perf.cpp) made through torch.distributed
-with the Gloo backend, so that run_compare.py can set torch beside corocoll.
+with the Gloo backend, or corocoll's (corocoll_torch), so that run_compare.py and
+torch_users.py can set torch beside corocoll.
 
-    corocollrun --nproc_per_node=N python3 torch_perf.py [--coll COLL] [-b MIN] [-e MAX]
-        [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1]
+    corocollrun --nproc_per_node=N python3 torch_perf.py [--backend gloo|corocoll]
+        [--coll COLL] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1]
+
+  --backend  gloo (default), or corocoll: `import corocoll_torch` (PYTHONPATH=<build>/python
+          for a build tree) and dist.init_process_group("corocoll"), nothing else changed
 
   --coll  ping_pong (one-way time = round trip / 2, between ranks 0 and 1, dist.send/recv),
           all_reduce (sum, in place), broadcast (root 0, in place), all_gather (into views of
@@ -44,6 +48,7 @@ NOT_AVAILABLE_EXIT = 77  # what run_compare.py reads as n/a (with the "n/a:" lin
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backend", choices=("gloo", "corocoll"), default="gloo")
     p.add_argument("--coll", dest="op", choices=OPS, default="all_reduce")
     p.add_argument("-b", dest="min_bytes", type=parse_size, default=32)
     p.add_argument("-e", dest="max_bytes", type=parse_size, default=32 << 20)
@@ -185,7 +190,8 @@ def all_reduce_one(number, dtype, op):
 
 def not_available(op):
     """Why the backend cannot do `op`, or None: it runs once on one element per rank. torch's
-    Gloo refuses what it lacks before it sends anything, so every rank learns it alike."""
+    Gloo refuses what it lacks before it sends anything, so every rank learns it alike (the
+    corocoll backend has every op)."""
     try:
         Bench(op, 1).run_once()
     except RuntimeError as e:
@@ -198,7 +204,9 @@ def not_available(op):
 def main():
     a = parse_args()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method="env://")
+    if a.backend == "corocoll":
+        import corocoll_torch  # noqa: F401 (registers the backend)
+    dist.init_process_group(a.backend, init_method="env://")
     rank, n = dist.get_rank(), dist.get_world_size()
     if a.op == "ping_pong" and n < 2:
         sys.exit("torch_perf: ping_pong needs 2 ranks or more")

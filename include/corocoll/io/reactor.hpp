@@ -9,6 +9,7 @@
 #include <corocoll/io/reactor_types.hpp>
 #include <corocoll/version.hpp>
 
+#include <fcntl.h>
 #include <liburing.h>
 #include <sched.h>
 #include <sys/eventfd.h>
@@ -115,6 +116,25 @@ public:
         return static_cast<reactor*>(corocoll::detail::event_loop::current());
     }
 
+    /// While it lives, a reactor is the calling thread's (`current()`), so that this thread may
+    /// drive it (`run_until`) in turns with the thread that made it: the way a thread that
+    /// waits for an operation makes progress itself instead of sleeping until another thread
+    /// has. The caller keeps the turns apart (one thread at a time, by a lock of its own), and
+    /// the ring must take submissions from several threads: set it up without
+    /// IORING_SETUP_SINGLE_ISSUER, DEFER_TASKRUN and COOP_TASKRUN
+    /// (`reactor_options::allowed_setup_flags`; completions then run on the thread that
+    /// submitted the operation, woken for it if it sleeps). Costs two thread-local stores.
+    class [[nodiscard]] borrowed {
+    public:
+        explicit borrowed(reactor& r) noexcept : previous_(current_ref()) { current_ref() = &r; }
+        ~borrowed() { current_ref() = previous_; }
+        borrowed(const borrowed&) = delete;
+        borrowed& operator=(const borrowed&) = delete;
+
+    private:
+        corocoll::detail::event_loop* previous_;
+    };
+
     /// How many processes of this job run on this host (the launcher's local world size; the
     /// process group sets it at start-up). 1 until then.
     static void set_local_processes(int n) noexcept {
@@ -123,15 +143,51 @@ public:
     /// True when this host's reactors (this process's, times its local processes) outnumber
     /// the processors this process may run on; busy polling then yields between polls.
     static bool crowded() noexcept {
+        return live_reactors().load(std::memory_order_relaxed) *
+                   local_processes().load(std::memory_order_relaxed) >
+               processors();
+    }
+    /// True when this host had more runnable tasks than the processors this process may run
+    /// on at the last look (the running count of /proc/loadavg, read at most every 10 ms):
+    /// other programs compete for the processors too. False where /proc cannot be read.
+    static bool host_busy() noexcept {
+        static std::atomic<std::int64_t> next_look{0};
+        static std::atomic<bool> busy{false};
+        const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     std::chrono::steady_clock::now().time_since_epoch())
+                                     .count();
+        std::int64_t due = next_look.load(std::memory_order_relaxed);
+        if (now < due ||
+            !next_look.compare_exchange_strong(due, now + 10'000'000, std::memory_order_relaxed)) {
+            return busy.load(std::memory_order_relaxed);
+        }
+        // "0.52 0.58 0.59 3/128 4242": the fourth field is runnable/all.
+        char text[128];
+        ssize_t n = -1;
+        if (int fd = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC); fd >= 0) {
+            n = ::read(fd, text, sizeof(text) - 1);
+            ::close(fd);
+        }
+        if (n <= 0) return busy.load(std::memory_order_relaxed);
+        text[n] = '\0';
+        int fields = 0;
+        const char* p = text;
+        while (*p != '\0' && fields < 3) {
+            if (*p++ == ' ') ++fields;
+        }
+        bool now_busy = std::atoi(p) > processors();
+        busy.store(now_busy, std::memory_order_relaxed);
+        return now_busy;
+    }
+    /// The processors this process may run on.
+    static int processors() noexcept {
         static const int cpus = [] {
             cpu_set_t set;
             CPU_ZERO(&set);
             if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
             return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
         }();
-        return live_reactors().load(std::memory_order_relaxed) *
-                   local_processes().load(std::memory_order_relaxed) >
-               cpus;
+        return cpus;
     }
 
     /// What the kernel accepted at set-up.
@@ -539,7 +595,7 @@ private:
             return;
         }
         if (options_.busy_poll.count() > 0 && in_flight() > 0 &&
-            poll_briefly(!options_.busy_poll_when_crowded && crowded())) {
+            poll_briefly(yield_between_polls())) {
             return;
         }
         if (timers_.empty()) {
@@ -550,6 +606,12 @@ private:
             return;
         }
         wait_at_most(timers_.front()->when - std::chrono::steady_clock::now());
+    }
+
+    // Whether busy polling gives the processor away between polls (see `reactor_options`).
+    bool yield_between_polls() const noexcept {
+        if (options_.busy_poll_when_crowded) return false;
+        return crowded() || (options_.yield_when_host_busy && host_busy());
     }
 
     // Submits and sleeps in the kernel until a completion or for `d`, whichever is first.
@@ -602,7 +664,8 @@ private:
         auto now = std::chrono::steady_clock::now();
         auto idle = now - watch_progress_;
         if (idle < options_.busy_poll) {
-            if (!(!options_.busy_poll_when_crowded && crowded())) busy_turns_left_ = 15;
+            const bool yield = yield_between_polls();
+            if (!yield) busy_turns_left_ = 15;
             ++stats_.polls;
             // Entering the kernel costs much more than a poll of shared memory (coll_perf's shm
             // ping-pong of 4 B took 1.7-1.8 µs one way entering at every 16th turn, 1.2-1.35
@@ -613,7 +676,7 @@ private:
                 last_enter_ = now;
                 submit_and_collect();
             }
-            if (!options_.busy_poll_when_crowded && crowded()) {
+            if (yield) {
                 ++stats_.yields;
                 sched_yield();
             }

@@ -621,7 +621,10 @@ private:
     }
     static void complete_watch(io::detail::io_op* op, int res) noexcept {
         shm_channel* c = static_cast<watch_op*>(op)->self;
-        if (res > 0 && !c->shut_) {
+        // -ECANCELED while open: the thread that submitted the receive ended (the kernel
+        // cancels a thread's requests when it exits; threads may take turns driving a
+        // reactor, see `io::reactor::borrowed`), not the peer.
+        if ((res > 0 || res == -ECANCELED) && !c->shut_) {
             c->reactor_.submit(c->watch_op_);
             return;
         }
