@@ -126,6 +126,8 @@ public:
     /// submitted the operation, woken for it if it sleeps). Costs two thread-local stores.
     class [[nodiscard]] borrowed {
     public:
+        /// Makes `r` this thread's current reactor until the destructor restores the one
+        /// before.
         explicit borrowed(reactor& r) noexcept : previous_(current_ref()) { current_ref() = &r; }
         ~borrowed() { current_ref() = previous_; }
         borrowed(const borrowed&) = delete;
