@@ -2,7 +2,8 @@
 // 8 x counts 0, 1, n-1, chunk-1, chunk, chunk+1 and a multi-MiB size, once per forced
 // algorithm, with exact checks: every value is a small integer, so every result is exact in
 // every type (integer-valued floats, as nccl-tests does). Ranks run as threads, one group per
-// world size. Under sanitizers the matrix is thinner (fewer types and world sizes).
+// world size. Under sanitizers, or with COROCOLL_TEST_THIN=1, the matrix is thinner (fewer
+// types and world sizes).
 
 #include "../support/bool_vector.hpp"
 #include "../support/ranks.hpp"
@@ -11,7 +12,9 @@
 
 #include <complex>
 #include <cstdint>
+#include <cstdlib>
 #include <sstream>
+#include <string_view>
 #include <tuple>
 
 using namespace corocoll_test;
@@ -20,16 +23,23 @@ namespace coll = corocoll::collectives;
 namespace {
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool thin = true;
+constexpr bool sanitized = true;
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool thin = true;
+constexpr bool sanitized = true;
 #else
-constexpr bool thin = false;
+constexpr bool sanitized = false;
 #endif
 #else
-constexpr bool thin = false;
+constexpr bool sanitized = false;
 #endif
+
+// The thin matrix: under sanitizers, or where COROCOLL_TEST_THIN=1 asks for it (CI's second
+// compiler runs the same kernels as the first).
+const bool thin = [] {
+    const char* v = std::getenv("COROCOLL_TEST_THIN");
+    return sanitized || (v != nullptr && std::string_view(v) == "1");
+}();
 
 std::vector<int> world_sizes() {
     if (thin) return {1, 2, 3, 5, 8};
