@@ -261,8 +261,19 @@ public:
     /// (`catch_up`): true when this rank's reactor did not run for a while (stopped, or its
     /// thread held elsewhere), so messages and, behind them, abort notices may wait unread.
     bool must_catch_up() const noexcept { return !failure_ && paused(); }
-    /// Lets the readers go through what has arrived (one short wait in the reactor).
-    auto catch_up() { return reactor_.sleep_for(std::chrono::milliseconds(5)); }
+    /// Lets the readers go through what has arrived: short waits in the reactor (5 ms each)
+    /// until two in a row bring no frame, or the group failed; at most 20 (100 ms). One wait
+    /// was not always enough: a loaded or instrumented (TSan) process woken from SIGSTOP
+    /// could end a collective before its readers reached the abort notices queued behind its
+    /// last message.
+    task<> catch_up() {
+        int quiet = 0;
+        for (int i = 0; i < 20 && quiet < 2 && !failure_; ++i) {
+            auto before = frames_in_;
+            co_await reactor_.sleep_for(std::chrono::milliseconds(5));
+            quiet = frames_in_ == before ? quiet + 1 : 0;
+        }
+    }
 
     /// Throws the group's failure, as an error of collective `meta`, if the group failed: a
     /// call that completes after its group failed does not count as done.
