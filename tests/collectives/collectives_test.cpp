@@ -7,6 +7,7 @@
 
 #include "../support/bool_vector.hpp"
 #include "../support/ranks.hpp"
+#include "../support/sanitized.hpp"
 
 #include <doctest/doctest.h>
 
@@ -21,18 +22,6 @@ using namespace corocoll_test;
 namespace coll = corocoll::collectives;
 
 namespace {
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool sanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool sanitized = true;
-#else
-constexpr bool sanitized = false;
-#endif
-#else
-constexpr bool sanitized = false;
-#endif
 
 // The thin matrix: under sanitizers, or where COROCOLL_TEST_THIN=1 asks for it (CI's second
 // compiler runs the same kernels as the first).

@@ -37,7 +37,7 @@ if [[ -n $(git -C "$srcdir" status --porcelain --untracked-files=no 2>/dev/null)
     echo "note: $srcdir has uncommitted changes; the wrap builds commit $commit"
 fi
 
-consumer() {  # <dir> <wrap body> <revision whose vendor_prog.cpp to build>
+consumer() {  # <dir> <wrap body> <revision whose vendor_prog.cpp to build> <commit expected>
     local dir=$1
     mkdir -p "$dir/subprojects"
     git -C "$srcdir" show "$3:tests/packaging/vendor_prog.cpp" >"$dir/vendor_prog.cpp"
@@ -62,29 +62,27 @@ MESON
     # The checkout is the commit the wrap named.
     got=$(git -C "$dir/subprojects/corocoll" rev-parse HEAD)
     echo "subprojects/corocoll is at $got"
-    echo "$got"
+    [[ $got == "$4" ]] || fail "the subproject is at $got, the wrap named $4"
 }
 
 echo "== wrap-git at this tree's commit"
-got=$(consumer "$tmp/at_commit" "[wrap-git]
+consumer "$tmp/at_commit" "[wrap-git]
 url = $tmp/corocoll.git
 revision = $commit
 
 [provide]
-corocoll = corocoll_dep" "$commit" | tee /dev/stderr | tail -n1)
-[[ $got == "$commit" ]] || fail "the subproject is at $got, the wrap named $commit"
+corocoll = corocoll_dep" "$commit" "$commit"
 
 tag=v$version
 if tag_commit=$(git -C "$srcdir" rev-parse --verify -q "refs/tags/$tag^{commit}"); then
     echo "== wrap-git at tag $tag, depth 1 (the README's form)"
-    got=$(consumer "$tmp/at_tag" "[wrap-git]
+    consumer "$tmp/at_tag" "[wrap-git]
 url = $tmp/corocoll.git
 revision = $tag
 depth = 1
 
 [provide]
-corocoll = corocoll_dep" "$tag" | tee /dev/stderr | tail -n1)
-    [[ $got == "$tag_commit" ]] || fail "the subproject is at $got, tag $tag is $tag_commit"
+corocoll = corocoll_dep" "$tag" "$tag_commit"
 else
     echo "== no tag $tag in this clone: the README's tag form was not tried"
 fi

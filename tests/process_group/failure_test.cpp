@@ -7,6 +7,7 @@
 // before the group's timeout.
 
 #include "../support/port.hpp"
+#include "../support/sanitized.hpp"
 
 #include <corocoll/corocoll.hpp>
 
@@ -32,18 +33,6 @@ namespace cc = corocoll;
 using namespace std::chrono_literals;
 
 namespace {
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool sanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool sanitized = true;
-#else
-constexpr bool sanitized = false;
-#endif
-#else
-constexpr bool sanitized = false;
-#endif
 
 long long now_ns() {
     timespec ts{};
@@ -284,7 +273,7 @@ TEST_CASE(
         // Under a sanitizer on a loaded host one step of this ring (a 16 MiB reduction) can
         // keep a rank's reactor from answering a status query within the 1 s window that a
         // 2 s stall interval gives (CI's TSan stage once saw every rank fail before the stop).
-        if (sanitized) j.stall = 8s;
+        if (corocoll_test::sanitized) j.stall = 8s;
         stopped_rank_case(2, std::size_t{16} << 20, 1, j);
     }
 }
