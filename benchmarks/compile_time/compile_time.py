@@ -8,15 +8,23 @@ the compiler driver and everything it ran, which a loaded machine inflates least
   all_reduce     benchmarks/compile_time/all_reduce_prog.cpp compiled and linked
   std_floor      an empty main() that includes only the standard and system headers that
                  corocoll's headers include: what no change to corocoll can go below
-Configurations: compiler and optimisation level, e.g. g++:-O0, clang++:-O2.
+  library        src/corocoll.cpp compiled: what separate compilation costs once per build
+                 (separate mode only)
+Configurations: compiler, optimisation level and mode, e.g. g++:-O0, clang++:-O2,
+g++:-O0:separate. The mode is header-only (the default: every translation unit compiles the
+bodies it includes) or separate (COROCOLL_SEPARATE_COMPILATION: the translation units see
+declarations, and the program links the bodies compiled once from src/corocoll.cpp, whose
+one-time cost is the library row).
 
 For g++ -O0 include_only it also reports the object's size and how many coroutine bodies
 (".actor" clones) it holds: g++ 12 at -O0 emits every inline coroutine that a translation unit
 defines, used or not, with everything it calls (docs/architecture.md, "Compile time").
 
-usage: compile_time.py [--reps N] [--cases a,b] [--configs g++:-O0,...] [--json FILE]
+usage: compile_time.py [--reps N] [--cases a,b] [--configs g++:-O0,g++:-O0:separate,...] [--json FILE]
                        [--check]
-  --check   exit 1 unless every row was measured (CI's benchmarks suite runs one small row)
+  --check   exit 1 unless every row was measured and every include_only object that should
+            hold nothing of corocoll's (any mode but g++ -O0/-O1 header-only) defines no symbol
+            of corocoll's namespace (CI's benchmarks suite runs two small rows)
 """
 
 import argparse
@@ -34,16 +42,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 INCLUDE = ROOT / "include"
 PROG = ROOT / "benchmarks" / "compile_time" / "all_reduce_prog.cpp"
+LIBRARY_SRC = ROOT / "src" / "corocoll.cpp"
 
-# Issue 18's targets on this machine, CPU seconds (case, compiler, level).
+# Issue 18's targets on this machine, CPU seconds (case, compiler, level), in either mode.
 TARGETS = {
     ("include_only", "g++", "-O0"): 3.0,
     ("all_reduce", "g++", "-O0"): 6.0,
     ("all_reduce", "g++", "-O2"): 8.0,
 }
 
-CASES = ["include_only", "all_reduce", "std_floor"]
-DEFAULT_CONFIGS = ["g++:-O0", "g++:-Og", "g++:-O2", "clang++:-O0", "clang++:-O2"]
+CASES = ["include_only", "all_reduce", "std_floor", "library"]
+MODES = ["header-only", "separate"]
+DEFAULT_CONFIGS = ["g++:-O0", "g++:-Og", "g++:-O2", "clang++:-O0", "clang++:-O2",
+                   "g++:-O0:separate", "g++:-O2:separate", "clang++:-O0:separate"]
 
 
 def std_headers():
@@ -88,18 +99,50 @@ def actors_in(obj):
     return sum(1 for line in out.splitlines() if line.endswith(".actor"))
 
 
-def measure(case, compiler, level, reps, work):
+def library_object(compiler, level, cflags, work):
+    """src/corocoll.cpp compiled once for (compiler, level): what a separate-mode program links."""
+    obj = work / f"library{compiler}{level}.o"
+    if not obj.exists():
+        cpu_of([compiler, *cflags, level, "-c", str(LIBRARY_SRC), "-o", str(obj)])
+    return obj
+
+
+def corocoll_symbols(obj):
+    """How many functions or data of corocoll's namespace the object defines (nm -C)."""
+    nm = shutil.which("nm")
+    if not nm:
+        return None
+    out = subprocess.run([nm, "-C", "--defined-only", obj], stdout=subprocess.PIPE, text=True,
+                         check=True).stdout
+    return sum(1 for line in out.splitlines() if "corocoll::" in line)
+
+
+def holds_nothing_unused(compiler, level, mode):
+    """Whether an empty program that includes corocoll must define nothing of corocoll's: true
+    except for g++ at -O0/-O1 header-only, which outputs every inline coroutine (see the
+    module's docstring)."""
+    return mode == "separate" or not (compiler.startswith("g++") and level in ("-O0", "-O1"))
+
+
+def measure(case, compiler, level, mode, reps, work):
     cflags, libs = flags()
+    extra = []
+    if mode == "separate":
+        cflags.append("-DCOROCOLL_SEPARATE_COMPILATION=1")
+        if case == "all_reduce":
+            extra = [str(library_object(compiler, level, cflags, work))]
     src = work / f"{case}.cpp"
     if case == "include_only":
         src.write_text("#include <corocoll/corocoll.hpp>\nint main() {}\n")
     elif case == "std_floor":
         src.write_text("".join(f"#include <{h}>\n" for h in std_headers()) + "int main() {}\n")
+    elif case == "library":
+        src = LIBRARY_SRC
     else:
         src = PROG
     out = work / f"{case}.out"
     if case == "all_reduce":
-        cmd = [compiler, *cflags, level, str(src), "-o", str(out), *libs]
+        cmd = [compiler, *cflags, level, str(src), *extra, "-o", str(out), *libs]
     else:
         cmd = [compiler, *cflags, level, "-c", str(src), "-o", str(out)]
     cpus, walls = [], []
@@ -111,6 +154,7 @@ def measure(case, compiler, level, reps, work):
         "case": case,
         "compiler": compiler,
         "level": level,
+        "mode": mode,
         "cpu_s_min": min(cpus),
         "cpu_s_median": statistics.median(cpus),
         "wall_s_min": min(walls),
@@ -120,6 +164,8 @@ def measure(case, compiler, level, reps, work):
     }
     if case == "include_only" and compiler.startswith("g++"):
         row["coroutine_bodies"] = actors_in(out)
+    if case == "include_only":
+        row["corocoll_symbols"] = corocoll_symbols(out)
     return row
 
 
@@ -143,34 +189,41 @@ def main():
             ap.error(f"unknown case {c!r} (cases: {', '.join(CASES)})")
     configs = []
     for c in args.configs.split(","):
-        compiler, _, level = c.partition(":")
+        compiler, level, mode = (c.split(":") + ["", ""])[:3]
+        mode = mode or "header-only"
+        if mode not in MODES:
+            ap.error(f"unknown mode {mode!r} in {c!r} (modes: {', '.join(MODES)})")
         if not shutil.which(compiler):
             print(f"# {compiler}: not installed, its rows are left out")
             continue
-        configs.append((compiler, level or "-O0"))
+        configs.append((compiler, level or "-O0", mode))
     if args.reps < 1:
         ap.error("--reps must be at least 1")
 
     load = os.getloadavg()
     print(f"# corocoll compile time: {os.cpu_count()} CPUs, load {load[0]:.2f} at the start")
-    for compiler in sorted({c for c, _ in configs}):
+    for compiler in sorted({c for c, _, _ in configs}):
         print(f"# {compiler}: {version(compiler)}")
     print(f"# CPU seconds (user+sys of the compiler, assembler and linker), best of {args.reps}")
     print()
-    print("| case | compiler | level | CPU s (best) | CPU s (median) | target | object/binary | coroutine bodies |")
-    print("|---|---|---|---:|---:|---|---:|---:|")
+    print("| case | compiler | level | mode | CPU s (best) | CPU s (median) | target | object/binary | coroutine bodies |")
+    print("|---|---|---|---|---:|---:|---|---:|---:|")
     rows = []
     with tempfile.TemporaryDirectory(prefix="corocoll-compile-time.") as tmp:
         for case in cases:
-            for compiler, level in configs:
-                row = measure(case, compiler, level, args.reps, Path(tmp))
+            for compiler, level, mode in configs:
+                if case == "library" and mode != "separate":
+                    continue
+                if case == "std_floor" and mode == "separate":
+                    continue
+                row = measure(case, compiler, level, mode, args.reps, Path(tmp))
                 rows.append(row)
                 target = row["target_cpu_s"]
                 met = ""
                 if target is not None:
                     met = f"≤ {target:g} s: {'met' if row['cpu_s_min'] <= target else 'missed'}"
                 bodies = row.get("coroutine_bodies")
-                print(f"| {case} | {compiler} | {level} | {row['cpu_s_min']:.2f} | "
+                print(f"| {case} | {compiler} | {level} | {mode} | {row['cpu_s_min']:.2f} | "
                       f"{row['cpu_s_median']:.2f} | {met} | {row['bytes'] / 1024:,.0f} KiB | "
                       f"{'' if bodies is None else bodies} |", flush=True)
     print(f"\n# load at the end {os.getloadavg()[0]:.2f}")
@@ -181,6 +234,18 @@ def main():
         if not rows or bad:
             print(f"check: FAIL: {len(rows)} rows, {len(bad)} without a measurement", file=sys.stderr)
             return 1
+        for r in rows:
+            if r["case"] == "include_only" and holds_nothing_unused(r["compiler"], r["level"], r["mode"]):
+                n = r.get("corocoll_symbols")
+                print(f"check: {r['compiler']} {r['level']} {r['mode']}: an empty program defines "
+                      f"{n} symbols of corocoll's")
+                if n != 0:
+                    print("check: FAIL: a program that uses nothing of corocoll compiles some of it "
+                          "(one cause seen: a virtual function defined out of class without "
+                          "COROCOLL_DECL on its declaration is a key function, whose vtable pulls "
+                          "in every virtual function; `nm -C` the object to see what is there)",
+                          file=sys.stderr)
+                    return 1
         print(f"check: {len(rows)} rows measured")
     return 0
 

@@ -26,3 +26,19 @@
 #define COROCOLL_END_NAMESPACE \
     }                          \
     }
+
+/// Separate compilation (like Asio's): a build that defines COROCOLL_SEPARATE_COMPILATION
+/// everywhere sees only declarations of corocoll's non-template functions, and compiles their
+/// bodies once, in one source file that includes <corocoll/impl/src.hpp> (src/corocoll.cpp).
+/// Without it, corocoll is header-only and every body is an inline definition.
+#if defined(COROCOLL_SEPARATE_COMPILATION)
+#define COROCOLL_DECL
+#if defined(COROCOLL_SOURCE)
+#define COROCOLL_DEFINE_BODIES 1
+#else
+#define COROCOLL_DEFINE_BODIES 0
+#endif
+#else
+#define COROCOLL_DECL inline
+#define COROCOLL_DEFINE_BODIES 1
+#endif

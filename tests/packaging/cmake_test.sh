@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # CMake consumers: a project that takes corocoll with add_subdirectory, and one that finds an
 # installed corocoll with find_package(corocoll 0.1 REQUIRED), each build
-# tests/packaging/vendor_prog.cpp against corocoll::corocoll and run it.
+# tests/packaging/vendor_prog.cpp against corocoll::corocoll and run it; a third takes
+# add_subdirectory's corocoll::compiled (separate compilation) and checks that its program's
+# own object holds none of corocoll's coroutine bodies.
 #
 # usage: cmake_test.sh <meson> <corocoll source dir> <build dir> <prefix>
 # env:   CXX  the compiler command (default g++)
@@ -26,7 +28,7 @@ fail() {
     exit 1
 }
 
-consumer() {  # <dir> <how to get corocoll>
+consumer() {  # <dir> <how to get corocoll> [target]
     mkdir -p "$1"
     cp "$srcdir/tests/packaging/vendor_prog.cpp" "$1/"
     cat >"$1/CMakeLists.txt" <<CMAKE
@@ -34,7 +36,7 @@ cmake_minimum_required(VERSION 3.16)
 project(consumer LANGUAGES CXX)
 $2
 add_executable(prog vendor_prog.cpp)
-target_link_libraries(prog PRIVATE corocoll::corocoll)
+target_link_libraries(prog PRIVATE ${3:-corocoll::corocoll})
 CMAKE
 }
 
@@ -51,6 +53,21 @@ build_and_run() {  # <dir> <extra cmake args...>
 echo "== add_subdirectory"
 consumer "$tmp/sub" "add_subdirectory(\"$srcdir\" corocoll)"
 build_and_run "$tmp/sub"
+
+echo "== add_subdirectory, corocoll::compiled"
+consumer "$tmp/compiled" "add_subdirectory(\"$srcdir\" corocoll)" corocoll::compiled
+build_and_run "$tmp/compiled"
+obj=$(find "$tmp/compiled/build/CMakeFiles/prog.dir" -name 'vendor_prog.cpp.o')
+lib=$(find "$tmp/compiled/build" -name 'libcorocoll_compiled.a')
+[[ -f $obj && -f $lib ]] || fail "corocoll::compiled: no program object ('$obj') or library ('$lib')"
+# The library holds the bodies (file_store::set is one); the program's object does not.
+# (nm's output goes to a file: grep -q closing the pipe early would fail it under pipefail.)
+nm -C --defined-only "$lib" >"$tmp/lib.nm" 2>/dev/null
+nm -C --defined-only "$obj" >"$tmp/obj.nm"
+grep -q 'file_store::set' "$tmp/lib.nm" || fail "libcorocoll_compiled.a lacks file_store::set"
+if grep -q 'file_store::set' "$tmp/obj.nm"; then
+    fail "the program's object defines file_store::set: its TU compiled corocoll's bodies"
+fi
 
 echo "== find_package from a meson install"
 dest=$tmp/dest

@@ -16,8 +16,23 @@ COROCOLL_BEGIN_NAMESPACE
 namespace collectives {
 
 /// `out` holds n blocks of `block` bytes; rank r's own block is `in`.
-inline task<> all_gather_bruck(context& c, std::span<std::byte> out,
-                               std::span<const std::byte> in) {
+COROCOLL_DECL task<> all_gather_bruck(context& c, std::span<std::byte> out,
+                                      std::span<const std::byte> in);
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL task<> all_gather_bruck(context& c, std::span<std::byte> out,
+                                      std::span<const std::byte> in) {
     int n = c.size(), r = c.rank();
     std::size_t block = in.size();
     std::span<std::byte> tmp =
@@ -40,3 +55,5 @@ inline task<> all_gather_bruck(context& c, std::span<std::byte> out,
 }  // namespace collectives
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

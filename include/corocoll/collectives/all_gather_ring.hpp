@@ -15,8 +15,28 @@ COROCOLL_BEGIN_NAMESPACE
 namespace collectives {
 
 /// Blocks are `block_range(count, n, i)` of `data` in elements of `elem` bytes.
-inline task<> all_gather_ring(context& c, std::span<std::byte> data, std::size_t elem,
-                              std::uint32_t first_round = 0) {
+COROCOLL_DECL task<> all_gather_ring(context& c, std::span<std::byte> data, std::size_t elem,
+                                     std::uint32_t first_round = 0);
+
+/// all_gather_into's form: rank r's `in` goes to block r of `out` (blocks of in.size() bytes,
+/// so equal on every rank), then the ring fills the others.
+COROCOLL_DECL task<> all_gather_ring(context& c, std::span<std::byte> out,
+                                     std::span<const std::byte> in, std::size_t elem);
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL task<> all_gather_ring(context& c, std::span<std::byte> data, std::size_t elem,
+                                     std::uint32_t first_round) {
     int n = c.size(), r = c.rank();
     std::size_t count = data.size() / elem;
     auto block = [&](int i) {
@@ -32,10 +52,8 @@ inline task<> all_gather_ring(context& c, std::span<std::byte> data, std::size_t
     }
 }
 
-/// all_gather_into's form: rank r's `in` goes to block r of `out` (blocks of in.size() bytes,
-/// so equal on every rank), then the ring fills the others.
-inline task<> all_gather_ring(context& c, std::span<std::byte> out, std::span<const std::byte> in,
-                              std::size_t elem) {
+COROCOLL_DECL task<> all_gather_ring(context& c, std::span<std::byte> out,
+                                     std::span<const std::byte> in, std::size_t elem) {
     if (!in.empty()) {
         std::memcpy(out.data() + in.size() * static_cast<std::size_t>(c.rank()), in.data(),
                     in.size());
@@ -46,3 +64,5 @@ inline task<> all_gather_ring(context& c, std::span<std::byte> out, std::span<co
 }  // namespace collectives
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

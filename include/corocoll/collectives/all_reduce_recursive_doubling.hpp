@@ -16,8 +16,23 @@ COROCOLL_BEGIN_NAMESPACE
 
 namespace collectives {
 
-inline task<> all_reduce_recursive_doubling(context& c, std::span<std::byte> data,
-                                            const reduction& red) {
+COROCOLL_DECL task<> all_reduce_recursive_doubling(context& c, std::span<std::byte> data,
+                                                   const reduction& red);
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL task<> all_reduce_recursive_doubling(context& c, std::span<std::byte> data,
+                                                   const reduction& red) {
     int n = c.size(), r = c.rank();
     std::size_t count = data.size() / red.elem();
     int p2 = 1;
@@ -62,3 +77,5 @@ inline task<> all_reduce_recursive_doubling(context& c, std::span<std::byte> dat
 }  // namespace collectives
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -14,7 +14,21 @@ COROCOLL_BEGIN_NAMESPACE
 
 namespace collectives {
 
-inline task<> all_reduce_ring(context& c, std::span<std::byte> data, const reduction& red) {
+COROCOLL_DECL task<> all_reduce_ring(context& c, std::span<std::byte> data, const reduction& red);
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL task<> all_reduce_ring(context& c, std::span<std::byte> data, const reduction& red) {
     int n = c.size(), r = c.rank();
     std::size_t elem = red.elem(), count = data.size() / elem;
     co_await reduce_scatter_ring(c, data, red, 0);
@@ -27,3 +41,5 @@ inline task<> all_reduce_ring(context& c, std::span<std::byte> data, const reduc
 }  // namespace collectives
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -17,10 +17,27 @@ namespace collectives {
 
 /// Rank r's block for rank p is `in[in_offsets[p] .. in_offsets[p + 1])`; the block from rank
 /// p lands at `out[out_offsets[p] .. out_offsets[p + 1])` (offsets in bytes, n + 1 each).
-inline task<> all_to_all_pairwise(context& c, std::span<std::byte> out,
-                                  const std::vector<std::size_t>& out_offsets,
-                                  std::span<const std::byte> in,
-                                  const std::vector<std::size_t>& in_offsets) {
+COROCOLL_DECL task<> all_to_all_pairwise(context& c, std::span<std::byte> out,
+                                         const std::vector<std::size_t>& out_offsets,
+                                         std::span<const std::byte> in,
+                                         const std::vector<std::size_t>& in_offsets);
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL task<> all_to_all_pairwise(context& c, std::span<std::byte> out,
+                                         const std::vector<std::size_t>& out_offsets,
+                                         std::span<const std::byte> in,
+                                         const std::vector<std::size_t>& in_offsets) {
     int n = c.size(), r = c.rank();
     auto in_block = [&](int p) {
         return in.subspan(
@@ -45,3 +62,5 @@ inline task<> all_to_all_pairwise(context& c, std::span<std::byte> out,
 }  // namespace collectives
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -12,7 +12,21 @@ COROCOLL_BEGIN_NAMESPACE
 
 namespace collectives {
 
-inline task<> barrier_dissemination(context& c) {
+COROCOLL_DECL task<> barrier_dissemination(context& c);
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL task<> barrier_dissemination(context& c) {
     int n = c.size(), r = c.rank();
     std::uint32_t round = 0;
     for (int dist = 1; dist < n; dist *= 2, ++round) {
@@ -23,3 +37,5 @@ inline task<> barrier_dissemination(context& c) {
 }  // namespace collectives
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -12,8 +12,23 @@ COROCOLL_BEGIN_NAMESPACE
 
 namespace collectives {
 
-inline task<> broadcast_binomial(context& c, std::span<std::byte> data, int root,
-                                 std::uint32_t round = 0) {
+COROCOLL_DECL task<> broadcast_binomial(context& c, std::span<std::byte> data, int root,
+                                        std::uint32_t round = 0);
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL task<> broadcast_binomial(context& c, std::span<std::byte> data, int root,
+                                        std::uint32_t round) {
     int n = c.size();
     int v = (c.rank() - root + n) % n;  // rank relative to the root
     int mask = 1;
@@ -32,3 +47,5 @@ inline task<> broadcast_binomial(context& c, std::span<std::byte> data, int root
 }  // namespace collectives
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

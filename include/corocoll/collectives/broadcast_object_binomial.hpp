@@ -23,7 +23,21 @@ COROCOLL_BEGIN_NAMESPACE
 namespace collectives {
 
 /// Every rank's `bytes` becomes `root`'s (resized as needed).
-inline task<> broadcast_object_binomial(context& c, std::string& bytes, int root) {
+COROCOLL_DECL task<> broadcast_object_binomial(context& c, std::string& bytes, int root);
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL task<> broadcast_object_binomial(context& c, std::string& bytes, int root) {
     std::int64_t len = static_cast<std::int64_t>(bytes.size());
     co_await broadcast_binomial(c, std::as_writable_bytes(std::span(&len, 1)), root);
     bytes.resize(static_cast<std::size_t>(len));
@@ -38,3 +52,5 @@ inline task<> broadcast_object_binomial(context& c, std::string& bytes, int root
 }  // namespace collectives
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -24,23 +24,50 @@ inline std::string error_prefix(int rank, const char* what) {
 }
 
 /// Refuses a root outside [0, size): "root 7 is outside [0, 4)".
-inline void check_root(int rank, int size, const char* what, int root) {
+COROCOLL_DECL void check_root(int rank, int size, const char* what, int root);
+
+/// Refuses a reduce op that `type` does not have (`op_supported`), with `unsupported_reason`.
+COROCOLL_DECL void check_op(int rank, const char* what, reduce_op op, dtype type);
+
+/// Refuses `got` != `expected`: "`name` has 5 elements, 8 expected".
+COROCOLL_DECL void check_size(int rank, const char* what, const char* name, std::size_t got,
+                              std::size_t expected);
+
+/// all_to_all's block offsets in bytes (size + 1 of them: block p is [off[p], off[p + 1])) for
+/// a buffer `name` ("input", "output") of `total` elements of `elem` bytes. Empty `splits`
+/// are filled with equal blocks, refused if `total` does not split evenly over `size` ranks;
+/// given ones must have `size` entries that add up to `total`. O(size); allocates the result.
+COROCOLL_DECL std::vector<std::size_t> all_to_all_offsets(int rank, int size, const char* name,
+                                                          std::vector<std::size_t>& splits,
+                                                          std::size_t total, std::size_t elem);
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL void check_root(int rank, int size, const char* what, int root) {
     if (root < 0 || root >= size) {
         throw std::invalid_argument(error_prefix(rank, what) + "root " + std::to_string(root) +
                                     " is outside [0, " + std::to_string(size) + ")");
     }
 }
 
-/// Refuses a reduce op that `type` does not have (`op_supported`), with `unsupported_reason`.
-inline void check_op(int rank, const char* what, reduce_op op, dtype type) {
+COROCOLL_DECL void check_op(int rank, const char* what, reduce_op op, dtype type) {
     if (!op_supported(op, type)) {
         throw std::invalid_argument(error_prefix(rank, what) + unsupported_reason(op, type));
     }
 }
 
-/// Refuses `got` != `expected`: "`name` has 5 elements, 8 expected".
-inline void check_size(int rank, const char* what, const char* name, std::size_t got,
-                       std::size_t expected) {
+COROCOLL_DECL void check_size(int rank, const char* what, const char* name, std::size_t got,
+                              std::size_t expected) {
     if (got != expected) {
         throw std::invalid_argument(error_prefix(rank, what) + name + " has " +
                                     std::to_string(got) + " elements, " + std::to_string(expected) +
@@ -48,13 +75,9 @@ inline void check_size(int rank, const char* what, const char* name, std::size_t
     }
 }
 
-/// all_to_all's block offsets in bytes (size + 1 of them: block p is [off[p], off[p + 1])) for
-/// a buffer `name` ("input", "output") of `total` elements of `elem` bytes. Empty `splits`
-/// are filled with equal blocks, refused if `total` does not split evenly over `size` ranks;
-/// given ones must have `size` entries that add up to `total`. O(size); allocates the result.
-inline std::vector<std::size_t> all_to_all_offsets(int rank, int size, const char* name,
-                                                   std::vector<std::size_t>& splits,
-                                                   std::size_t total, std::size_t elem) {
+COROCOLL_DECL std::vector<std::size_t> all_to_all_offsets(int rank, int size, const char* name,
+                                                          std::vector<std::size_t>& splits,
+                                                          std::size_t total, std::size_t elem) {
     auto n = static_cast<std::size_t>(size);
     if (splits.empty()) {
         if (total % n != 0) {
@@ -74,3 +97,5 @@ inline std::vector<std::size_t> all_to_all_offsets(int rank, int size, const cha
 }  // namespace collectives
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -37,26 +37,10 @@ public:
 
     /// Slot `slot`'s buffer with room for `bytes`. Algorithms that run inside one another use
     /// different slots (see `context::scratch`).
-    std::span<std::byte> get(std::size_t slot, std::size_t bytes) {
-        if (slots_.size() <= slot) slots_.resize(slot + 1);
-        buffer& b = slots_[slot];
-        if (b.size < bytes) {
-            b.data.reset();
-            b.data.reset(new std::byte[bytes]);
-            b.size = bytes;
-        }
-        return {b.data.get(), bytes};
-    }
+    std::span<std::byte> get(std::size_t slot, std::size_t bytes);
 
     /// Frees the buffers larger than `kept_bytes`; the group calls it after each collective.
-    void trim() noexcept {
-        for (buffer& b : slots_) {
-            if (b.size > kept_bytes) {
-                b.data.reset();
-                b.size = 0;
-            }
-        }
-    }
+    void trim() noexcept;
 
 private:
     struct buffer {
@@ -99,13 +83,7 @@ struct context {
     static constexpr std::size_t group_slot = 4;      ///< see `ring_slot`
 
     /// A temporary of `bytes` (contents unspecified) that later calls reuse.
-    std::span<std::byte> scratch(std::size_t slot, std::size_t bytes) {
-        if (scratch_pool == nullptr) {
-            own_scratch = std::make_shared<scratch_buffers>();
-            scratch_pool = own_scratch.get();
-        }
-        return scratch_pool->get(slot, bytes);
-    }
+    std::span<std::byte> scratch(std::size_t slot, std::size_t bytes);
 
     /// This rank in the group.
     int rank() const noexcept { return net.rank(); }
@@ -135,15 +113,62 @@ struct context {
     }
     /// Sends and receives at once (both directions of one exchange).
     task<> exchange(std::span<const std::byte> out, int dst, std::span<std::byte> in, int src,
-                    std::uint32_t round, std::uint32_t chunk = 0) {
-        co_await when_all(send(out, dst, round, chunk), recv(in, src, round, chunk));
-    }
+                    std::uint32_t round, std::uint32_t chunk = 0);
 };
 
 /// Element `[first, last)` bounds of block `i` when `count` elements are cut into `parts`
 /// blocks as evenly as possible (the first `count % parts` blocks get one more).
-inline std::pair<std::size_t, std::size_t> block_range(std::size_t count, std::size_t parts,
-                                                       std::size_t i) noexcept {
+COROCOLL_DECL std::pair<std::size_t, std::size_t> block_range(std::size_t count, std::size_t parts,
+                                                              std::size_t i) noexcept;
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL std::span<std::byte> scratch_buffers::get(std::size_t slot, std::size_t bytes) {
+    if (slots_.size() <= slot) slots_.resize(slot + 1);
+    buffer& b = slots_[slot];
+    if (b.size < bytes) {
+        b.data.reset();
+        b.data.reset(new std::byte[bytes]);
+        b.size = bytes;
+    }
+    return {b.data.get(), bytes};
+}
+
+COROCOLL_DECL void scratch_buffers::trim() noexcept {
+    for (buffer& b : slots_) {
+        if (b.size > kept_bytes) {
+            b.data.reset();
+            b.size = 0;
+        }
+    }
+}
+
+COROCOLL_DECL std::span<std::byte> context::scratch(std::size_t slot, std::size_t bytes) {
+    if (scratch_pool == nullptr) {
+        own_scratch = std::make_shared<scratch_buffers>();
+        scratch_pool = own_scratch.get();
+    }
+    return scratch_pool->get(slot, bytes);
+}
+
+COROCOLL_DECL task<> context::exchange(std::span<const std::byte> out, int dst,
+                                       std::span<std::byte> in, int src, std::uint32_t round,
+                                       std::uint32_t chunk) {
+    co_await when_all(send(out, dst, round, chunk), recv(in, src, round, chunk));
+}
+
+COROCOLL_DECL std::pair<std::size_t, std::size_t> block_range(std::size_t count, std::size_t parts,
+                                                              std::size_t i) noexcept {
     std::size_t base = count / parts, extra = count % parts;
     std::size_t first = i * base + std::min(i, extra);
     return {first, first + base + (i < extra ? 1 : 0)};
@@ -152,3 +177,5 @@ inline std::pair<std::size_t, std::size_t> block_range(std::size_t count, std::s
 }  // namespace collectives
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -15,8 +15,23 @@ COROCOLL_BEGIN_NAMESPACE
 namespace collectives {
 
 /// `out` (n blocks, used on the root only) receives every rank's `in` in rank order.
-inline task<> gather_binomial(context& c, std::span<const std::byte> in, std::span<std::byte> out,
-                              int root) {
+COROCOLL_DECL task<> gather_binomial(context& c, std::span<const std::byte> in,
+                                     std::span<std::byte> out, int root);
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL task<> gather_binomial(context& c, std::span<const std::byte> in,
+                                     std::span<std::byte> out, int root) {
     int n = c.size();
     int v = (c.rank() - root + n) % n;
     std::size_t block = in.size();
@@ -47,3 +62,5 @@ inline task<> gather_binomial(context& c, std::span<const std::byte> in, std::sp
 }  // namespace collectives
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -23,8 +23,23 @@ namespace collectives {
 
 /// Gathers one byte string per rank into `out` (resized to n; slot r is rank r's): on `root`
 /// only, or on every rank when `all`. `mine` ends up in this rank's slot.
-inline task<> gather_object_direct(context& c, std::string mine, int root, bool all,
-                                   std::vector<std::string>& out) {
+COROCOLL_DECL task<> gather_object_direct(context& c, std::string mine, int root, bool all,
+                                          std::vector<std::string>& out);
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL task<> gather_object_direct(context& c, std::string mine, int root, bool all,
+                                          std::vector<std::string>& out) {
     int n = c.size(), me = c.rank();
     out.assign(static_cast<std::size_t>(n), {});
     bool receives = all || me == root;
@@ -56,3 +71,5 @@ inline task<> gather_object_direct(context& c, std::string mine, int root, bool 
 }  // namespace collectives
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -27,7 +27,21 @@ COROCOLL_BEGIN_NAMESPACE
 
 namespace collectives {
 
-inline task<> monitored_barrier_star(context& c, std::chrono::milliseconds timeout) {
+COROCOLL_DECL task<> monitored_barrier_star(context& c, std::chrono::milliseconds timeout);
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL task<> monitored_barrier_star(context& c, std::chrono::milliseconds timeout) {
     int n = c.size();
     if (c.rank() != 0) {
         // The verdict may already be here (a late rank's rank 0 may have left meanwhile):
@@ -99,3 +113,5 @@ inline task<> monitored_barrier_star(context& c, std::chrono::milliseconds timeo
 }  // namespace collectives
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -36,26 +36,10 @@ struct serialize_fn;
 struct deserialize_fn;
 
 /// "1 byte", "12 bytes", "2 entries": a count with its noun, for messages.
-inline std::string count_of(std::uint64_t n, std::string_view noun) {
-    std::string text = std::to_string(n);
-    text += ' ';
-    if (n != 1 && noun.ends_with('y')) {
-        text += noun.substr(0, noun.size() - 1);
-        text += "ies";
-    } else {
-        text += noun;
-        if (n != 1) text += 's';
-    }
-    return text;
-}
+COROCOLL_DECL std::string count_of(std::uint64_t n, std::string_view noun);
 
 /// `name` with "a" or "an" in front of it, for messages.
-inline std::string with_article(std::string_view name) {
-    bool vowel = !name.empty() && std::string_view("aeiouAEIOU").find(name[0]) != name.npos;
-    std::string text = vowel ? "an " : "a ";
-    text += name;
-    return text;
-}
+COROCOLL_DECL std::string with_article(std::string_view name);
 
 template <class T>
 const char* pretty_function() noexcept {
@@ -155,20 +139,10 @@ public:
 
     /// The next `size` bytes, without copying them (the view points into the input). `what`
     /// names them in the error when fewer remain ("a checksum of 4 bytes"); empty: "N bytes".
-    std::string_view read_view(std::size_t size, std::string_view what = {}) {
-        if (size > remaining()) {
-            throw_truncated(what.empty() ? detail::count_of(size, "byte") : std::string(what));
-        }
-        std::string_view view(data_ + pos_, size);
-        pos_ += size;
-        return view;
-    }
+    std::string_view read_view(std::size_t size, std::string_view what = {});
 
     /// Copies the next `size` bytes to `data`; `what` as for `read_view`. Cost: one memcpy.
-    void read_bytes(void* data, std::size_t size, std::string_view what = {}) {
-        std::string_view view = read_view(size, what);
-        if (size != 0) std::memcpy(data, view.data(), size);
-    }
+    void read_bytes(void* data, std::size_t size, std::string_view what = {});
 
     /// The next `sizeof(T)` bytes as a `T` (the inverse of `object_writer::write_value`).
     template <detail::readable_value T>
@@ -184,10 +158,7 @@ public:
 
     /// The next 8 bytes as a length (the inverse of `object_writer::write_length`). The
     /// caller must check the length against `remaining()` before allocating for it.
-    std::uint64_t read_length() {
-        if (sizeof(std::uint64_t) > remaining()) throw_truncated("an 8-byte length");
-        return read_value<std::uint64_t>();
-    }
+    std::uint64_t read_length();
 
     /// Reads into `value` with `corocoll::deserialize` (user customization or built-in).
     template <class T>
@@ -199,10 +170,7 @@ public:
 
     /// Throws the error for data that ends too early: `std::system_error` with
     /// `errc::protocol_error` and "corocoll: object: truncated data reading <what> (<N> left)".
-    [[noreturn]] void throw_truncated(std::string_view what) const {
-        detail::throw_protocol_error("truncated data reading " + std::string(what) + " (" +
-                                     std::to_string(remaining()) + " left)");
-    }
+    [[noreturn]] void throw_truncated(std::string_view what) const;
 
     /// Throws the error for data that cannot be a serialized value (a bool of 7, say):
     /// `std::system_error` with `errc::protocol_error` and "corocoll: object: <what> (at byte
@@ -220,3 +188,61 @@ private:
 };
 
 COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace detail {
+
+COROCOLL_DECL std::string count_of(std::uint64_t n, std::string_view noun) {
+    std::string text = std::to_string(n);
+    text += ' ';
+    if (n != 1 && noun.ends_with('y')) {
+        text += noun.substr(0, noun.size() - 1);
+        text += "ies";
+    } else {
+        text += noun;
+        if (n != 1) text += 's';
+    }
+    return text;
+}
+
+COROCOLL_DECL std::string with_article(std::string_view name) {
+    bool vowel = !name.empty() && std::string_view("aeiouAEIOU").find(name[0]) != name.npos;
+    std::string text = vowel ? "an " : "a ";
+    text += name;
+    return text;
+}
+
+}  // namespace detail
+
+COROCOLL_DECL std::string_view object_reader::read_view(std::size_t size, std::string_view what) {
+    if (size > remaining()) {
+        throw_truncated(what.empty() ? detail::count_of(size, "byte") : std::string(what));
+    }
+    std::string_view view(data_ + pos_, size);
+    pos_ += size;
+    return view;
+}
+
+COROCOLL_DECL void object_reader::read_bytes(void* data, std::size_t size, std::string_view what) {
+    std::string_view view = read_view(size, what);
+    if (size != 0) std::memcpy(data, view.data(), size);
+}
+
+COROCOLL_DECL std::uint64_t object_reader::read_length() {
+    if (sizeof(std::uint64_t) > remaining()) throw_truncated("an 8-byte length");
+    return read_value<std::uint64_t>();
+}
+
+COROCOLL_DECL void object_reader::throw_truncated(std::string_view what) const {
+    detail::throw_protocol_error("truncated data reading " + std::string(what) + " (" +
+                                 std::to_string(remaining()) + " left)");
+}
+
+COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

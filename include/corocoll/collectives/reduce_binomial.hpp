@@ -17,8 +17,23 @@ COROCOLL_BEGIN_NAMESPACE
 
 namespace collectives {
 
-inline task<> reduce_binomial(context& c, std::span<std::byte> data, const reduction& red,
-                              int root) {
+COROCOLL_DECL task<> reduce_binomial(context& c, std::span<std::byte> data, const reduction& red,
+                                     int root);
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL task<> reduce_binomial(context& c, std::span<std::byte> data, const reduction& red,
+                                     int root) {
     int n = c.size();
     int v = (c.rank() - root + n) % n;
     std::size_t count = data.size() / red.elem();
@@ -44,3 +59,5 @@ inline task<> reduce_binomial(context& c, std::span<std::byte> data, const reduc
 }  // namespace collectives
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

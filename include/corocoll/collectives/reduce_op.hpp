@@ -76,21 +76,7 @@ constexpr bool op_supported(reduce_op op, dtype t) noexcept {
 
 /// Why `op` cannot reduce `t`, naming both ("reduce_op band is not defined for float32 (bitwise
 /// ops need an integer type)"); empty when `op_supported(op, t)`. Allocates: for error paths.
-inline std::string unsupported_reason(reduce_op op, dtype t) {
-    if (dtype_size(t) == 0) {
-        return "dtype " + std::to_string(static_cast<unsigned>(t)) + " is not a known dtype";
-    }
-    if (op < reduce_op::sum || op > reduce_op::avg) {
-        return "reduce_op " + std::to_string(static_cast<unsigned>(op)) +
-               " is not a known reduce_op";
-    }
-    if (op_supported(op, t)) return {};
-    const char* why = op == reduce_op::avg ? "avg needs numbers"
-                      : is_complex(t)      ? "complex numbers have no order"
-                                           : "bitwise ops need an integer type";
-    return std::string("reduce_op ") + op_name(op) + " is not defined for " + dtype_name(t) + " (" +
-           why + ")";
-}
+COROCOLL_DECL std::string unsupported_reason(reduce_op op, dtype t);
 
 namespace detail {
 
@@ -300,8 +286,44 @@ inline void visit_dtype(dtype t, F&& f) {
 /// NaN), like torch. Preconditions: both pointers aligned to `dtype_size(t)`, the two ranges
 /// not overlapping (checked by assert). Throws `std::invalid_argument` (message from
 /// `unsupported_reason`) when `op_supported(op, t)` is false; nothing is written then.
-inline void reduce_into(reduce_op op, dtype t, std::byte* inout, const std::byte* in,
-                        std::size_t count) {
+COROCOLL_DECL void reduce_into(reduce_op op, dtype t, std::byte* inout, const std::byte* in,
+                               std::size_t count);
+
+/// Turns avg's sums into means: `data[i] /= world_size` for `count` elements of type `t`.
+/// Floating types divide exactly-rounded per element (`x / n`, not `x * (1 / n)`); float16 and
+/// bfloat16 divide in float and round back to nearest even. Integers divide truncating toward
+/// zero (C++'s `/`: -7 / 2 == -3), as torch's integer division of a sum would with
+/// `rounding_mode="trunc"`; a sum that wrapped around gives a meaningless mean. One pass, no
+/// allocation. Precondition: `world_size >= 1`, `data` aligned to `dtype_size(t)`. Throws
+/// `std::invalid_argument` for a value of `t` that is not a dtype.
+COROCOLL_DECL void finish_avg(dtype t, std::byte* data, std::size_t count, int world_size);
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+COROCOLL_DECL std::string unsupported_reason(reduce_op op, dtype t) {
+    if (dtype_size(t) == 0) {
+        return "dtype " + std::to_string(static_cast<unsigned>(t)) + " is not a known dtype";
+    }
+    if (op < reduce_op::sum || op > reduce_op::avg) {
+        return "reduce_op " + std::to_string(static_cast<unsigned>(op)) +
+               " is not a known reduce_op";
+    }
+    if (op_supported(op, t)) return {};
+    const char* why = op == reduce_op::avg ? "avg needs numbers"
+                      : is_complex(t)      ? "complex numbers have no order"
+                                           : "bitwise ops need an integer type";
+    return std::string("reduce_op ") + op_name(op) + " is not defined for " + dtype_name(t) + " (" +
+           why + ")";
+}
+
+COROCOLL_DECL void reduce_into(reduce_op op, dtype t, std::byte* inout, const std::byte* in,
+                               std::size_t count) {
     if (!op_supported(op, t)) detail::throw_unsupported(op, t);
     assert(reinterpret_cast<std::uintptr_t>(inout) % dtype_size(t) == 0);
     assert(reinterpret_cast<std::uintptr_t>(in) % dtype_size(t) == 0);
@@ -367,14 +389,7 @@ inline void reduce_into(reduce_op op, dtype t, std::byte* inout, const std::byte
     });
 }
 
-/// Turns avg's sums into means: `data[i] /= world_size` for `count` elements of type `t`.
-/// Floating types divide exactly-rounded per element (`x / n`, not `x * (1 / n)`); float16 and
-/// bfloat16 divide in float and round back to nearest even. Integers divide truncating toward
-/// zero (C++'s `/`: -7 / 2 == -3), as torch's integer division of a sum would with
-/// `rounding_mode="trunc"`; a sum that wrapped around gives a meaningless mean. One pass, no
-/// allocation. Precondition: `world_size >= 1`, `data` aligned to `dtype_size(t)`. Throws
-/// `std::invalid_argument` for a value of `t` that is not a dtype.
-inline void finish_avg(dtype t, std::byte* data, std::size_t count, int world_size) {
+COROCOLL_DECL void finish_avg(dtype t, std::byte* data, std::size_t count, int world_size) {
     if (dtype_size(t) == 0) detail::throw_unsupported(reduce_op::avg, t);
     assert(world_size >= 1);
     assert(reinterpret_cast<std::uintptr_t>(data) % dtype_size(t) == 0);
@@ -389,3 +404,5 @@ inline void finish_avg(dtype t, std::byte* data, std::size_t count, int world_si
 }
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

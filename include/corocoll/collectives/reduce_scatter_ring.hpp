@@ -18,8 +18,29 @@ namespace collectives {
 
 /// Blocks are `block_range(count, n, i)` of `data` (count = data.size() / elem); block r ends
 /// up reduced on rank r. Rounds `first_round` .. `first_round + n - 2`.
-inline task<> reduce_scatter_ring(context& c, std::span<std::byte> data, const reduction& red,
-                                  std::uint32_t first_round = 0) {
+COROCOLL_DECL task<> reduce_scatter_ring(context& c, std::span<std::byte> data,
+                                         const reduction& red, std::uint32_t first_round = 0);
+
+/// reduce_scatter_into's form: `in` (n equal blocks) is left as it was; rank r's reduced
+/// block (finished: avg divides) lands in `out`. Works on a copy of `in` in the group's
+/// scratch (one memcpy of the input, one of the block).
+COROCOLL_DECL task<> reduce_scatter_ring(context& c, std::span<std::byte> out,
+                                         std::span<const std::byte> in, const reduction& red);
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL task<> reduce_scatter_ring(context& c, std::span<std::byte> data,
+                                         const reduction& red, std::uint32_t first_round) {
     int n = c.size(), r = c.rank();
     std::size_t elem = red.elem(), count = data.size() / elem;
     auto block = [&](int i) {
@@ -35,11 +56,8 @@ inline task<> reduce_scatter_ring(context& c, std::span<std::byte> data, const r
     }
 }
 
-/// reduce_scatter_into's form: `in` (n equal blocks) is left as it was; rank r's reduced
-/// block (finished: avg divides) lands in `out`. Works on a copy of `in` in the group's
-/// scratch (one memcpy of the input, one of the block).
-inline task<> reduce_scatter_ring(context& c, std::span<std::byte> out,
-                                  std::span<const std::byte> in, const reduction& red) {
+COROCOLL_DECL task<> reduce_scatter_ring(context& c, std::span<std::byte> out,
+                                         std::span<const std::byte> in, const reduction& red) {
     std::span<std::byte> work = c.scratch(context::group_slot, in.size());
     if (!in.empty()) std::memcpy(work.data(), in.data(), in.size());
     co_await reduce_scatter_ring(c, work, red);
@@ -54,3 +72,5 @@ inline task<> reduce_scatter_ring(context& c, std::span<std::byte> out,
 }  // namespace collectives
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

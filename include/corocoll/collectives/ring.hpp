@@ -21,16 +21,8 @@ struct chunking {
     std::size_t elem;
     std::size_t chunk_elems;
 
-    std::size_t chunks() const noexcept {
-        std::size_t count = block.size() / elem;
-        return count == 0 ? 1 : (count + chunk_elems - 1) / chunk_elems;
-    }
-    std::span<std::byte> piece(std::size_t k) const noexcept {
-        std::size_t count = block.size() / elem;
-        std::size_t first = std::min(count, k * chunk_elems);
-        std::size_t last = std::min(count, first + chunk_elems);
-        return block.subspan(first * elem, (last - first) * elem);
-    }
+    std::size_t chunks() const noexcept;
+    std::span<std::byte> piece(std::size_t k) const noexcept;
 };
 
 inline std::size_t chunk_elems(const context& c, std::size_t elem) {
@@ -40,9 +32,38 @@ inline std::size_t chunk_elems(const context& c, std::size_t elem) {
 // One round: send `out` to `dst` while receiving the same-sized block from `src`; with a
 // reduction, each received chunk is reduced into `in` (double-buffered so the next chunk's
 // receive is posted before this one is reduced); without, chunks land in `in` directly.
-inline task<> ring_round(context& c, std::span<const std::byte> out, int dst,
-                         std::span<std::byte> in, int src, std::uint32_t round,
-                         const reduction* red, std::size_t elem) {
+COROCOLL_DECL task<> ring_round(context& c, std::span<const std::byte> out, int dst,
+                                std::span<std::byte> in, int src, std::uint32_t round,
+                                const reduction* red, std::size_t elem);
+
+}  // namespace collectives::detail
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+namespace detail {
+
+COROCOLL_DECL std::size_t chunking::chunks() const noexcept {
+    std::size_t count = block.size() / elem;
+    return count == 0 ? 1 : (count + chunk_elems - 1) / chunk_elems;
+}
+
+COROCOLL_DECL std::span<std::byte> chunking::piece(std::size_t k) const noexcept {
+    std::size_t count = block.size() / elem;
+    std::size_t first = std::min(count, k * chunk_elems);
+    std::size_t last = std::min(count, first + chunk_elems);
+    return block.subspan(first * elem, (last - first) * elem);
+}
+
+COROCOLL_DECL task<> ring_round(context& c, std::span<const std::byte> out, int dst,
+                                std::span<std::byte> in, int src, std::uint32_t round,
+                                const reduction* red, std::size_t elem) {
     std::size_t per = chunk_elems(c, elem);
     chunking send_side{{const_cast<std::byte*>(out.data()), out.size()}, elem, per};
     chunking recv_side{in, elem, per};
@@ -83,6 +104,9 @@ inline task<> ring_round(context& c, std::span<const std::byte> out, int dst,
     co_await when_all(sender(), receiver());
 }
 
-}  // namespace collectives::detail
+}  // namespace detail
+}  // namespace collectives
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -17,8 +17,23 @@ namespace collectives {
 
 /// `in` (n blocks, used on the root only) is cut into blocks of `out.size()` bytes; rank r
 /// receives block r in `out`.
-inline task<> scatter_binomial(context& c, std::span<const std::byte> in, std::span<std::byte> out,
-                               int root) {
+COROCOLL_DECL task<> scatter_binomial(context& c, std::span<const std::byte> in,
+                                      std::span<std::byte> out, int root);
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL task<> scatter_binomial(context& c, std::span<const std::byte> in,
+                                      std::span<std::byte> out, int root) {
     int n = c.size();
     int v = (c.rank() - root + n) % n;
     std::size_t block = out.size();
@@ -53,3 +68,5 @@ inline task<> scatter_binomial(context& c, std::span<const std::byte> in, std::s
 }  // namespace collectives
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

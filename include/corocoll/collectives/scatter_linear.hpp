@@ -15,8 +15,23 @@ COROCOLL_BEGIN_NAMESPACE
 
 namespace collectives {
 
-inline task<> scatter_linear(context& c, std::span<const std::byte> in, std::span<std::byte> out,
-                             int root) {
+COROCOLL_DECL task<> scatter_linear(context& c, std::span<const std::byte> in,
+                                    std::span<std::byte> out, int root);
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL task<> scatter_linear(context& c, std::span<const std::byte> in,
+                                    std::span<std::byte> out, int root) {
     int n = c.size();
     std::size_t block = out.size();
     if (c.rank() != root) {
@@ -38,3 +53,5 @@ inline task<> scatter_linear(context& c, std::span<const std::byte> in, std::spa
 }  // namespace collectives
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -20,8 +20,23 @@ namespace collectives {
 
 /// `parts` (n byte strings, read on `root` only) go out so that rank r gets `parts[r]` in
 /// `mine`.
-inline task<> scatter_object_direct(context& c, const std::vector<std::string>& parts,
-                                    std::string& mine, int root) {
+COROCOLL_DECL task<> scatter_object_direct(context& c, const std::vector<std::string>& parts,
+                                           std::string& mine, int root);
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL task<> scatter_object_direct(context& c, const std::vector<std::string>& parts,
+                                           std::string& mine, int root) {
     if (c.rank() != root) {
         std::int64_t len = 0;
         co_await c.recv(std::as_writable_bytes(std::span(&len, 1)), root, 0);
@@ -50,3 +65,5 @@ inline task<> scatter_object_direct(context& c, const std::vector<std::string>& 
 }  // namespace collectives
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

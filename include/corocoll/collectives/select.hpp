@@ -37,7 +37,86 @@ enum class collective_kind : std::uint8_t {
 };
 inline constexpr std::size_t collective_kinds = 15;
 
-inline const char* kind_name(collective_kind k) noexcept {
+COROCOLL_DECL const char* kind_name(collective_kind k) noexcept;
+
+/// The algorithms, one file each (see their header comments for costs).
+enum class algorithm : std::uint8_t {
+    automatic = 0,       ///< chosen by size and world size
+    ring = 1,            ///< all_reduce, all_gather, reduce_scatter
+    recursive_doubling,  ///< all_reduce
+    binomial,            ///< broadcast, reduce, gather, scatter
+    chain,               ///< broadcast
+    bruck,               ///< all_gather
+    linear,              ///< gather, scatter
+    pairwise,            ///< all_to_all
+    dissemination,       ///< barrier
+};
+
+COROCOLL_DECL const char* algorithm_name(algorithm a) noexcept;
+
+/// True when collective `k` can run algorithm `a`.
+COROCOLL_DECL bool supports(collective_kind k, algorithm a) noexcept;
+
+/// Sizes at which the automatic choice switches to the bandwidth-bound algorithm.
+struct thresholds {
+    /// all_reduce: from this many bytes the ring, below it recursive doubling.
+    std::size_t all_reduce_ring_bytes = std::size_t{256} << 10;
+    /// broadcast: from this many bytes the pipelined chain, below it the binomial tree.
+    std::size_t broadcast_chain_bytes = std::size_t{512} << 10;
+    std::size_t all_gather_ring_bytes = std::size_t{256} << 10;  ///< of the gathered total
+    std::size_t linear_block_bytes = std::size_t{64} << 10;      ///< gather/scatter, per block
+};
+
+/// Algorithms forced per collective; `automatic` leaves the choice to size and world size.
+class algorithm_choice {
+public:
+    /// Forces `a` for every later `k`; `automatic` gives the choice back. Throws
+    /// `std::invalid_argument` when `k` has no algorithm `a`.
+    void force(collective_kind k, algorithm a);
+    /// The algorithm forced for `k`, or `automatic`.
+    algorithm forced(collective_kind k) const noexcept {
+        return forced_[static_cast<std::size_t>(k)];
+    }
+
+    /// Reads COROCOLL_ALGORITHM (see `parse_spec`); unset or empty: nothing forced.
+    static algorithm_choice from_env();
+
+    /// Parses a COROCOLL_ALGORITHM value: one algorithm name (forced on every collective that
+    /// has it, e.g. "ring") or a list of collective=algorithm ("all_reduce=ring,broadcast=chain").
+    /// An unknown name, or a collective without that algorithm, throws `std::invalid_argument`
+    /// naming the variable, the value and the names that would do.
+    static algorithm_choice parse_spec(std::string_view spec);
+
+private:
+    static std::optional<algorithm> find_algorithm(std::string_view name);
+    static std::optional<collective_kind> find_kind(std::string_view name);
+    // "known: ..." (every algorithm) or "it has: ..." (those of collective `k`).
+    static std::string names_of(std::optional<collective_kind> k);
+
+    std::array<algorithm, collective_kinds> forced_{};
+};
+
+/// The algorithm collective `k` uses for `bytes` (of one rank's buffer, or of the gathered
+/// total for all_gather, or of one block for gather/scatter) on `n` ranks.
+COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
+                               const algorithm_choice& choice, const thresholds& t = {});
+
+/// How a collective call reads in errors: "all_reduce(sum, float32 x 100, ring)".
+COROCOLL_DECL std::string describe(const transport::collective_meta& m);
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL const char* kind_name(collective_kind k) noexcept {
     switch (k) {
         case collective_kind::barrier:
             return "barrier";
@@ -71,20 +150,7 @@ inline const char* kind_name(collective_kind k) noexcept {
     return "unknown collective";
 }
 
-/// The algorithms, one file each (see their header comments for costs).
-enum class algorithm : std::uint8_t {
-    automatic = 0,       ///< chosen by size and world size
-    ring = 1,            ///< all_reduce, all_gather, reduce_scatter
-    recursive_doubling,  ///< all_reduce
-    binomial,            ///< broadcast, reduce, gather, scatter
-    chain,               ///< broadcast
-    bruck,               ///< all_gather
-    linear,              ///< gather, scatter
-    pairwise,            ///< all_to_all
-    dissemination,       ///< barrier
-};
-
-inline const char* algorithm_name(algorithm a) noexcept {
+COROCOLL_DECL const char* algorithm_name(algorithm a) noexcept {
     switch (a) {
         case algorithm::automatic:
             return "auto";
@@ -108,8 +174,7 @@ inline const char* algorithm_name(algorithm a) noexcept {
     return "unknown";
 }
 
-/// True when collective `k` can run algorithm `a`.
-inline bool supports(collective_kind k, algorithm a) noexcept {
+COROCOLL_DECL bool supports(collective_kind k, algorithm a) noexcept {
     switch (k) {
         case collective_kind::all_reduce:
             return a == algorithm::ring || a == algorithm::recursive_doubling;
@@ -133,113 +198,84 @@ inline bool supports(collective_kind k, algorithm a) noexcept {
     }
 }
 
-/// Sizes at which the automatic choice switches to the bandwidth-bound algorithm.
-struct thresholds {
-    /// all_reduce: from this many bytes the ring, below it recursive doubling.
-    std::size_t all_reduce_ring_bytes = std::size_t{256} << 10;
-    /// broadcast: from this many bytes the pipelined chain, below it the binomial tree.
-    std::size_t broadcast_chain_bytes = std::size_t{512} << 10;
-    std::size_t all_gather_ring_bytes = std::size_t{256} << 10;  ///< of the gathered total
-    std::size_t linear_block_bytes = std::size_t{64} << 10;      ///< gather/scatter, per block
-};
-
-/// Algorithms forced per collective; `automatic` leaves the choice to size and world size.
-class algorithm_choice {
-public:
-    /// Forces `a` for every later `k`; `automatic` gives the choice back. Throws
-    /// `std::invalid_argument` when `k` has no algorithm `a`.
-    void force(collective_kind k, algorithm a) {
-        if (a != algorithm::automatic && !supports(k, a)) {
-            throw std::invalid_argument(std::string("corocoll: ") + kind_name(k) +
-                                        " has no algorithm '" + algorithm_name(a) + "'");
-        }
-        forced_[static_cast<std::size_t>(k)] = a;
+COROCOLL_DECL void algorithm_choice::force(collective_kind k, algorithm a) {
+    if (a != algorithm::automatic && !supports(k, a)) {
+        throw std::invalid_argument(std::string("corocoll: ") + kind_name(k) +
+                                    " has no algorithm '" + algorithm_name(a) + "'");
     }
-    /// The algorithm forced for `k`, or `automatic`.
-    algorithm forced(collective_kind k) const noexcept {
-        return forced_[static_cast<std::size_t>(k)];
-    }
+    forced_[static_cast<std::size_t>(k)] = a;
+}
 
-    /// Reads COROCOLL_ALGORITHM (see `parse_spec`); unset or empty: nothing forced.
-    static algorithm_choice from_env() {
-        const char* v = std::getenv("COROCOLL_ALGORITHM");
-        return v == nullptr ? algorithm_choice{} : parse_spec(v);
-    }
+COROCOLL_DECL algorithm_choice algorithm_choice::from_env() {
+    const char* v = std::getenv("COROCOLL_ALGORITHM");
+    return v == nullptr ? algorithm_choice{} : parse_spec(v);
+}
 
-    /// Parses a COROCOLL_ALGORITHM value: one algorithm name (forced on every collective that
-    /// has it, e.g. "ring") or a list of collective=algorithm ("all_reduce=ring,broadcast=chain").
-    /// An unknown name, or a collective without that algorithm, throws `std::invalid_argument`
-    /// naming the variable, the value and the names that would do.
-    static algorithm_choice parse_spec(std::string_view spec) {
-        algorithm_choice c;
-        const std::string whole(spec);
-        auto fail = [&](const std::string& why) {
-            throw std::invalid_argument("corocoll: COROCOLL_ALGORITHM='" + whole + "': " + why);
-        };
-        while (!spec.empty()) {
-            auto comma = spec.find(',');
-            std::string_view item = spec.substr(0, comma);
-            spec = comma == std::string_view::npos ? std::string_view{} : spec.substr(comma + 1);
-            auto eq = item.find('=');
-            std::string_view name = eq == std::string_view::npos ? item : item.substr(eq + 1);
-            auto a = find_algorithm(name);
-            if (!a) fail("unknown algorithm '" + std::string(name) + "' (" + names_of({}) + ")");
-            if (eq == std::string_view::npos) {
-                for (std::size_t k = 1; k < collective_kinds; ++k) {
-                    if (supports(static_cast<collective_kind>(k), *a)) c.forced_[k] = *a;
-                }
-                continue;
+COROCOLL_DECL algorithm_choice algorithm_choice::parse_spec(std::string_view spec) {
+    algorithm_choice c;
+    const std::string whole(spec);
+    auto fail = [&](const std::string& why) {
+        throw std::invalid_argument("corocoll: COROCOLL_ALGORITHM='" + whole + "': " + why);
+    };
+    while (!spec.empty()) {
+        auto comma = spec.find(',');
+        std::string_view item = spec.substr(0, comma);
+        spec = comma == std::string_view::npos ? std::string_view{} : spec.substr(comma + 1);
+        auto eq = item.find('=');
+        std::string_view name = eq == std::string_view::npos ? item : item.substr(eq + 1);
+        auto a = find_algorithm(name);
+        if (!a) fail("unknown algorithm '" + std::string(name) + "' (" + names_of({}) + ")");
+        if (eq == std::string_view::npos) {
+            for (std::size_t k = 1; k < collective_kinds; ++k) {
+                if (supports(static_cast<collective_kind>(k), *a)) c.forced_[k] = *a;
             }
-            auto k = find_kind(item.substr(0, eq));
-            if (!k) {
-                std::string kinds;
-                for (std::size_t i = 1; i < collective_kinds; ++i) {
-                    kinds += std::string(i == 1 ? "" : ", ") +
-                             kind_name(static_cast<collective_kind>(i));
-                }
-                fail("unknown collective '" + std::string(item.substr(0, eq)) +
-                     "' (known: " + kinds + ")");
+            continue;
+        }
+        auto k = find_kind(item.substr(0, eq));
+        if (!k) {
+            std::string kinds;
+            for (std::size_t i = 1; i < collective_kinds; ++i) {
+                kinds +=
+                    std::string(i == 1 ? "" : ", ") + kind_name(static_cast<collective_kind>(i));
             }
-            if (*a != algorithm::automatic && !supports(*k, *a)) {
-                fail(std::string(kind_name(*k)) + " has no algorithm '" + algorithm_name(*a) +
-                     "' (" + names_of(k) + ")");
-            }
-            c.forced_[static_cast<std::size_t>(*k)] = *a;
+            fail("unknown collective '" + std::string(item.substr(0, eq)) + "' (known: " + kinds +
+                 ")");
         }
-        return c;
+        if (*a != algorithm::automatic && !supports(*k, *a)) {
+            fail(std::string(kind_name(*k)) + " has no algorithm '" + algorithm_name(*a) + "' (" +
+                 names_of(k) + ")");
+        }
+        c.forced_[static_cast<std::size_t>(*k)] = *a;
     }
+    return c;
+}
 
-private:
-    static std::optional<algorithm> find_algorithm(std::string_view name) {
-        for (int i = 0; i <= static_cast<int>(algorithm::dissemination); ++i) {
-            if (name == algorithm_name(static_cast<algorithm>(i))) return static_cast<algorithm>(i);
-        }
-        return std::nullopt;
+COROCOLL_DECL std::optional<algorithm> algorithm_choice::find_algorithm(std::string_view name) {
+    for (int i = 0; i <= static_cast<int>(algorithm::dissemination); ++i) {
+        if (name == algorithm_name(static_cast<algorithm>(i))) return static_cast<algorithm>(i);
     }
-    static std::optional<collective_kind> find_kind(std::string_view name) {
-        for (std::size_t k = 1; k < collective_kinds; ++k) {
-            if (name == kind_name(static_cast<collective_kind>(k)))
-                return static_cast<collective_kind>(k);
-        }
-        return std::nullopt;
-    }
-    // "known: ..." (every algorithm) or "it has: ..." (those of collective `k`).
-    static std::string names_of(std::optional<collective_kind> k) {
-        std::string out = k ? "it has: auto" : "known: auto";
-        for (int i = 1; i <= static_cast<int>(algorithm::dissemination); ++i) {
-            auto a = static_cast<algorithm>(i);
-            if (!k || supports(*k, a)) out += std::string(", ") + algorithm_name(a);
-        }
-        return out;
-    }
+    return std::nullopt;
+}
 
-    std::array<algorithm, collective_kinds> forced_{};
-};
+COROCOLL_DECL std::optional<collective_kind> algorithm_choice::find_kind(std::string_view name) {
+    for (std::size_t k = 1; k < collective_kinds; ++k) {
+        if (name == kind_name(static_cast<collective_kind>(k)))
+            return static_cast<collective_kind>(k);
+    }
+    return std::nullopt;
+}
 
-/// The algorithm collective `k` uses for `bytes` (of one rank's buffer, or of the gathered
-/// total for all_gather, or of one block for gather/scatter) on `n` ranks.
-inline algorithm select(collective_kind k, std::size_t bytes, int n, const algorithm_choice& choice,
-                        const thresholds& t = {}) {
+COROCOLL_DECL std::string algorithm_choice::names_of(std::optional<collective_kind> k) {
+    std::string out = k ? "it has: auto" : "known: auto";
+    for (int i = 1; i <= static_cast<int>(algorithm::dissemination); ++i) {
+        auto a = static_cast<algorithm>(i);
+        if (!k || supports(*k, a)) out += std::string(", ") + algorithm_name(a);
+    }
+    return out;
+}
+
+COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
+                               const algorithm_choice& choice, const thresholds& t) {
     if (algorithm forced = choice.forced(k); forced != algorithm::automatic) return forced;
     switch (k) {
         case collective_kind::all_reduce:
@@ -266,8 +302,7 @@ inline algorithm select(collective_kind k, std::size_t bytes, int n, const algor
     }
 }
 
-/// How a collective call reads in errors: "all_reduce(sum, float32 x 100, ring)".
-inline std::string describe(const transport::collective_meta& m) {
+COROCOLL_DECL std::string describe(const transport::collective_meta& m) {
     auto k = static_cast<collective_kind>(m.collective);
     std::string s = kind_name(k);
     s += "(";
@@ -289,3 +324,5 @@ inline std::string describe(const transport::collective_meta& m) {
 }  // namespace collectives
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -26,10 +26,7 @@ public:
         /// Waits for `m`.
         explicit lock_awaiter(async_mutex& m) noexcept : mutex_(m) {}
         bool await_ready() noexcept { return mutex_.try_lock(); }
-        bool await_suspend(std::coroutine_handle<> h) noexcept {
-            handle_ = h;
-            return mutex_.enqueue(*this);
-        }
+        bool await_suspend(std::coroutine_handle<> h) noexcept;
         void await_resume() const noexcept {}
 
     private:
@@ -71,46 +68,14 @@ public:
     }
 
     /// Takes the lock if it is free; never waits.
-    bool try_lock() noexcept {
-        std::lock_guard lock(state_);
-        if (locked_) return false;
-        locked_ = true;
-        return true;
-    }
+    bool try_lock() noexcept;
 
     /// Releases the lock, handing it to the first waiter if there is one.
-    void unlock() noexcept {
-        lock_awaiter* next = nullptr;
-        {
-            std::lock_guard lock(state_);
-            next = head_;
-            if (next == nullptr) {
-                locked_ = false;
-                return;
-            }
-            head_ = next->next_;
-            if (head_ == nullptr) tail_ = nullptr;
-        }
-        next->handle_.resume();
-    }
+    void unlock() noexcept;
 
 private:
     // True when the awaiter must suspend; false when the lock came free meanwhile.
-    bool enqueue(lock_awaiter& w) noexcept {
-        std::lock_guard lock(state_);
-        if (!locked_) {
-            locked_ = true;
-            return false;
-        }
-        w.next_ = nullptr;
-        if (tail_ != nullptr) {
-            tail_->next_ = &w;
-        } else {
-            head_ = &w;
-        }
-        tail_ = &w;
-        return true;
-    }
+    bool enqueue(lock_awaiter& w) noexcept;
 
     std::mutex state_;
     bool locked_ = false;
@@ -119,3 +84,56 @@ private:
 };
 
 COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+COROCOLL_DECL bool async_mutex::lock_awaiter::await_suspend(std::coroutine_handle<> h) noexcept {
+    handle_ = h;
+    return mutex_.enqueue(*this);
+}
+
+COROCOLL_DECL bool async_mutex::try_lock() noexcept {
+    std::lock_guard lock(state_);
+    if (locked_) return false;
+    locked_ = true;
+    return true;
+}
+
+COROCOLL_DECL void async_mutex::unlock() noexcept {
+    lock_awaiter* next = nullptr;
+    {
+        std::lock_guard lock(state_);
+        next = head_;
+        if (next == nullptr) {
+            locked_ = false;
+            return;
+        }
+        head_ = next->next_;
+        if (head_ == nullptr) tail_ = nullptr;
+    }
+    next->handle_.resume();
+}
+
+COROCOLL_DECL bool async_mutex::enqueue(lock_awaiter& w) noexcept {
+    std::lock_guard lock(state_);
+    if (!locked_) {
+        locked_ = true;
+        return false;
+    }
+    w.next_ = nullptr;
+    if (tail_ != nullptr) {
+        tail_->next_ = &w;
+    } else {
+        head_ = &w;
+    }
+    tail_ = &w;
+    return true;
+}
+
+COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

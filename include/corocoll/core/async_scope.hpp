@@ -101,11 +101,7 @@ private:
         co_await std::move(a);
     }
 
-    std::coroutine_handle<> child_done() noexcept {
-        running_.fetch_sub(1, std::memory_order_release);
-        if (count_.fetch_sub(1, std::memory_order_acq_rel) == 1) return joiner_;
-        return std::noop_coroutine();
-    }
+    std::coroutine_handle<> child_done() noexcept;
     void fail(std::exception_ptr e) noexcept {
         if (!failed_.exchange(true, std::memory_order_acq_rel)) error_ = std::move(e);
     }
@@ -120,3 +116,19 @@ private:
 };
 
 COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+COROCOLL_DECL std::coroutine_handle<> async_scope::child_done() noexcept {
+    running_.fetch_sub(1, std::memory_order_release);
+    if (count_.fetch_sub(1, std::memory_order_acq_rel) == 1) return joiner_;
+    return std::noop_coroutine();
+}
+
+COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -25,26 +25,13 @@ namespace detail {
 class error_category_impl final : public std::error_category {
 public:
     const char* name() const noexcept override { return "corocoll"; }
-    std::string message(int code) const override {
-        switch (static_cast<errc>(code)) {
-            case errc::connection_closed:
-                return "connection closed by peer";
-            case errc::message_too_large:
-                return "message too large";
-            case errc::protocol_error:
-                return "protocol error";
-        }
-        return "unknown corocoll error";
-    }
+    COROCOLL_DECL std::string message(int code) const override;
 };
 
 }  // namespace detail
 
 /// The category of `corocoll::errc` codes.
-inline const std::error_category& error_category() noexcept {
-    static const detail::error_category_impl category;
-    return category;
-}
+COROCOLL_DECL const std::error_category& error_category() noexcept;
 
 /// Makes `corocoll::errc` usable wherever a `std::error_code` is expected.
 inline std::error_code make_error_code(errc e) noexcept {
@@ -60,15 +47,7 @@ namespace detail {
 
 /// The text of `e` without the ": <reason>" that `std::system_error` appends to it, for
 /// wrapping an error in more context without repeating its reason.
-inline std::string context_of(const std::system_error& e) {
-    std::string text = e.what();
-    std::string suffix = ": " + e.code().message();
-    if (text.size() >= suffix.size() &&
-        text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0) {
-        text.resize(text.size() - suffix.size());
-    }
-    return text;
-}
+COROCOLL_DECL std::string context_of(const std::system_error& e);
 
 /// Throws a `std::system_error` carrying `code` with `what` in front of the reason.
 [[noreturn]] inline void throw_error(std::error_code code, const std::string& what) {
@@ -81,3 +60,48 @@ COROCOLL_END_NAMESPACE
 
 template <>
 struct std::is_error_code_enum<corocoll::errc> : std::true_type {};
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace detail {
+
+COROCOLL_DECL std::string error_category_impl::message(int code) const {
+    switch (static_cast<errc>(code)) {
+        case errc::connection_closed:
+            return "connection closed by peer";
+        case errc::message_too_large:
+            return "message too large";
+        case errc::protocol_error:
+            return "protocol error";
+    }
+    return "unknown corocoll error";
+}
+
+}  // namespace detail
+
+COROCOLL_DECL const std::error_category& error_category() noexcept {
+    static const detail::error_category_impl category;
+    return category;
+}
+
+namespace detail {
+
+COROCOLL_DECL std::string context_of(const std::system_error& e) {
+    std::string text = e.what();
+    std::string suffix = ": " + e.code().message();
+    if (text.size() >= suffix.size() &&
+        text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        text.resize(text.size() - suffix.size());
+    }
+    return text;
+}
+
+}  // namespace detail
+
+COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

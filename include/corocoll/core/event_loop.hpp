@@ -47,12 +47,28 @@ protected:
     event_loop() = default;
     ~event_loop() = default;
 
-    static event_loop*& current_ref() noexcept {
-        thread_local event_loop* current = nullptr;
-        return current;
-    }
+    static event_loop*& current_ref() noexcept;
 };
 
 }  // namespace detail
 
 COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace detail {
+
+COROCOLL_DECL event_loop*& event_loop::current_ref() noexcept {
+    thread_local event_loop* current = nullptr;
+    return current;
+}
+
+}  // namespace detail
+
+COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -75,10 +75,7 @@ public:
     static std::uint64_t frames_made() noexcept { return made(); }
 
 private:
-    static std::uint64_t& made() noexcept {
-        thread_local std::uint64_t n = 0;
-        return n;
-    }
+    static std::uint64_t& made() noexcept;
 
     struct block {
         block* next;
@@ -94,22 +91,10 @@ private:
         // Set while the thread exits: frames freed by later thread-local destructors go
         // straight back to the heap.
         bool closed = false;
-        ~lists() {
-            closed = true;
-            for (auto*& h : head) {
-                while (h != nullptr) {
-                    block* next = h->next;
-                    ::operator delete(h);
-                    h = next;
-                }
-            }
-        }
+        ~lists();
     };
 
-    static lists& mine() noexcept {
-        thread_local lists l;
-        return l;
-    }
+    static lists& mine() noexcept;
 };
 
 /// Base of the library's promise types: their frames come from the frame pool.
@@ -121,3 +106,38 @@ struct pooled_frame {
 }  // namespace detail
 
 COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace detail {
+
+COROCOLL_DECL std::uint64_t& frame_pool::made() noexcept {
+    thread_local std::uint64_t n = 0;
+    return n;
+}
+
+COROCOLL_DECL frame_pool::lists::~lists() {
+    closed = true;
+    for (auto*& h : head) {
+        while (h != nullptr) {
+            block* next = h->next;
+            ::operator delete(h);
+            h = next;
+        }
+    }
+}
+
+COROCOLL_DECL auto frame_pool::mine() noexcept -> lists& {
+    thread_local lists l;
+    return l;
+}
+
+}  // namespace detail
+
+COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

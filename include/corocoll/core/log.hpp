@@ -38,78 +38,33 @@ using log_sink = void (*)(const log_record& record, void* context) noexcept;
 namespace detail {
 
 /// A COROCOLL_DEBUG value: NONE (or empty), WARN, INFO or TRACE, in any case; null otherwise.
-inline std::optional<log_level> parse_log_level(std::string_view s) {
-    std::string upper(s);
-    for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-    if (upper.empty() || upper == "NONE") return log_level::none;
-    if (upper == "WARN") return log_level::warn;
-    if (upper == "INFO") return log_level::info;
-    if (upper == "TRACE") return log_level::trace;
-    return std::nullopt;
-}
+COROCOLL_DECL std::optional<log_level> parse_log_level(std::string_view s);
 
 struct log_config {
     log_level level = log_level::none;
     std::string subsystems;  // comma-separated, upper case; empty = all
 
-    static const log_config& get() {
-        static const log_config config = [] {
-            log_config c;
-            // An unknown value logs nothing here; init_process_group refuses it first.
-            if (const char* v = std::getenv("COROCOLL_DEBUG")) {
-                c.level = parse_log_level(v).value_or(log_level::none);
-            }
-            if (const char* v = std::getenv("COROCOLL_DEBUG_SUBSYS")) c.subsystems = v;
-            return c;
-        }();
-        return config;
-    }
+    static const log_config& get();
 
-    bool enabled(log_level l, std::string_view subsystem) const {
-        if (l > level) return false;
-        if (subsystems.empty() || subsystems == "ALL") return true;
-        std::string_view list(subsystems);
-        while (!list.empty()) {
-            auto comma = list.find(',');
-            if (list.substr(0, comma) == subsystem) return true;
-            if (comma == std::string_view::npos) break;
-            list.remove_prefix(comma + 1);
-        }
-        return false;
-    }
+    bool enabled(log_level l, std::string_view subsystem) const;
 };
 
 /// The rank that log lines of this thread name (-1 before a group exists); ranks run as
 /// threads in tests, so it is per thread.
-inline int& log_rank() noexcept {
-    thread_local int rank = -1;
-    return rank;
-}
+COROCOLL_DECL int& log_rank() noexcept;
 
 // set_log_level's level, -1 while COROCOLL_DEBUG decides.
-inline std::atomic<int>& log_level_set() noexcept {
-    static std::atomic<int> level{-1};
-    return level;
-}
+COROCOLL_DECL std::atomic<int>& log_level_set() noexcept;
 
 struct log_sink_state {
     std::mutex mutex;  // held while a line is handed over: calls never overlap
     log_sink sink = nullptr;
     void* context = nullptr;
 
-    static log_sink_state& get() noexcept {
-        static log_sink_state state;
-        return state;
-    }
+    static log_sink_state& get() noexcept;
 };
 
-inline bool log_enabled(log_level l, std::string_view subsystem) {
-    const log_config& c = log_config::get();
-    int set = log_level_set().load(std::memory_order_relaxed);
-    if (set >= 0 && l > static_cast<log_level>(set)) return false;
-    if (set < 0 && l > c.level) return false;
-    return c.enabled(log_level::none, subsystem);
-}
+COROCOLL_DECL bool log_enabled(log_level l, std::string_view subsystem);
 
 template <class... Args>
 void log_write(log_level l, std::string_view subsystem, const Args&... args) {
@@ -143,12 +98,7 @@ void log_write(log_level l, std::string_view subsystem, const Args&... args) {
 /// application's own logger gets them; null goes back to stderr. Which lines are logged is
 /// still decided by COROCOLL_DEBUG and COROCOLL_DEBUG_SUBSYS, or by `set_log_level`. From any
 /// thread; a line being handed over finishes first. Costs a mutex per logged line.
-inline void set_log_sink(log_sink sink, void* context = nullptr) {
-    auto& state = detail::log_sink_state::get();
-    std::lock_guard lock(state.mutex);
-    state.sink = sink;
-    state.context = context;
-}
+COROCOLL_DECL void set_log_sink(log_sink sink, void* context = nullptr);
 
 /// Sets the level of the logs from code, over COROCOLL_DEBUG (whose subsystems still apply);
 /// `log_level::none` turns them off. From any thread; one atomic store.
@@ -157,10 +107,7 @@ inline void set_log_level(log_level level) noexcept {
 }
 
 /// The level in force: `set_log_level`'s, else COROCOLL_DEBUG's.
-inline log_level get_log_level() noexcept {
-    int set = detail::log_level_set().load(std::memory_order_relaxed);
-    return set >= 0 ? static_cast<log_level>(set) : detail::log_config::get().level;
-}
+COROCOLL_DECL log_level get_log_level() noexcept;
 
 COROCOLL_END_NAMESPACE
 
@@ -171,3 +118,88 @@ COROCOLL_END_NAMESPACE
             ::corocoll::detail::log_write(::corocoll::log_level::level, subsystem, __VA_ARGS__); \
         }                                                                                        \
     } while (false)
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace detail {
+
+COROCOLL_DECL std::optional<log_level> parse_log_level(std::string_view s) {
+    std::string upper(s);
+    for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    if (upper.empty() || upper == "NONE") return log_level::none;
+    if (upper == "WARN") return log_level::warn;
+    if (upper == "INFO") return log_level::info;
+    if (upper == "TRACE") return log_level::trace;
+    return std::nullopt;
+}
+
+COROCOLL_DECL const log_config& log_config::get() {
+    static const log_config config = [] {
+        log_config c;
+        // An unknown value logs nothing here; init_process_group refuses it first.
+        if (const char* v = std::getenv("COROCOLL_DEBUG")) {
+            c.level = parse_log_level(v).value_or(log_level::none);
+        }
+        if (const char* v = std::getenv("COROCOLL_DEBUG_SUBSYS")) c.subsystems = v;
+        return c;
+    }();
+    return config;
+}
+
+COROCOLL_DECL bool log_config::enabled(log_level l, std::string_view subsystem) const {
+    if (l > level) return false;
+    if (subsystems.empty() || subsystems == "ALL") return true;
+    std::string_view list(subsystems);
+    while (!list.empty()) {
+        auto comma = list.find(',');
+        if (list.substr(0, comma) == subsystem) return true;
+        if (comma == std::string_view::npos) break;
+        list.remove_prefix(comma + 1);
+    }
+    return false;
+}
+
+COROCOLL_DECL int& log_rank() noexcept {
+    thread_local int rank = -1;
+    return rank;
+}
+
+COROCOLL_DECL std::atomic<int>& log_level_set() noexcept {
+    static std::atomic<int> level{-1};
+    return level;
+}
+
+COROCOLL_DECL log_sink_state& log_sink_state::get() noexcept {
+    static log_sink_state state;
+    return state;
+}
+
+COROCOLL_DECL bool log_enabled(log_level l, std::string_view subsystem) {
+    const log_config& c = log_config::get();
+    int set = log_level_set().load(std::memory_order_relaxed);
+    if (set >= 0 && l > static_cast<log_level>(set)) return false;
+    if (set < 0 && l > c.level) return false;
+    return c.enabled(log_level::none, subsystem);
+}
+
+}  // namespace detail
+
+COROCOLL_DECL void set_log_sink(log_sink sink, void* context) {
+    auto& state = detail::log_sink_state::get();
+    std::lock_guard lock(state.mutex);
+    state.sink = sink;
+    state.context = context;
+}
+
+COROCOLL_DECL log_level get_log_level() noexcept {
+    int set = detail::log_level_set().load(std::memory_order_relaxed);
+    return set >= 0 ? static_cast<log_level>(set) : detail::log_config::get().level;
+}
+
+COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

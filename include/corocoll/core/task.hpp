@@ -42,11 +42,7 @@ public:
     final_awaiter final_suspend() const noexcept { return {}; }
 
     /// Starts the task for `continuation`; true when the awaiter must stay suspended.
-    bool start(std::coroutine_handle<> self, std::coroutine_handle<> continuation) noexcept {
-        continuation_ = continuation;
-        self.resume();
-        return !ready_.exchange(true, std::memory_order_acq_rel);
-    }
+    bool start(std::coroutine_handle<> self, std::coroutine_handle<> continuation) noexcept;
 
 private:
     std::coroutine_handle<> continuation_;
@@ -158,3 +154,24 @@ inline task<void> task_promise<void>::get_return_object() noexcept {
 }  // namespace detail
 
 COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace detail {
+
+COROCOLL_DECL bool task_promise_base::start(std::coroutine_handle<> self,
+                                            std::coroutine_handle<> continuation) noexcept {
+    continuation_ = continuation;
+    self.resume();
+    return !ready_.exchange(true, std::memory_order_acq_rel);
+}
+
+}  // namespace detail
+
+COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

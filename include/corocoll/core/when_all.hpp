@@ -24,15 +24,9 @@ public:
     explicit when_all_latch(std::size_t children) noexcept : count_(children + 1) {}
 
     /// Called once the parent has started every child; true when it must suspend.
-    bool parent_started(std::coroutine_handle<> parent) noexcept {
-        parent_ = parent;
-        return count_.fetch_sub(1, std::memory_order_acq_rel) != 1;
-    }
+    bool parent_started(std::coroutine_handle<> parent) noexcept;
     /// Called by each child as it finishes; returns what to resume next.
-    std::coroutine_handle<> child_done() noexcept {
-        if (count_.fetch_sub(1, std::memory_order_acq_rel) == 1) return parent_;
-        return std::noop_coroutine();
-    }
+    std::coroutine_handle<> child_done() noexcept;
     /// Keeps the exception of the first child to fail; later ones are dropped.
     void fail(std::exception_ptr e) noexcept {
         if (!failed_.exchange(true, std::memory_order_acq_rel)) error_ = std::move(e);
@@ -181,3 +175,27 @@ auto when_all(std::vector<A> awaitables)
 }
 
 COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace detail {
+
+COROCOLL_DECL bool when_all_latch::parent_started(std::coroutine_handle<> parent) noexcept {
+    parent_ = parent;
+    return count_.fetch_sub(1, std::memory_order_acq_rel) != 1;
+}
+
+COROCOLL_DECL std::coroutine_handle<> when_all_latch::child_done() noexcept {
+    if (count_.fetch_sub(1, std::memory_order_acq_rel) == 1) return parent_;
+    return std::noop_coroutine();
+}
+
+}  // namespace detail
+
+COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -35,17 +35,7 @@ struct reactor_options {
     std::chrono::microseconds busy_poll = default_busy_poll();
 
     /// `busy_poll`'s default: COROCOLL_BUSY_POLL_US when set and valid, else 50 µs.
-    static std::chrono::microseconds default_busy_poll() noexcept {
-        static const std::chrono::microseconds value = [] {
-            const char* text = std::getenv("COROCOLL_BUSY_POLL_US");
-            if (text == nullptr || *text == '\0') return std::chrono::microseconds(50);
-            char* end = nullptr;
-            long v = std::strtol(text, &end, 10);
-            if (*end != '\0' || v < 0) return std::chrono::microseconds(50);
-            return std::chrono::microseconds(v);
-        }();
-        return value;
-    }
+    static std::chrono::microseconds default_busy_poll() noexcept;
     /// Poll at full speed even when this host's reactors outnumber its processors
     /// (`reactor::crowded`). Off: there the reactor yields its processor (sched_yield) between
     /// polls, since plain polling takes the cores that other ranks need (4 ranks on 2 cores:
@@ -153,3 +143,29 @@ struct poll_entry {
 }  // namespace io
 
 COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace io {
+
+COROCOLL_DECL std::chrono::microseconds reactor_options::default_busy_poll() noexcept {
+    static const std::chrono::microseconds value = [] {
+        const char* text = std::getenv("COROCOLL_BUSY_POLL_US");
+        if (text == nullptr || *text == '\0') return std::chrono::microseconds(50);
+        char* end = nullptr;
+        long v = std::strtol(text, &end, 10);
+        if (*end != '\0' || v < 0) return std::chrono::microseconds(50);
+        return std::chrono::microseconds(v);
+    }();
+    return value;
+}
+
+}  // namespace io
+
+COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

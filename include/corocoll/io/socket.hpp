@@ -238,12 +238,7 @@ public:
                  const op_options& o)
         : basic_op(r, o), fd_(fd), peer_(peer), data_(data) {}
 
-    std::size_t await_resume() {
-        // The message is spelled only on failure: this is a reader's per-message path.
-        if (failed()) throw_if_failed("recv from " + peer_.to_string());
-        finish();
-        return received_;
-    }
+    std::size_t await_resume();
 
 private:
     friend class basic_op<recv_some_op>;
@@ -252,14 +247,7 @@ private:
     void prep(io_uring_sqe* sqe) noexcept {
         io_uring_prep_recv(sqe, fd_, data_.data(), std::min(data_.size(), max_transfer_per_sqe), 0);
     }
-    step on_result(int res) noexcept {
-        if (res < 0) {
-            fail(-res);
-        } else {
-            received_ = static_cast<std::size_t>(res);
-        }
-        return step::done;
-    }
+    step on_result(int res) noexcept;
 
     int fd_;
     const endpoint& peer_;
@@ -285,15 +273,7 @@ public:
     socket(socket&& o) noexcept
         : reactor_(o.reactor_), fd_(std::exchange(o.fd_, -1)), peer_(o.peer_) {}
     /// Closes the descriptor held and takes over `o`'s.
-    socket& operator=(socket&& o) noexcept {
-        if (this != &o) {
-            close();
-            reactor_ = o.reactor_;
-            fd_ = std::exchange(o.fd_, -1);
-            peer_ = o.peer_;
-        }
-        return *this;
-    }
+    socket& operator=(socket&& o) noexcept;
     socket(const socket&) = delete;
     socket& operator=(const socket&) = delete;
     ~socket() { close(); }
@@ -344,24 +324,10 @@ public:
     reactor& owner() const noexcept { return *reactor_; }
 
     /// The local address the socket is bound to.
-    endpoint local_endpoint() const {
-        endpoint e;
-        socklen_t len = endpoint::capacity();
-        if (::getsockname(fd_, e.data(), &len) != 0) {
-            corocoll::detail::throw_errno(errno, "corocoll: getsockname");
-        }
-        e.resize(len);
-        return e;
-    }
+    endpoint local_endpoint() const;
 
     /// Sets TCP_NODELAY (on by default for connected and accepted sockets).
-    void set_nodelay(bool on) {
-        int v = on ? 1 : 0;
-        if (::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &v, sizeof(v)) != 0) {
-            corocoll::detail::throw_errno(
-                errno, "corocoll: setsockopt TCP_NODELAY on socket to " + peer_.to_string());
-        }
-    }
+    void set_nodelay(bool on);
 
 private:
     reactor* reactor_ = nullptr;
@@ -379,48 +345,18 @@ public:
     acceptor(acceptor&& o) noexcept
         : reactor_(o.reactor_), fd_(std::exchange(o.fd_, -1)), local_(o.local_) {}
     /// Closes the descriptor held and takes over `o`'s.
-    acceptor& operator=(acceptor&& o) noexcept {
-        if (this != &o) {
-            close();
-            reactor_ = o.reactor_;
-            fd_ = std::exchange(o.fd_, -1);
-            local_ = o.local_;
-        }
-        return *this;
-    }
+    acceptor& operator=(acceptor&& o) noexcept;
     acceptor(const acceptor&) = delete;
     acceptor& operator=(const acceptor&) = delete;
     ~acceptor() { close(); }
 
     /// Binds to `where` with SO_REUSEADDR and listens. Throws `std::system_error` naming the
     /// address ("address already in use" included) on failure.
-    static acceptor listen(reactor& r, const endpoint& where, int backlog = SOMAXCONN) {
-        acceptor a = listen_unattached(where, backlog);
-        a.attach(r);
-        return a;
-    }
+    static acceptor listen(reactor& r, const endpoint& where, int backlog = SOMAXCONN);
 
     /// `listen` with no reactor yet, for a listener made on one thread and served on another
     /// (it may be moved there); `attach` it to that thread's reactor before `accept`.
-    static acceptor listen_unattached(const endpoint& where, int backlog = SOMAXCONN) {
-        acceptor a;
-        a.fd_ = ::socket(where.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (a.fd_ < 0) corocoll::detail::throw_errno(errno, "corocoll: socket for listening");
-        int one = 1;
-        ::setsockopt(a.fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-        if (::bind(a.fd_, where.data(), where.size()) != 0) {
-            corocoll::detail::throw_errno(errno, "corocoll: bind to " + where.to_string());
-        }
-        if (::listen(a.fd_, backlog) != 0) {
-            corocoll::detail::throw_errno(errno, "corocoll: listen on " + where.to_string());
-        }
-        socklen_t len = endpoint::capacity();
-        if (::getsockname(a.fd_, a.local_.data(), &len) != 0) {
-            corocoll::detail::throw_errno(errno, "corocoll: getsockname");
-        }
-        a.local_.resize(len);
-        return a;
-    }
+    static acceptor listen_unattached(const endpoint& where, int backlog = SOMAXCONN);
 
     /// Serves this listener from `r` (the reactor of the thread that will accept).
     void attach(reactor& r) noexcept { reactor_ = &r; }
@@ -447,38 +383,20 @@ private:
 
 namespace detail {
 
-inline void set_nodelay(int fd) noexcept {
-    int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
+COROCOLL_DECL void set_nodelay(int fd) noexcept;
 
 class accept_op final : public basic_op<accept_op> {
 public:
     accept_op(reactor& r, int fd, const endpoint& local, const op_options& o)
         : basic_op(r, o), fd_(fd), local_(local) {}
 
-    socket await_resume() {
-        throw_if_failed("accept on " + local_.to_string());
-        peer_.resize(peer_len_);
-        set_nodelay(accepted_);
-        return socket(reactor_, accepted_, peer_);
-    }
+    socket await_resume();
 
 private:
     friend class basic_op<accept_op>;
 
-    void prep(io_uring_sqe* sqe) noexcept {
-        peer_len_ = endpoint::capacity();
-        io_uring_prep_accept(sqe, fd_, peer_.data(), &peer_len_, SOCK_CLOEXEC);
-    }
-    step on_result(int res) noexcept {
-        if (res < 0) {
-            fail(-res);
-        } else {
-            accepted_ = res;
-        }
-        return step::done;
-    }
+    void prep(io_uring_sqe* sqe) noexcept;
+    step on_result(int res) noexcept;
 
     int fd_;
     const endpoint& local_;
@@ -489,11 +407,7 @@ private:
 
 class connect_op final : public basic_op<connect_op> {
 public:
-    connect_op(reactor& r, const endpoint& peer, const op_options& o)
-        : basic_op(r, o), peer_(peer) {
-        fd_ = ::socket(peer_.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd_ < 0) create_error_ = errno;
-    }
+    connect_op(reactor& r, const endpoint& peer, const op_options& o);
     connect_op(connect_op&& o) noexcept
         : basic_op(std::move(o)),
           peer_(o.peer_),
@@ -504,15 +418,7 @@ public:
         if (fd_ >= 0) ::close(fd_);
     }
 
-    socket await_resume() {
-        if (create_error_ != 0) {
-            corocoll::detail::throw_errno(create_error_,
-                                          "corocoll: socket to connect to " + peer_.to_string());
-        }
-        throw_if_failed("connect to " + peer_.to_string());
-        set_nodelay(fd_);
-        return socket(reactor_, std::exchange(fd_, -1), peer_);
-    }
+    socket await_resume();
 
 private:
     friend class basic_op<connect_op>;
@@ -521,10 +427,7 @@ private:
     void prep(io_uring_sqe* sqe) noexcept {
         io_uring_prep_connect(sqe, fd_, peer_.data(), peer_.size());
     }
-    step on_result(int res) noexcept {
-        if (res < 0) fail(-res);
-        return step::done;
-    }
+    step on_result(int res) noexcept;
 
     endpoint peer_;
     int fd_ = -1;
@@ -544,3 +447,156 @@ inline detail::accept_op acceptor::accept(op_options o) {
 }  // namespace io
 
 COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace io {
+namespace detail {
+
+COROCOLL_DECL std::size_t recv_some_op::await_resume() {
+    // The message is spelled only on failure: this is a reader's per-message path.
+    if (failed()) throw_if_failed("recv from " + peer_.to_string());
+    finish();
+    return received_;
+}
+
+COROCOLL_DECL step recv_some_op::on_result(int res) noexcept {
+    if (res < 0) {
+        fail(-res);
+    } else {
+        received_ = static_cast<std::size_t>(res);
+    }
+    return step::done;
+}
+
+}  // namespace detail
+}  // namespace io
+
+namespace io {
+
+COROCOLL_DECL socket& socket::operator=(socket&& o) noexcept {
+    if (this != &o) {
+        close();
+        reactor_ = o.reactor_;
+        fd_ = std::exchange(o.fd_, -1);
+        peer_ = o.peer_;
+    }
+    return *this;
+}
+
+COROCOLL_DECL endpoint socket::local_endpoint() const {
+    endpoint e;
+    socklen_t len = endpoint::capacity();
+    if (::getsockname(fd_, e.data(), &len) != 0) {
+        corocoll::detail::throw_errno(errno, "corocoll: getsockname");
+    }
+    e.resize(len);
+    return e;
+}
+
+COROCOLL_DECL void socket::set_nodelay(bool on) {
+    int v = on ? 1 : 0;
+    if (::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &v, sizeof(v)) != 0) {
+        corocoll::detail::throw_errno(
+            errno, "corocoll: setsockopt TCP_NODELAY on socket to " + peer_.to_string());
+    }
+}
+
+COROCOLL_DECL acceptor& acceptor::operator=(acceptor&& o) noexcept {
+    if (this != &o) {
+        close();
+        reactor_ = o.reactor_;
+        fd_ = std::exchange(o.fd_, -1);
+        local_ = o.local_;
+    }
+    return *this;
+}
+
+COROCOLL_DECL acceptor acceptor::listen(reactor& r, const endpoint& where, int backlog) {
+    acceptor a = listen_unattached(where, backlog);
+    a.attach(r);
+    return a;
+}
+
+COROCOLL_DECL acceptor acceptor::listen_unattached(const endpoint& where, int backlog) {
+    acceptor a;
+    a.fd_ = ::socket(where.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (a.fd_ < 0) corocoll::detail::throw_errno(errno, "corocoll: socket for listening");
+    int one = 1;
+    ::setsockopt(a.fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(a.fd_, where.data(), where.size()) != 0) {
+        corocoll::detail::throw_errno(errno, "corocoll: bind to " + where.to_string());
+    }
+    if (::listen(a.fd_, backlog) != 0) {
+        corocoll::detail::throw_errno(errno, "corocoll: listen on " + where.to_string());
+    }
+    socklen_t len = endpoint::capacity();
+    if (::getsockname(a.fd_, a.local_.data(), &len) != 0) {
+        corocoll::detail::throw_errno(errno, "corocoll: getsockname");
+    }
+    a.local_.resize(len);
+    return a;
+}
+
+}  // namespace io
+
+namespace io {
+namespace detail {
+
+COROCOLL_DECL void set_nodelay(int fd) noexcept {
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+COROCOLL_DECL socket accept_op::await_resume() {
+    throw_if_failed("accept on " + local_.to_string());
+    peer_.resize(peer_len_);
+    set_nodelay(accepted_);
+    return socket(reactor_, accepted_, peer_);
+}
+
+COROCOLL_DECL void accept_op::prep(io_uring_sqe* sqe) noexcept {
+    peer_len_ = endpoint::capacity();
+    io_uring_prep_accept(sqe, fd_, peer_.data(), &peer_len_, SOCK_CLOEXEC);
+}
+
+COROCOLL_DECL step accept_op::on_result(int res) noexcept {
+    if (res < 0) {
+        fail(-res);
+    } else {
+        accepted_ = res;
+    }
+    return step::done;
+}
+
+COROCOLL_DECL connect_op::connect_op(reactor& r, const endpoint& peer, const op_options& o)
+    : basic_op(r, o), peer_(peer) {
+    fd_ = ::socket(peer_.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd_ < 0) create_error_ = errno;
+}
+
+COROCOLL_DECL socket connect_op::await_resume() {
+    if (create_error_ != 0) {
+        corocoll::detail::throw_errno(create_error_,
+                                      "corocoll: socket to connect to " + peer_.to_string());
+    }
+    throw_if_failed("connect to " + peer_.to_string());
+    set_nodelay(fd_);
+    return socket(reactor_, std::exchange(fd_, -1), peer_);
+}
+
+COROCOLL_DECL step connect_op::on_result(int res) noexcept {
+    if (res < 0) fail(-res);
+    return step::done;
+}
+
+}  // namespace detail
+}  // namespace io
+
+COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -27,36 +27,15 @@ struct default_group_state {
     std::shared_ptr<process_group> group;
 };
 
-inline default_group_state& default_group_ref() {
-    thread_local default_group_state state;
-    return state;
-}
+COROCOLL_DECL default_group_state& default_group_ref();
 
-inline process_group& require_default_group(const char* what) {
-    auto& g = default_group_ref().group;
-    if (!g) {
-        throw std::logic_error(std::string("corocoll: ") + what +
-                               ": the default process group is not initialized "
-                               "(call init_process_group first)");
-    }
-    return *g;
-}
+COROCOLL_DECL process_group& require_default_group(const char* what);
 
 }  // namespace detail
 
 /// From plain code: sets up the default group of this thread (creating a reactor for the
 /// thread if it has none) and returns it. The free functions below act on it.
-inline process_group& init_process_group(init_options o = {}) {
-    auto& state = detail::default_group_ref();
-    if (state.group) throw std::logic_error("corocoll: init_process_group: already initialized");
-    io::reactor* r = io::reactor::current();
-    if (r == nullptr) {
-        state.owned_reactor = std::make_unique<io::reactor>();
-        r = state.owned_reactor.get();
-    }
-    state.group = sync_wait(init_process_group(*r, std::move(o)));
-    return *state.group;
-}
+COROCOLL_DECL process_group& init_process_group(init_options o = {});
 
 /// True once this thread's default group is set up.
 inline bool is_initialized() noexcept {
@@ -64,16 +43,10 @@ inline bool is_initialized() noexcept {
 }
 
 /// The default group's rank; 0 before init, as torch tutorials' helpers expect.
-inline int get_rank() noexcept {
-    auto& g = detail::default_group_ref().group;
-    return g ? g->rank() : 0;
-}
+COROCOLL_DECL int get_rank() noexcept;
 
 /// The default group's size; 1 before init.
-inline int get_world_size() noexcept {
-    auto& g = detail::default_group_ref().group;
-    return g ? g->size() : 1;
-}
+COROCOLL_DECL int get_world_size() noexcept;
 
 /// The default group (throws `std::logic_error` before init).
 inline process_group& default_group() { return detail::require_default_group("default_group"); }
@@ -81,14 +54,7 @@ inline process_group& default_group() { return detail::require_default_group("de
 /// Closes and forgets the default group, and with it every group made from it (`new_group`,
 /// `split`), as torch's does; then the reactor init made for it. A group kept past this
 /// refuses every operation with an error that says it is closed, and may be dropped.
-inline void destroy_process_group() {
-    auto& state = detail::default_group_ref();
-    if (state.group) {
-        sync_wait(state.group->close());
-        state.group.reset();
-    }
-    state.owned_reactor.reset();
-}
+COROCOLL_DECL void destroy_process_group();
 
 /// Blocking send on the default group.
 template <buffer R>
@@ -118,12 +84,10 @@ work<int> irecv(R& buf, int src = any_source, std::int64_t tag = 0) {
 // methods: `co_await cc::default_group().all_reduce(t)`) ----
 
 /// Blocks until every rank of the default group arrives.
-inline void barrier() { sync_wait(detail::require_default_group("barrier").barrier()); }
+COROCOLL_DECL void barrier();
 
 /// `monitored_barrier` on the default group.
-inline void monitored_barrier(std::chrono::milliseconds timeout) {
-    sync_wait(detail::require_default_group("monitored_barrier").monitored_barrier(timeout));
-}
+COROCOLL_DECL void monitored_barrier(std::chrono::milliseconds timeout);
 
 /// All-reduce in place on the default group.
 template <buffer R>
@@ -211,8 +175,76 @@ void scatter_object_list(T& out, const std::vector<T>& in, int src = 0) {
 }
 
 /// A new group of the default group's `ranks` (every rank calls it); null for non-members.
-inline std::shared_ptr<process_group> new_group(std::vector<int> ranks) {
+COROCOLL_DECL std::shared_ptr<process_group> new_group(std::vector<int> ranks);
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace detail {
+
+COROCOLL_DECL default_group_state& default_group_ref() {
+    thread_local default_group_state state;
+    return state;
+}
+
+COROCOLL_DECL process_group& require_default_group(const char* what) {
+    auto& g = default_group_ref().group;
+    if (!g) {
+        throw std::logic_error(std::string("corocoll: ") + what +
+                               ": the default process group is not initialized "
+                               "(call init_process_group first)");
+    }
+    return *g;
+}
+
+}  // namespace detail
+
+COROCOLL_DECL process_group& init_process_group(init_options o) {
+    auto& state = detail::default_group_ref();
+    if (state.group) throw std::logic_error("corocoll: init_process_group: already initialized");
+    io::reactor* r = io::reactor::current();
+    if (r == nullptr) {
+        state.owned_reactor = std::make_unique<io::reactor>();
+        r = state.owned_reactor.get();
+    }
+    state.group = sync_wait(init_process_group(*r, std::move(o)));
+    return *state.group;
+}
+
+COROCOLL_DECL int get_rank() noexcept {
+    auto& g = detail::default_group_ref().group;
+    return g ? g->rank() : 0;
+}
+
+COROCOLL_DECL int get_world_size() noexcept {
+    auto& g = detail::default_group_ref().group;
+    return g ? g->size() : 1;
+}
+
+COROCOLL_DECL void destroy_process_group() {
+    auto& state = detail::default_group_ref();
+    if (state.group) {
+        sync_wait(state.group->close());
+        state.group.reset();
+    }
+    state.owned_reactor.reset();
+}
+
+COROCOLL_DECL void barrier() { sync_wait(detail::require_default_group("barrier").barrier()); }
+
+COROCOLL_DECL void monitored_barrier(std::chrono::milliseconds timeout) {
+    sync_wait(detail::require_default_group("monitored_barrier").monitored_barrier(timeout));
+}
+
+COROCOLL_DECL std::shared_ptr<process_group> new_group(std::vector<int> ranks) {
     return sync_wait(detail::require_default_group("new_group").new_group(std::move(ranks)));
 }
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

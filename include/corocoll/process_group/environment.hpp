@@ -44,7 +44,44 @@ namespace detail {
 
 // A non-negative decimal number with at most 9 digits before and 6 after the point, scaled
 // by `scale` (1000 for seconds to milliseconds); null for anything else.
-inline std::optional<std::int64_t> parse_decimal(std::string_view s, std::int64_t scale) {
+COROCOLL_DECL std::optional<std::int64_t> parse_decimal(std::string_view s, std::int64_t scale);
+
+inline std::string env_error(const char* name, const char* value, const std::string& why) {
+    return std::string("corocoll: ") + name + "='" + value + "' " + why;
+}
+
+COROCOLL_DECL std::chrono::milliseconds parse_timeout(const char* v);
+
+}  // namespace detail
+
+/// Reads and checks every COROCOLL_* variable that shapes a group: COROCOLL_ALGORITHM,
+/// COROCOLL_TRANSPORT, COROCOLL_DEBUG, COROCOLL_TIMEOUT, COROCOLL_BUSY_POLL_US and
+/// COROCOLL_STALL_S. A value
+/// that is not understood throws `std::invalid_argument` naming the variable, the value and
+/// what it may be. `init_process_group` calls it before it reaches the store; costs a few
+/// `getenv` calls.
+COROCOLL_DECL environment_settings
+read_environment(const rendezvous::env_lookup& env = rendezvous::process_env());
+
+namespace detail {
+
+/// `init_options::timeout`'s default: COROCOLL_TIMEOUT when it is set and valid, else c10d's
+/// 30 minutes (an invalid value is refused by `read_environment` when set-up starts).
+COROCOLL_DECL std::chrono::milliseconds default_timeout();
+
+}  // namespace detail
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace detail {
+
+COROCOLL_DECL std::optional<std::int64_t> parse_decimal(std::string_view s, std::int64_t scale) {
     auto point = s.find('.');
     std::string_view whole = s.substr(0, point);
     std::string_view fraction = point == std::string_view::npos ? "" : s.substr(point + 1);
@@ -65,11 +102,7 @@ inline std::optional<std::int64_t> parse_decimal(std::string_view s, std::int64_
     return value * scale / denominator;
 }
 
-inline std::string env_error(const char* name, const char* value, const std::string& why) {
-    return std::string("corocoll: ") + name + "='" + value + "' " + why;
-}
-
-inline std::chrono::milliseconds parse_timeout(const char* v) {
+COROCOLL_DECL std::chrono::milliseconds parse_timeout(const char* v) {
     auto ms = parse_decimal(v, 1000);
     if (!ms || *ms <= 0) {
         throw std::invalid_argument(
@@ -81,14 +114,7 @@ inline std::chrono::milliseconds parse_timeout(const char* v) {
 
 }  // namespace detail
 
-/// Reads and checks every COROCOLL_* variable that shapes a group: COROCOLL_ALGORITHM,
-/// COROCOLL_TRANSPORT, COROCOLL_DEBUG, COROCOLL_TIMEOUT, COROCOLL_BUSY_POLL_US and
-/// COROCOLL_STALL_S. A value
-/// that is not understood throws `std::invalid_argument` naming the variable, the value and
-/// what it may be. `init_process_group` calls it before it reaches the store; costs a few
-/// `getenv` calls.
-inline environment_settings read_environment(
-    const rendezvous::env_lookup& env = rendezvous::process_env()) {
+COROCOLL_DECL environment_settings read_environment(const rendezvous::env_lookup& env) {
     environment_settings out;
     if (const char* v = env("COROCOLL_ALGORITHM")) {
         out.algorithms = collectives::algorithm_choice::parse_spec(v);
@@ -117,9 +143,7 @@ inline environment_settings read_environment(
 
 namespace detail {
 
-/// `init_options::timeout`'s default: COROCOLL_TIMEOUT when it is set and valid, else c10d's
-/// 30 minutes (an invalid value is refused by `read_environment` when set-up starts).
-inline std::chrono::milliseconds default_timeout() {
+COROCOLL_DECL std::chrono::milliseconds default_timeout() {
     if (const char* v = std::getenv("COROCOLL_TIMEOUT")) {
         try {
             return parse_timeout(v);
@@ -132,3 +156,5 @@ inline std::chrono::milliseconds default_timeout() {
 }  // namespace detail
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

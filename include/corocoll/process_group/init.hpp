@@ -82,18 +82,80 @@ struct rendezvous_result {
 
 // COROCOLL_JOB_TOKEN, or empty. The store rank 0 serves asks every client to prove it, and
 // mesh set-up has both ends of every connection prove it (docs/security.md).
-inline std::string job_token_from_env() {
+COROCOLL_DECL std::string job_token_from_env();
+
+// Connects to the store at `master`, which `source` names (the variable to fix); a server
+// there that does not answer like a store is an error that says so at once.
+COROCOLL_DECL task<std::shared_ptr<rendezvous::tcp_store>> connect_store(
+    io::reactor& r, const io::endpoint& master, int rank, std::chrono::milliseconds timeout,
+    const std::string& source);
+
+// Rank 0 serves the store at host:port; everyone connects to it.
+COROCOLL_DECL task<rendezvous_result> tcp_rendezvous(io::reactor& r, const std::string& host,
+                                                     std::uint16_t port, int rank,
+                                                     std::chrono::milliseconds timeout,
+                                                     const std::string& source);
+
+// Who this process is, for messages about a clash: "rank 1 (pid 4242 on node7)".
+COROCOLL_DECL std::string who_is(int rank);
+
+COROCOLL_DECL std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadline);
+
+// Before any connection is made, every rank of a group claims its number and states the
+// world size in the group's store, and waits until all have. A number claimed twice or a
+// world size that differs from the first rank's is written under "init/verdict" in place of
+// "ok", so every rank waiting there learns it at once, by name, instead of at the deadline;
+// a rank that never came is named when the deadline passes. A rank that serves the store
+// (`hosting`) waits up to 2 s after a bad verdict, until every rank that joined has read it.
+// Costs four store round trips.
+COROCOLL_DECL task<> roll_call(rendezvous::store& store, int rank, int size,
+                               const std::string& name,
+                               std::chrono::steady_clock::time_point deadline, bool hosting);
+
+// The part of set-up every group shares, the world and subgroups alike: the mesh under the
+// group's own store namespace, then a store-based barrier, as torch's init ends with: nobody
+// returns (and perhaps finishes and exits, taking a hosted store along) before every rank
+// has its connections.
+COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
+    io::reactor& r, std::shared_ptr<rendezvous::prefix_store> group_store, int rank, int size,
+    std::string name, std::chrono::milliseconds timeout, transport::engine_options limits,
+    io::endpoint listen_on, std::shared_ptr<rendezvous::tcp_store_server> hosted);
+
+/// The part of `init_process_group` that does not depend on the backend: works out rank and
+/// world size (explicit, else from the launcher's environment), reaches the store, and opens
+/// a fresh namespace in it for this set-up of `o.group_name`.
+COROCOLL_DECL task<rendezvous_result> rendezvous_for(io::reactor& r, init_options& o);
+
+}  // namespace detail
+
+/// Sets up a process group, like torch's `init_process_group`: works out rank and world size
+/// (explicit, else from the launcher's environment, see `rendezvous::read_launch_env`),
+/// reaches the rendezvous store (given; `env://` at MASTER_ADDR:MASTER_PORT, where rank 0
+/// serves it unless torchrun's agent already does (TORCHELASTIC_USE_AGENT_STORE); `tcp://`;
+/// `file://`), then connects the mesh. Everything is bounded by `o.timeout`; errors name what
+/// was missing or what failed. CUDA buffers: `corocoll::gpu::init_process_group` (the
+/// include-gpu root) sets up backend "nccl".
+COROCOLL_DECL task<std::shared_ptr<process_group>> init_process_group(io::reactor& r,
+                                                                      init_options o = {});
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace detail {
+
+COROCOLL_DECL std::string job_token_from_env() {
     const char* token = std::getenv("COROCOLL_JOB_TOKEN");
     return token != nullptr ? token : "";
 }
 
-// Connects to the store at `master`, which `source` names (the variable to fix); a server
-// there that does not answer like a store is an error that says so at once.
-inline task<std::shared_ptr<rendezvous::tcp_store>> connect_store(io::reactor& r,
-                                                                  const io::endpoint& master,
-                                                                  int rank,
-                                                                  std::chrono::milliseconds timeout,
-                                                                  const std::string& source) {
+COROCOLL_DECL task<std::shared_ptr<rendezvous::tcp_store>> connect_store(
+    io::reactor& r, const io::endpoint& master, int rank, std::chrono::milliseconds timeout,
+    const std::string& source) {
     try {
         co_return co_await rendezvous::tcp_store::connect(r, master, timeout, job_token_from_env());
     } catch (const std::system_error& e) {
@@ -105,11 +167,10 @@ inline task<std::shared_ptr<rendezvous::tcp_store>> connect_store(io::reactor& r
     }
 }
 
-// Rank 0 serves the store at host:port; everyone connects to it.
-inline task<rendezvous_result> tcp_rendezvous(io::reactor& r, const std::string& host,
-                                              std::uint16_t port, int rank,
-                                              std::chrono::milliseconds timeout,
-                                              const std::string& source) {
+COROCOLL_DECL task<rendezvous_result> tcp_rendezvous(io::reactor& r, const std::string& host,
+                                                     std::uint16_t port, int rank,
+                                                     std::chrono::milliseconds timeout,
+                                                     const std::string& source) {
     rendezvous_result out;
     io::endpoint master = io::endpoint::resolve(host, port);
     out.master = master;
@@ -135,28 +196,21 @@ inline task<rendezvous_result> tcp_rendezvous(io::reactor& r, const std::string&
     co_return out;
 }
 
-// Who this process is, for messages about a clash: "rank 1 (pid 4242 on node7)".
-inline std::string who_is(int rank) {
+COROCOLL_DECL std::string who_is(int rank) {
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);
     return "rank " + std::to_string(rank) + " (pid " + std::to_string(::getpid()) + " on " + host +
            ")";
 }
 
-inline std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadline) {
+COROCOLL_DECL std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadline) {
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::max(
         deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration{}));
 }
 
-// Before any connection is made, every rank of a group claims its number and states the
-// world size in the group's store, and waits until all have. A number claimed twice or a
-// world size that differs from the first rank's is written under "init/verdict" in place of
-// "ok", so every rank waiting there learns it at once, by name, instead of at the deadline;
-// a rank that never came is named when the deadline passes. A rank that serves the store
-// (`hosting`) waits up to 2 s after a bad verdict, until every rank that joined has read it.
-// Costs four store round trips.
-inline task<> roll_call(rendezvous::store& store, int rank, int size, const std::string& name,
-                        std::chrono::steady_clock::time_point deadline, bool hosting) {
+COROCOLL_DECL task<> roll_call(rendezvous::store& store, int rank, int size,
+                               const std::string& name,
+                               std::chrono::steady_clock::time_point deadline, bool hosting) {
     constexpr std::chrono::milliseconds hosting_linger{2000};
     std::string me = who_is(rank);
     // The claim carries a random number: ranks that are threads of one process look alike.
@@ -239,11 +293,7 @@ inline task<> roll_call(rendezvous::store& store, int rank, int size, const std:
     }
 }
 
-// The part of set-up every group shares, the world and subgroups alike: the mesh under the
-// group's own store namespace, then a store-based barrier, as torch's init ends with: nobody
-// returns (and perhaps finishes and exits, taking a hosted store along) before every rank
-// has its connections.
-inline task<std::shared_ptr<process_group>> build_group(
+COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
     io::reactor& r, std::shared_ptr<rendezvous::prefix_store> group_store, int rank, int size,
     std::string name, std::chrono::milliseconds timeout, transport::engine_options limits,
     io::endpoint listen_on, std::shared_ptr<rendezvous::tcp_store_server> hosted) {
@@ -283,10 +333,7 @@ inline task<std::shared_ptr<process_group>> build_group(
         group_disposer{});
 }
 
-/// The part of `init_process_group` that does not depend on the backend: works out rank and
-/// world size (explicit, else from the launcher's environment), reaches the store, and opens
-/// a fresh namespace in it for this set-up of `o.group_name`.
-inline task<rendezvous_result> rendezvous_for(io::reactor& r, init_options& o) {
+COROCOLL_DECL task<rendezvous_result> rendezvous_for(io::reactor& r, init_options& o) {
     std::optional<rendezvous::launch_info> env;
     if (o.rank < 0 || o.world_size < 0) {
         if (o.store) {
@@ -383,15 +430,8 @@ inline task<rendezvous_result> rendezvous_for(io::reactor& r, init_options& o) {
 
 }  // namespace detail
 
-/// Sets up a process group, like torch's `init_process_group`: works out rank and world size
-/// (explicit, else from the launcher's environment, see `rendezvous::read_launch_env`),
-/// reaches the rendezvous store (given; `env://` at MASTER_ADDR:MASTER_PORT, where rank 0
-/// serves it unless torchrun's agent already does (TORCHELASTIC_USE_AGENT_STORE); `tcp://`;
-/// `file://`), then connects the mesh. Everything is bounded by `o.timeout`; errors name what
-/// was missing or what failed. CUDA buffers: `corocoll::gpu::init_process_group` (the
-/// include-gpu root) sets up backend "nccl".
-inline task<std::shared_ptr<process_group>> init_process_group(io::reactor& r,
-                                                               init_options o = {}) {
+COROCOLL_DECL task<std::shared_ptr<process_group>> init_process_group(io::reactor& r,
+                                                                      init_options o) {
     if (o.backend != "tcp" && o.backend != "gloo" && o.backend != "cpu") {
         throw std::invalid_argument(detail::init_error(
             "backend '" + o.backend + "' is not available (CPU groups use \"tcp\"" +
@@ -406,7 +446,7 @@ inline task<std::shared_ptr<process_group>> init_process_group(io::reactor& r,
         transport::choose_listen_address(rv.master), std::move(rv.hosted));
 }
 
-inline task<std::shared_ptr<process_group>> process_group::new_group(rank_list list) {
+COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::new_group(rank_list list) {
     std::vector<int> ranks = std::move(list).take();
     check_open("new_group");
     std::sort(ranks.begin(), ranks.end());
@@ -428,7 +468,7 @@ inline task<std::shared_ptr<process_group>> process_group::new_group(rank_list l
     co_return group;
 }
 
-inline task<std::shared_ptr<process_group>> process_group::split(int colour, int key) {
+COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::split(int colour, int key) {
     std::vector<std::pair<int, int>> all;
     co_await all_gather_object(all, std::pair<int, int>{colour, key});
     int k = ++subgroups_;
@@ -454,3 +494,5 @@ inline task<std::shared_ptr<process_group>> process_group::split(int colour, int
 }
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -102,33 +102,13 @@ public:
                   std::shared_ptr<rendezvous::store> store,
                   std::vector<std::unique_ptr<transport::channel>> peers,
                   transport::engine_options limits,
-                  std::shared_ptr<rendezvous::tcp_store_server> hosted, io::endpoint listen_on = {})
-        : reactor_(r),
-          name_(std::move(name)),
-          timeout_(timeout),
-          store_(std::move(store)),
-          hosted_(std::move(hosted)),
-          listen_on_(listen_on),
-          limits_(limits),
-          engine_(r, rank, size, std::move(peers), limits) {
-        engine_.set_describer(&collectives::describe);
-        unlock_item_.lock = &collective_lock_;
-        unlock_item_.run_ = [](corocoll::detail::work_item* item) noexcept {
-            static_cast<unlock_item*>(item)->lock->unlock();
-        };
-    }
+                  std::shared_ptr<rendezvous::tcp_store_server> hosted,
+                  io::endpoint listen_on = {});
     process_group(const process_group&) = delete;
     process_group& operator=(const process_group&) = delete;
     /// Closes the group if `close()` was not awaited, blocking on this thread's reactor. Groups
     /// made by corocoll (shared_ptr) never get here unclosed: see `dispose`.
-    ~process_group() {
-        if (!closed_) {
-            try {
-                sync_wait(close());
-            } catch (...) {
-            }
-        }
-    }
+    ~process_group();
 
     /// This rank in the group, 0 to `size() - 1` (torch's `get_rank`).
     int rank() const noexcept { return engine_.rank(); }
@@ -186,20 +166,7 @@ public:
 
     /// Starts every operation of `ops` at once, like torch's `batch_isend_irecv`; one `work`
     /// per operation, in order (a send's yields its peer).
-    std::vector<work<int>> batch_isend_irecv(const std::vector<p2p_op>& ops) {
-        check_open("batch_isend_irecv");
-        std::vector<work<int>> out;
-        out.reserve(ops.size());
-        for (const auto& op : ops) {
-            if (op.action == p2p_op::kind::isend) {
-                out.push_back(start(send_then_peer(op.data, op.peer, op.tag)));
-            } else {
-                out.push_back(start(engine_.recv<transport::recv_yields::source>(
-                    op.data, op.peer, op.tag, deadline())));
-            }
-        }
-        return out;
-    }
+    std::vector<work<int>> batch_isend_irecv(const std::vector<p2p_op>& ops);
 
     // ---- subgroups ----
 
@@ -231,12 +198,7 @@ public:
     std::size_t chunk_bytes() const noexcept { return chunk_bytes_; }
 
     /// Blocks until every rank of the group has called it (dissemination).
-    collective_call<> barrier() {
-        return call("barrier", collective(collectives::collective_kind::barrier, {}, 0, 0, 0,
-                                          [](collectives::context& c) {
-                                              return collectives::barrier_dissemination(c);
-                                          }));
-    }
+    collective_call<> barrier();
 
     /// Copies `data` of rank `src` into `data` of every rank.
     template <buffer R>
@@ -453,13 +415,7 @@ public:
     /// A barrier that rank 0 watches: every rank reports to rank 0, which waits up to
     /// `timeout` and then names every rank that did not arrive (all of them, not just the
     /// first); every rank that arrived gets the same error. Like torch's monitored_barrier.
-    collective_call<> monitored_barrier(std::chrono::milliseconds timeout) {
-        return call("monitored_barrier",
-                    collective(collectives::collective_kind::monitored_barrier, {}, 0, 0, 0,
-                               [timeout](collectives::context& c) {
-                                   return collectives::monitored_barrier_star(c, timeout);
-                               }));
-    }
+    collective_call<> monitored_barrier(std::chrono::milliseconds timeout);
 
     // ---- object collectives: any serializable type (see collectives/object.hpp) ----
 
@@ -493,30 +449,7 @@ public:
     /// torch's destroy_process_group tears down every group. Operations called afterwards
     /// throw `std::logic_error` naming the call and the group. Idempotent: a second call
     /// completes when the first has.
-    task<> close() {
-        if (closed_) {
-            while (!close_finished_) co_await reactor_.sleep_for(std::chrono::milliseconds(1));
-            co_return;
-        }
-        closed_ = true;
-        for (auto& weak : made_) {
-            if (auto g = weak.lock()) {
-                try {
-                    co_await g->close();
-                } catch (...) {
-                    // Its own close goes on whatever a subgroup's did.
-                }
-            }
-        }
-        made_.clear();
-        // The rank that serves the store keeps it up until the others are gone.
-        co_await engine_.close(hosted_ ? deadline() : std::chrono::steady_clock::time_point{});
-        // The last collective's lock release (`unlock_item_`) may still wait in the reactor's
-        // posted batch that is running now (a reader's cancellation ended the close inside
-        // it): let that batch finish before the caller may destroy the group.
-        co_await reactor_.schedule();
-        close_finished_ = true;
-    }
+    task<> close();
 
     /// True once `close()` has begun (or finished).
     bool closed() const noexcept { return closed_; }
@@ -535,51 +468,13 @@ private:
     // nested inside that coroutine and wait on itself. There the reactor adopts a task that
     // closes the group from its own queue and then deletes it; the reactor finishes that task
     // before it is destroyed. From another thread the group's reactor is asked to do the same.
-    static void dispose(process_group* g) noexcept {
-        if (g->closed_ && g->close_finished_) {
-            delete g;
-            return;
-        }
-        io::reactor& r = g->reactor_;
-        if (io::reactor::current() == &r) {
-            if (!r.running() && !g->closed_) {
-                delete g;
-                return;
-            }
-            r.adopt(close_then_delete(g));
-            return;
-        }
-        struct handover : corocoll::detail::work_item {
-            process_group* group = nullptr;
-        };
-        auto* item = new handover;
-        item->group = g;
-        item->run_ = [](corocoll::detail::work_item* self) noexcept {
-            auto* h = static_cast<handover*>(self);
-            h->group->reactor_.adopt(close_then_delete(h->group));
-            delete h;
-        };
-        r.post(*item);
-    }
+    static void dispose(process_group* g) noexcept;
 
-    static task<> close_then_delete(process_group* g) {
-        // Out of whatever coroutine dropped the reference first.
-        co_await g->reactor_.schedule();
-        try {
-            co_await g->close();
-        } catch (...) {
-        }
-        delete g;
-    }
+    static task<> close_then_delete(process_group* g);
 
     // Operations on a closed group are refused before they touch its reactor (gone after
     // destroy_process_group).
-    void check_open(const char* what) const {
-        if (!closed_) return;
-        throw std::logic_error(prefix(what) + "process group '" + name_ +
-                               "' is closed (by close(), destroy_process_group() or the close "
-                               "of the group it was made from)");
-    }
+    void check_open(const char* what) const;
 
     // ---- collective helpers ----
 
@@ -703,18 +598,7 @@ private:
     // A collective_call of this group was dropped without being awaited: the collective never
     // ran, and the other ranks wait in it. The group fails from this rank, with words that
     // say why, so that every rank learns it instead of hanging or going on silently.
-    static void forgotten(void* self, const char* what) noexcept {
-        auto& g = *static_cast<process_group*>(self);
-        if (g.closed_) return;
-        try {
-            g.engine_.abandon("rank " + std::to_string(g.rank()) + " called " + what +
-                              " on group '" + g.name_ +
-                              "' but never awaited it (a forgotten co_await?): the collective "
-                              "never ran");
-        } catch (...) {
-            std::terminate();  // out of memory for the words: still no silent skip
-        }
-    }
+    static void forgotten(void* self, const char* what) noexcept;
 
     template <class R>
     static dtype element_of() {
@@ -788,10 +672,7 @@ private:
 
     std::chrono::steady_clock::time_point deadline() const { return io::deadline_after(timeout_); }
 
-    task<int> send_then_peer(std::span<const std::byte> buf, int dst, std::int64_t tag) {
-        co_await engine_.send(buf, dst, tag, deadline());
-        co_return dst;
-    }
+    task<int> send_then_peer(std::span<const std::byte> buf, int dst, std::int64_t tag);
 
     io::reactor& reactor_;
     std::string name_;
@@ -825,3 +706,164 @@ COROCOLL_END_NAMESPACE
 
 // Set-up (init_process_group, new_group, split) needs the class complete.
 #include <corocoll/process_group/init.hpp>
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+COROCOLL_DECL process_group::process_group(io::reactor& r, int rank, int size, std::string name,
+                                           duration timeout,
+                                           std::shared_ptr<rendezvous::store> store,
+                                           std::vector<std::unique_ptr<transport::channel>> peers,
+                                           transport::engine_options limits,
+                                           std::shared_ptr<rendezvous::tcp_store_server> hosted,
+                                           io::endpoint listen_on)
+    : reactor_(r),
+      name_(std::move(name)),
+      timeout_(timeout),
+      store_(std::move(store)),
+      hosted_(std::move(hosted)),
+      listen_on_(listen_on),
+      limits_(limits),
+      engine_(r, rank, size, std::move(peers), limits) {
+    engine_.set_describer(&collectives::describe);
+    unlock_item_.lock = &collective_lock_;
+    unlock_item_.run_ = [](corocoll::detail::work_item* item) noexcept {
+        static_cast<unlock_item*>(item)->lock->unlock();
+    };
+}
+
+COROCOLL_DECL process_group::~process_group() {
+    if (!closed_) {
+        try {
+            sync_wait(close());
+        } catch (...) {
+        }
+    }
+}
+
+COROCOLL_DECL std::vector<work<int>> process_group::batch_isend_irecv(
+    const std::vector<p2p_op>& ops) {
+    check_open("batch_isend_irecv");
+    std::vector<work<int>> out;
+    out.reserve(ops.size());
+    for (const auto& op : ops) {
+        if (op.action == p2p_op::kind::isend) {
+            out.push_back(start(send_then_peer(op.data, op.peer, op.tag)));
+        } else {
+            out.push_back(start(engine_.recv<transport::recv_yields::source>(op.data, op.peer,
+                                                                             op.tag, deadline())));
+        }
+    }
+    return out;
+}
+
+COROCOLL_DECL collective_call<> process_group::barrier() {
+    return call("barrier", collective(collectives::collective_kind::barrier, {}, 0, 0, 0,
+                                      [](collectives::context& c) {
+                                          return collectives::barrier_dissemination(c);
+                                      }));
+}
+
+COROCOLL_DECL collective_call<> process_group::monitored_barrier(
+    std::chrono::milliseconds timeout) {
+    return call("monitored_barrier", collective(collectives::collective_kind::monitored_barrier, {},
+                                                0, 0, 0, [timeout](collectives::context& c) {
+                                                    return collectives::monitored_barrier_star(
+                                                        c, timeout);
+                                                }));
+}
+
+COROCOLL_DECL task<> process_group::close() {
+    if (closed_) {
+        while (!close_finished_) co_await reactor_.sleep_for(std::chrono::milliseconds(1));
+        co_return;
+    }
+    closed_ = true;
+    for (auto& weak : made_) {
+        if (auto g = weak.lock()) {
+            try {
+                co_await g->close();
+            } catch (...) {
+                // Its own close goes on whatever a subgroup's did.
+            }
+        }
+    }
+    made_.clear();
+    // The rank that serves the store keeps it up until the others are gone.
+    co_await engine_.close(hosted_ ? deadline() : std::chrono::steady_clock::time_point{});
+    // The last collective's lock release (`unlock_item_`) may still wait in the reactor's
+    // posted batch that is running now (a reader's cancellation ended the close inside
+    // it): let that batch finish before the caller may destroy the group.
+    co_await reactor_.schedule();
+    close_finished_ = true;
+}
+
+COROCOLL_DECL void process_group::dispose(process_group* g) noexcept {
+    if (g->closed_ && g->close_finished_) {
+        delete g;
+        return;
+    }
+    io::reactor& r = g->reactor_;
+    if (io::reactor::current() == &r) {
+        if (!r.running() && !g->closed_) {
+            delete g;
+            return;
+        }
+        r.adopt(close_then_delete(g));
+        return;
+    }
+    struct handover : corocoll::detail::work_item {
+        process_group* group = nullptr;
+    };
+    auto* item = new handover;
+    item->group = g;
+    item->run_ = [](corocoll::detail::work_item* self) noexcept {
+        auto* h = static_cast<handover*>(self);
+        h->group->reactor_.adopt(close_then_delete(h->group));
+        delete h;
+    };
+    r.post(*item);
+}
+
+COROCOLL_DECL task<> process_group::close_then_delete(process_group* g) {
+    // Out of whatever coroutine dropped the reference first.
+    co_await g->reactor_.schedule();
+    try {
+        co_await g->close();
+    } catch (...) {
+    }
+    delete g;
+}
+
+COROCOLL_DECL void process_group::check_open(const char* what) const {
+    if (!closed_) return;
+    throw std::logic_error(prefix(what) + "process group '" + name_ +
+                           "' is closed (by close(), destroy_process_group() or the close "
+                           "of the group it was made from)");
+}
+
+COROCOLL_DECL void process_group::forgotten(void* self, const char* what) noexcept {
+    auto& g = *static_cast<process_group*>(self);
+    if (g.closed_) return;
+    try {
+        g.engine_.abandon("rank " + std::to_string(g.rank()) + " called " + what + " on group '" +
+                          g.name_ +
+                          "' but never awaited it (a forgotten co_await?): the collective "
+                          "never ran");
+    } catch (...) {
+        std::terminate();  // out of memory for the words: still no silent skip
+    }
+}
+
+COROCOLL_DECL task<int> process_group::send_then_peer(std::span<const std::byte> buf, int dst,
+                                                      std::int64_t tag) {
+    co_await engine_.send(buf, dst, tag, deadline());
+    co_return dst;
+}
+
+COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -44,16 +44,7 @@ struct rank_exit {
     /// Exited with status 0.
     bool ok() const noexcept { return signal == 0 && exit_code == 0; }
     /// One line for a message: "rank 2 (pid 1234) exited with status 1", or the signal's name.
-    std::string describe() const {
-        std::string s = "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ") ";
-        if (signal != 0) {
-            s += "was killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
-        } else {
-            s += "exited with code " + std::to_string(exit_code);
-        }
-        if (stopped_by_us) s += " after being stopped because another rank failed";
-        return s;
-    }
+    std::string describe() const;
 };
 
 /// What `spawn_ranks` saw.
@@ -263,28 +254,13 @@ spawn_result spawn_ranks(int n, Body body, spawn_options options = {}) {
 
 namespace detail {
 
-inline int report(const spawn_result& r) {
-    if (r.ok()) return 0;
-    const auto& first = r.ranks[static_cast<std::size_t>(r.first_failure)];
-    std::fprintf(stderr, "corocoll: spawn: failed first: %s\n", first.describe().c_str());
-    for (const auto& e : r.ranks) {
-        if (!e.ok() && e.rank != r.first_failure) {
-            std::fprintf(stderr, "corocoll: spawn: %s\n", e.describe().c_str());
-        }
-    }
-    return 1;
-}
+COROCOLL_DECL int report(const spawn_result& r);
 
 }  // namespace detail
 
 /// True when a launcher's rank variable is set (RANK, OMPI_COMM_WORLD_RANK, PMI_RANK,
 /// SLURM_PROCID).
-inline bool launched_by_launcher() {
-    for (const char* v : {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}) {
-        if (std::getenv(v) != nullptr) return true;
-    }
-    return false;
-}
+COROCOLL_DECL bool launched_by_launcher();
 
 /// `spawn_ranks`, reporting a failure on stderr ("which rank, how") and returning the exit
 /// code for `main`: 0 when every rank succeeded, 1 otherwise.
@@ -317,3 +293,47 @@ int run_or_spawn_main(int n, RankMain rank_main) {
 }
 
 COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+COROCOLL_DECL std::string rank_exit::describe() const {
+    std::string s = "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ") ";
+    if (signal != 0) {
+        s += "was killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
+    } else {
+        s += "exited with code " + std::to_string(exit_code);
+    }
+    if (stopped_by_us) s += " after being stopped because another rank failed";
+    return s;
+}
+
+namespace detail {
+
+COROCOLL_DECL int report(const spawn_result& r) {
+    if (r.ok()) return 0;
+    const auto& first = r.ranks[static_cast<std::size_t>(r.first_failure)];
+    std::fprintf(stderr, "corocoll: spawn: failed first: %s\n", first.describe().c_str());
+    for (const auto& e : r.ranks) {
+        if (!e.ok() && e.rank != r.first_failure) {
+            std::fprintf(stderr, "corocoll: spawn: %s\n", e.describe().c_str());
+        }
+    }
+    return 1;
+}
+
+}  // namespace detail
+
+COROCOLL_DECL bool launched_by_launcher() {
+    for (const char* v : {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+        if (std::getenv(v) != nullptr) return true;
+    }
+    return false;
+}
+
+COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

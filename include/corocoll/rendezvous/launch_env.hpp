@@ -51,26 +51,7 @@ struct launch_info {
 
 namespace detail {
 
-inline std::optional<long long> env_int(const env_lookup& env, const char* name) {
-    const char* v = env(name);
-    if (v == nullptr) return std::nullopt;
-    std::string_view s(v);
-    long long value = 0;
-    bool negative = !s.empty() && s.front() == '-';
-    if (negative) s.remove_prefix(1);
-    if (s.empty() || s.size() > 12) {
-        throw std::invalid_argument("corocoll: environment variable " + std::string(name) + "='" +
-                                    v + "' is not an integer");
-    }
-    for (char c : s) {
-        if (c < '0' || c > '9') {
-            throw std::invalid_argument("corocoll: environment variable " + std::string(name) +
-                                        "='" + v + "' is not an integer");
-        }
-        value = value * 10 + (c - '0');
-    }
-    return negative ? -value : value;
-}
+COROCOLL_DECL std::optional<long long> env_int(const env_lookup& env, const char* name);
 
 // One launcher's names for rank, size, local rank and local size.
 struct launcher_vars {
@@ -97,7 +78,75 @@ inline constexpr launcher_vars launchers[] = {
 /// (`r[1-2]n[1-2]` gives four names). Throws `std::invalid_argument` naming the list on an
 /// unbalanced bracket, a range that runs backwards or a list of more than 100,000 names. Costs
 /// one string per host.
-inline std::vector<std::string> expand_hostlist(std::string_view list) {
+COROCOLL_DECL std::vector<std::string> expand_hostlist(std::string_view list);
+
+/// The store port a Slurm job's ranks agree on without talking: 15000 plus the last four
+/// digits of SLURM_JOB_ID (15000-24999), as PyTorch Lightning derives it. Two jobs whose ids
+/// end alike on one node clash: export MASTER_PORT then.
+inline std::uint16_t slurm_port(unsigned long long job_id) {
+    return static_cast<std::uint16_t>(15000 + job_id % 10000);
+}
+
+/// Fills in where the rendezvous store is: MASTER_ADDR, MASTER_PORT, and whether torchrun's
+/// agent serves it (TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT). Needs no rank
+/// variables: `env://` with an explicit rank and world size reads only these. When the ranks
+/// came from Slurm (`info.launcher == "slurm"`, as srun sets them) and MASTER_ADDR or
+/// MASTER_PORT is not exported, they are derived: the address is the first host of
+/// SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST), where srun's default block distribution puts
+/// task 0, and the port is `slurm_port(SLURM_JOB_ID)`.
+COROCOLL_DECL void read_master_env(launch_info& info, const env_lookup& env = process_env());
+
+/// Reads rank and world size from whichever launcher started the process. Precedence, first
+/// match wins: RANK/WORLD_SIZE (corocollrun, torchrun, or set by hand), Open MPI's
+/// OMPI_COMM_WORLD_*, MPICH/Hydra's PMI_RANK/PMI_SIZE, Slurm's SLURM_PROCID/SLURM_NTASKS.
+/// A launcher whose rank is set but whose size is not (or the reverse), a value that is not an
+/// integer, a rank outside [0, size), or two launchers' variables that disagree on the rank or
+/// the size are errors that name the variables. MASTER_ADDR and MASTER_PORT are read for every
+/// launcher; mpirun does not set them (export them), and under srun they are derived from
+/// Slurm's variables when not exported (see `read_master_env`). Throws `std::invalid_argument`;
+/// when no launcher's variables are there at all, the message says which were looked for.
+COROCOLL_DECL launch_info read_launch_env(const env_lookup& env = process_env());
+
+}  // namespace rendezvous
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace rendezvous {
+namespace detail {
+
+COROCOLL_DECL std::optional<long long> env_int(const env_lookup& env, const char* name) {
+    const char* v = env(name);
+    if (v == nullptr) return std::nullopt;
+    std::string_view s(v);
+    long long value = 0;
+    bool negative = !s.empty() && s.front() == '-';
+    if (negative) s.remove_prefix(1);
+    if (s.empty() || s.size() > 12) {
+        throw std::invalid_argument("corocoll: environment variable " + std::string(name) + "='" +
+                                    v + "' is not an integer");
+    }
+    for (char c : s) {
+        if (c < '0' || c > '9') {
+            throw std::invalid_argument("corocoll: environment variable " + std::string(name) +
+                                        "='" + v + "' is not an integer");
+        }
+        value = value * 10 + (c - '0');
+    }
+    return negative ? -value : value;
+}
+
+}  // namespace detail
+}  // namespace rendezvous
+
+namespace rendezvous {
+
+COROCOLL_DECL std::vector<std::string> expand_hostlist(std::string_view list) {
     auto bad = [&](const std::string& why) {
         return std::invalid_argument("corocoll: Slurm hostlist '" + std::string(list) +
                                      "': " + why);
@@ -174,21 +223,7 @@ inline std::vector<std::string> expand_hostlist(std::string_view list) {
     return out;
 }
 
-/// The store port a Slurm job's ranks agree on without talking: 15000 plus the last four
-/// digits of SLURM_JOB_ID (15000-24999), as PyTorch Lightning derives it. Two jobs whose ids
-/// end alike on one node clash: export MASTER_PORT then.
-inline std::uint16_t slurm_port(unsigned long long job_id) {
-    return static_cast<std::uint16_t>(15000 + job_id % 10000);
-}
-
-/// Fills in where the rendezvous store is: MASTER_ADDR, MASTER_PORT, and whether torchrun's
-/// agent serves it (TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT). Needs no rank
-/// variables: `env://` with an explicit rank and world size reads only these. When the ranks
-/// came from Slurm (`info.launcher == "slurm"`, as srun sets them) and MASTER_ADDR or
-/// MASTER_PORT is not exported, they are derived: the address is the first host of
-/// SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST), where srun's default block distribution puts
-/// task 0, and the port is `slurm_port(SLURM_JOB_ID)`.
-inline void read_master_env(launch_info& info, const env_lookup& env = process_env()) {
+COROCOLL_DECL void read_master_env(launch_info& info, const env_lookup& env) {
     if (const char* a = env("MASTER_ADDR")) info.master_addr = a;
     if (auto p = detail::env_int(env, "MASTER_PORT")) {
         if (*p < 0 || *p > 65535) {
@@ -225,16 +260,7 @@ inline void read_master_env(launch_info& info, const env_lookup& env = process_e
     }
 }
 
-/// Reads rank and world size from whichever launcher started the process. Precedence, first
-/// match wins: RANK/WORLD_SIZE (corocollrun, torchrun, or set by hand), Open MPI's
-/// OMPI_COMM_WORLD_*, MPICH/Hydra's PMI_RANK/PMI_SIZE, Slurm's SLURM_PROCID/SLURM_NTASKS.
-/// A launcher whose rank is set but whose size is not (or the reverse), a value that is not an
-/// integer, a rank outside [0, size), or two launchers' variables that disagree on the rank or
-/// the size are errors that name the variables. MASTER_ADDR and MASTER_PORT are read for every
-/// launcher; mpirun does not set them (export them), and under srun they are derived from
-/// Slurm's variables when not exported (see `read_master_env`). Throws `std::invalid_argument`;
-/// when no launcher's variables are there at all, the message says which were looked for.
-inline launch_info read_launch_env(const env_lookup& env = process_env()) {
+COROCOLL_DECL launch_info read_launch_env(const env_lookup& env) {
     launch_info info;
     const detail::launcher_vars* chosen = nullptr;
     for (const auto& l : detail::launchers) {
@@ -289,3 +315,5 @@ inline launch_info read_launch_env(const env_lookup& env = process_env()) {
 }  // namespace rendezvous
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -37,15 +37,9 @@ public:
                                   std::string desired) override {
         return base_->compare_set(full(key), std::move(expected), std::move(desired));
     }
-    task<> wait(std::vector<std::string> keys, duration timeout) override {
-        for (auto& k : keys) k = full(k);
-        return base_->wait(std::move(keys), timeout);
-    }
+    COROCOLL_DECL task<> wait(std::vector<std::string> keys, duration timeout) override;
     using store::wait;
-    task<bool> check(std::vector<std::string> keys) override {
-        for (auto& k : keys) k = full(k);
-        return base_->check(std::move(keys));
-    }
+    COROCOLL_DECL task<bool> check(std::vector<std::string> keys) override;
     task<bool> delete_key(std::string key) override { return base_->delete_key(full(key)); }
     task<std::int64_t> num_keys() override { return base_->num_keys(); }
 
@@ -53,13 +47,7 @@ private:
     std::string full(const std::string& key) const { return prefix_ + "/" + key; }
 
     // get() honours this store's timeout, which may differ from the base store's.
-    task<std::string> with_timeout_get(std::string key) {
-        // Named: g++ 12.2 rejects an initializer_list temporary inside co_await
-        // ("array used as initializer").
-        std::vector<std::string> keys{key};
-        co_await base_->wait(std::move(keys), timeout());
-        co_return co_await base_->get(std::move(key));
-    }
+    task<std::string> with_timeout_get(std::string key);
 
     std::string prefix_;
     std::shared_ptr<store> base_;
@@ -68,3 +56,35 @@ private:
 }  // namespace rendezvous
 
 COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace rendezvous {
+
+COROCOLL_DECL task<> prefix_store::wait(std::vector<std::string> keys, duration timeout) {
+    for (auto& k : keys) k = full(k);
+    return base_->wait(std::move(keys), timeout);
+}
+
+COROCOLL_DECL task<bool> prefix_store::check(std::vector<std::string> keys) {
+    for (auto& k : keys) k = full(k);
+    return base_->check(std::move(keys));
+}
+
+COROCOLL_DECL task<std::string> prefix_store::with_timeout_get(std::string key) {
+    // Named: g++ 12.2 rejects an initializer_list temporary inside co_await
+    // ("array used as initializer").
+    std::vector<std::string> keys{key};
+    co_await base_->wait(std::move(keys), timeout());
+    co_return co_await base_->get(std::move(key));
+}
+
+}  // namespace rendezvous
+
+COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -76,7 +76,31 @@ namespace detail {
 
 /// The integer an `add` finds at `key` (decimal text, as c10d stores it); anything else is an
 /// error naming the key.
-inline std::int64_t parse_store_int(const std::string& key, const std::string& text) {
+COROCOLL_DECL std::int64_t parse_store_int(const std::string& key, const std::string& text);
+
+/// `old + delta` for an ADD to `key`; throws `std::system_error` (value_too_large) naming the
+/// key where the sum leaves the int64 range, rather than wrap.
+COROCOLL_DECL std::int64_t checked_add(const std::string& key, std::int64_t old,
+                                       std::int64_t delta);
+
+COROCOLL_DECL std::string join_keys(const std::vector<std::string>& keys);
+
+}  // namespace detail
+
+}  // namespace rendezvous
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace rendezvous {
+namespace detail {
+
+COROCOLL_DECL std::int64_t parse_store_int(const std::string& key, const std::string& text) {
     try {
         std::size_t used = 0;
         long long v = std::stoll(text, &used);
@@ -87,9 +111,8 @@ inline std::int64_t parse_store_int(const std::string& key, const std::string& t
                                 "' is not an integer");
 }
 
-/// `old + delta` for an ADD to `key`; throws `std::system_error` (value_too_large) naming the
-/// key where the sum leaves the int64 range, rather than wrap.
-inline std::int64_t checked_add(const std::string& key, std::int64_t old, std::int64_t delta) {
+COROCOLL_DECL std::int64_t checked_add(const std::string& key, std::int64_t old,
+                                       std::int64_t delta) {
     std::int64_t sum = 0;
     if (__builtin_add_overflow(old, delta, &sum)) {
         corocoll::detail::throw_error(std::make_error_code(std::errc::value_too_large),
@@ -100,7 +123,7 @@ inline std::int64_t checked_add(const std::string& key, std::int64_t old, std::i
     return sum;
 }
 
-inline std::string join_keys(const std::vector<std::string>& keys) {
+COROCOLL_DECL std::string join_keys(const std::vector<std::string>& keys) {
     std::string out;
     for (const auto& k : keys) {
         if (!out.empty()) out += ", ";
@@ -110,7 +133,8 @@ inline std::string join_keys(const std::vector<std::string>& keys) {
 }
 
 }  // namespace detail
-
 }  // namespace rendezvous
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

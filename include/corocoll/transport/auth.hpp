@@ -44,19 +44,7 @@ inline constexpr bool token_auth_available() noexcept {
 }
 
 /// 32 bytes from the kernel's CSPRNG (getrandom), never reused.
-inline auth_nonce auth_random_nonce() {
-    auth_nonce n{};
-    std::size_t got = 0;
-    while (got < n.size()) {
-        ssize_t r = ::getrandom(n.data() + got, n.size() - got, 0);
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            corocoll::detail::throw_errno(errno, "corocoll: init: getrandom");
-        }
-        got += static_cast<std::size_t>(r);
-    }
-    return n;
-}
+COROCOLL_DECL auth_nonce auth_random_nonce();
 
 /// HMAC-SHA256 of `message` under `key`.
 inline auth_proof hmac_sha256([[maybe_unused]] std::string_view key,
@@ -77,7 +65,36 @@ inline auth_proof hmac_sha256([[maybe_unused]] std::string_view key,
 }
 
 /// Compares two proofs in time that does not depend on where they differ.
-inline bool same_proof(const auth_proof& a, const auth_proof& b) noexcept {
+COROCOLL_DECL bool same_proof(const auth_proof& a, const auth_proof& b) noexcept;
+
+}  // namespace transport::detail
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport {
+namespace detail {
+
+COROCOLL_DECL auth_nonce auth_random_nonce() {
+    auth_nonce n{};
+    std::size_t got = 0;
+    while (got < n.size()) {
+        ssize_t r = ::getrandom(n.data() + got, n.size() - got, 0);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            corocoll::detail::throw_errno(errno, "corocoll: init: getrandom");
+        }
+        got += static_cast<std::size_t>(r);
+    }
+    return n;
+}
+
+COROCOLL_DECL bool same_proof(const auth_proof& a, const auth_proof& b) noexcept {
     unsigned char diff = 0;
     for (std::size_t i = 0; i < a.size(); ++i) {
         diff |= static_cast<unsigned char>(a[i] ^ b[i]);
@@ -85,6 +102,9 @@ inline bool same_proof(const auth_proof& a, const auth_proof& b) noexcept {
     return diff == 0;
 }
 
-}  // namespace transport::detail
+}  // namespace detail
+}  // namespace transport
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -55,10 +55,7 @@ public:
     /// straight into it (see `engine_options::hold`). Shared memory says yes for large
     /// payloads (buffering one costs an allocation, page faults and a second copy); a socket
     /// says no (its reader keeps draining it, as before).
-    virtual bool worth_holding(std::uint64_t bytes) noexcept {
-        (void)bytes;
-        return false;
-    }
+    COROCOLL_DECL virtual bool worth_holding(std::uint64_t bytes) noexcept;
 
     /// Sends, without waiting, a prefix of the buffers of `iov` as long as fits now; returns
     /// its length.
@@ -90,16 +87,45 @@ public:
 
 namespace detail {
 
-inline std::size_t iov_bytes(std::span<const iovec> iov) noexcept {
+COROCOLL_DECL std::size_t iov_bytes(std::span<const iovec> iov) noexcept;
+
+// What is left of `iov` after its first `n` bytes, written into `rest` (which has room for
+// as many entries); returns the entries used.
+COROCOLL_DECL std::span<iovec> iov_after(std::span<const iovec> iov, std::size_t n,
+                                         std::span<iovec> rest) noexcept;
+
+}  // namespace detail
+
+}  // namespace transport
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport {
+
+COROCOLL_DECL bool channel::worth_holding(std::uint64_t bytes) noexcept {
+    (void)bytes;
+    return false;
+}
+
+}  // namespace transport
+
+namespace transport {
+namespace detail {
+
+COROCOLL_DECL std::size_t iov_bytes(std::span<const iovec> iov) noexcept {
     std::size_t n = 0;
     for (const iovec& v : iov) n += v.iov_len;
     return n;
 }
 
-// What is left of `iov` after its first `n` bytes, written into `rest` (which has room for
-// as many entries); returns the entries used.
-inline std::span<iovec> iov_after(std::span<const iovec> iov, std::size_t n,
-                                  std::span<iovec> rest) noexcept {
+COROCOLL_DECL std::span<iovec> iov_after(std::span<const iovec> iov, std::size_t n,
+                                         std::span<iovec> rest) noexcept {
     std::size_t used = 0;
     for (const iovec& v : iov) {
         if (n >= v.iov_len) {
@@ -113,7 +139,8 @@ inline std::span<iovec> iov_after(std::span<const iovec> iov, std::size_t n,
 }
 
 }  // namespace detail
-
 }  // namespace transport
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -92,16 +92,7 @@ struct engine_options {
 /// The stall interval that a COROCOLL_STALL_S value `v` asks for (seconds, a number >= 0;
 /// 0: no stall checks), 60 s for null or empty. A value that is not such a number is refused,
 /// naming the variable.
-inline std::chrono::milliseconds parse_stall(const char* v) {
-    if (v == nullptr || *v == '\0') return std::chrono::seconds(60);
-    char* end = nullptr;
-    double seconds = std::strtod(v, &end);
-    if (end == v || *end != '\0' || !(seconds >= 0) || seconds > 1e9) {
-        throw std::invalid_argument(std::string("corocoll: COROCOLL_STALL_S='") + v +
-                                    "' is not a number of seconds >= 0 (0 turns stall checks off)");
-    }
-    return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
-}
+COROCOLL_DECL std::chrono::milliseconds parse_stall(const char* v);
 
 /// The stall interval from COROCOLL_STALL_S (see `parse_stall`).
 inline std::chrono::milliseconds stall_from_env() {
@@ -136,30 +127,7 @@ public:
 
     /// Over one channel per rank, indexed by rank (null for this rank and where none is).
     engine(io::reactor& r, int rank, int size, std::vector<std::unique_ptr<channel>> channels,
-           engine_options options = {})
-        : reactor_(r), rank_(rank), size_(size), options_(options), peers_(channels.size()) {
-        if (!options_.stall) options_.stall = stall_from_env();
-        if (!options_.answer_window) {
-            options_.answer_window =
-                options_.stall->count() == 0
-                    ? std::chrono::milliseconds(3000)
-                    : std::clamp<std::chrono::milliseconds>(
-                          *options_.stall / 4, std::chrono::seconds(1), std::chrono::seconds(10));
-        }
-        matching_.on_expiry(&on_expired, this);
-        for (std::size_t p = 0; p < peers_.size(); ++p) {
-            peers_[p].link = std::move(channels[p]);
-            if (peers_[p].connected()) {
-                peers_[p].address = peers_[p].link->address();
-                readers_.spawn(read_loop(static_cast<int>(p)));
-            }
-        }
-        // Armed without stall checks too: `paused` reads it.
-        stall_timer_.owner = this;
-        stall_timer_.fire = &on_stall_timer;
-        stall_timer_.when = std::chrono::steady_clock::now() + timer_period();
-        reactor_.arm(stall_timer_);
-    }
+           engine_options options = {});
     /// Over one connected socket per rank (TCP channels).
     engine(io::reactor& r, int rank, int size, std::vector<io::socket> sockets,
            engine_options options = {})
@@ -188,31 +156,11 @@ public:
     }
 
     /// Sends `data` to `dst` with `tag`; completes when the bytes are handed to the kernel.
-    task<> send(std::span<const std::byte> data, int dst, std::int64_t tag, time_point deadline) {
-        frame_header h;
-        h.kind = frame_kind::p2p;
-        h.tag = tag;
-        op_label what;
-        what.sending = true;
-        what.peer = dst;
-        what.tag = tag;
-        what.bytes = data.size();
-        return send_frame(data, dst, h, what, deadline);
-    }
+    task<> send(std::span<const std::byte> data, int dst, std::int64_t tag, time_point deadline);
 
     /// Sends one step of a collective: `meta` travels with it and the receiver checks it.
     task<> send_coll(std::span<const std::byte> data, int dst, const collective_meta& meta,
-                     std::uint32_t step, time_point deadline) {
-        frame_header h;
-        meta.apply_to(h);
-        h.tag = step;
-        op_label what;
-        what.sending = true;
-        what.peer = dst;
-        what.collective = true;
-        what.meta = meta;
-        return send_frame(data, dst, h, what, deadline);
-    }
+                     std::uint32_t step, time_point deadline);
 
     /// Receives one step of a collective from `src` into `buf`; yields the length. A message
     /// whose metadata differs from `meta` (another collective, size, root, op or type on that
@@ -220,42 +168,16 @@ public:
     /// With `soft_deadline`, the deadline ends only this receive (see `context`).
     recv_op<recv_yields::length> recv_coll(std::span<std::byte> buf, int src,
                                            const collective_meta& meta, std::uint32_t step,
-                                           time_point deadline, bool soft_deadline = false) {
-        op_label what;
-        what.peer = src;
-        what.collective = true;
-        what.meta = meta;
-        return {*this, buf,  src,      frame_kind::collective, meta.seq,
-                step,  what, deadline, soft_deadline};
-    }
+                                           time_point deadline, bool soft_deadline = false);
 
     /// Declares the collective this rank runs now (collectives of a group run one at a time)
     /// and stamps `meta.history` with the fingerprint of the ones before it: any frame of the
     /// same sequence number that disagrees with it, already buffered or arriving later, from
     /// whichever rank, is a mismatch at once, even if no posted receive would ever match it.
     /// `end_collective` when done.
-    void begin_collective(collective_meta& meta) {
-        meta.history = fingerprint_;
-        active_ = meta;
-        has_active_ = true;
-        for (int p = 0; p < size_ && !failure_; ++p) {
-            for (const auto& m : peer_at(p).unexpected) {
-                if (!check_active(p, m.header)) return;
-            }
-            // A header a reader holds back (the buffer bound) is already here too.
-            if (const frame_header* held = peer_at(p).blocked) {
-                if (!check_active(p, *held)) return;
-            }
-        }
-    }
+    void begin_collective(collective_meta& meta);
     /// The running collective is over (done or failed): it joins the fingerprint.
-    void end_collective() noexcept {
-        if (!has_active_) return;
-        has_active_ = false;
-        remembered_[active_.seq % remembered_.size()] = active_;
-        fingerprint_ = active_.fold(fingerprint_);
-        done_seq_ = active_.seq;
-    }
+    void end_collective() noexcept;
 
     /// Whether a collective that just ended must first let the readers catch up
     /// (`catch_up`): true when this rank's reactor did not run for a while (stopped, or its
@@ -266,24 +188,11 @@ public:
     /// was not always enough: a loaded or instrumented (TSan) process woken from SIGSTOP
     /// could end a collective before its readers reached the abort notices queued behind its
     /// last message.
-    task<> catch_up() {
-        int quiet = 0;
-        for (int i = 0; i < 20 && quiet < 2 && !failure_; ++i) {
-            auto before = frames_in_;
-            co_await reactor_.sleep_for(std::chrono::milliseconds(5));
-            quiet = frames_in_ == before ? quiet + 1 : 0;
-        }
-    }
+    task<> catch_up();
 
     /// Throws the group's failure, as an error of collective `meta`, if the group failed: a
     /// call that completes after its group failed does not count as done.
-    void raise_if_failed(const collective_meta& meta) const {
-        if (!failure_) return;
-        op_label what;
-        what.collective = true;
-        what.meta = meta;
-        check_usable(what);
-    }
+    void raise_if_failed(const collective_meta& meta) const;
 
     /// How long a stall lasts before the ranks compare notes (0: never), and how long they
     /// wait for each other's answers.
@@ -318,31 +227,7 @@ public:
     /// and fails whatever is still pending here. With `linger_until`, it first waits (until
     /// then at most) for every peer to say goodbye or disconnect: what a rank that serves the
     /// others' store does, so that nobody loses the store while still using it.
-    task<> close(time_point linger_until = {}) {
-        if (!failure_ && linger_until > std::chrono::steady_clock::now()) {
-            co_await say_goodbyes();
-            std::stop_source timer_stop;
-            auto timer = [&]() -> task<> {
-                try {
-                    co_await reactor_.sleep_until(linger_until, timer_stop.get_token());
-                } catch (const std::system_error&) {
-                    co_return;  // every peer left first
-                }
-                COROCOLL_LOG(warn, "P2P", "rank ", rank_, " stops waiting for peers to close");
-                // Whatever is still pending ends with this, not as if it had succeeded.
-                if (!failure_) failure_ = closed_error();
-                closing_ = true;
-                abort_all();
-            };
-            auto readers = [&]() -> task<> {
-                co_await readers_.join();
-                timer_stop.request_stop();
-            };
-            co_await when_all(readers(), timer());
-            goodbyes_said_ = true;
-        }
-        co_await close_now();
-    }
+    task<> close(time_point linger_until = {});
 
 private:
     template <recv_yields>
@@ -354,202 +239,42 @@ private:
     std::string spell(const op_label& l) const { return l.spell(describe_); }
 
     static std::vector<std::unique_ptr<channel>> tcp_channels(std::vector<io::socket> sockets,
-                                                              const engine_options& o) {
-        std::vector<std::unique_ptr<channel>> out(sockets.size());
-        for (std::size_t p = 0; p < sockets.size(); ++p) {
-            if (sockets[p].is_open()) {
-                out[p] = tcp_channel::make(std::move(sockets[p]), o.same_host_send_buffer);
-            }
-        }
-        return out;
-    }
+                                                              const engine_options& o);
 
-    static std::exception_ptr closed_error() {
-        return std::make_exception_ptr(std::system_error(
-            std::make_error_code(std::errc::operation_canceled), "the process group was closed"));
-    }
+    static std::exception_ptr closed_error();
 
     task<> send_frame(std::span<const std::byte> data, int dst, frame_header h, op_label what,
-                      time_point deadline) {
-        check_peer(dst, what);
-        check_usable(what);
-        peer& ps = peer_at(dst);
-        if (ps.departed) {
-            corocoll::detail::throw_error(corocoll::errc::connection_closed,
-                                          "corocoll: rank " + std::to_string(rank_) + ": " +
-                                              spell(what) + ": rank " + std::to_string(dst) +
-                                              " closed its process group");
-        }
-        auto guard = co_await ps.send_lock.scoped_lock();
-        check_usable(what);
-        h.src = static_cast<std::uint32_t>(rank_);
-        h.dst = static_cast<std::uint32_t>(dst);
-        h.length = data.size();
-        h.seal();
-        iovec iov[2] = {{&h, sizeof(h)}, {const_cast<std::byte*>(data.data()), data.size()}};
-        std::span<iovec> all(iov, data.empty() ? 1 : 2);
-        std::error_code failed;
-        // The send lock makes this the channel's only send: what fits now goes at once, and
-        // only the rest waits.
-        std::size_t sent = ps.link->try_send(all);
-        if (sent < sizeof(h) + data.size()) {
-            iovec rest_space[2];
-            ++sends_waiting_;
-            ++ps.sends_waiting;
-            try {
-                co_await ps.link->send(detail::iov_after(all, sent, rest_space),
-                                       io::op_options(deadline, stop_.get_token()));
-            } catch (const std::system_error& e) {
-                failed = e.code();
-                ps.stream_cut = true;
-            }
-            --sends_waiting_;
-            --ps.sends_waiting;
-        }
-        if (failed) {
-            // A peer that failed the group tells us why in its last frame; a send that hits
-            // its closed socket first must not hide that. Let its reader get to it.
-            if (!failure_)
-                co_await ps.reader_exit(reactor_, io::deadline_after(std::chrono::seconds(1)));
-            fail(dst, failed, "");
-        }
-        check_usable(what);
-    }
+                      time_point deadline);
 
     // ---- posted receives ----
 
     // Posts `pr`: fills it at once from a buffered message, or hands it to a reader held back
     // by the buffer bound, or queues it (deadline armed) for the readers to match.
-    void post(posted_recv& pr, const op_label& what) {
-        if (pr.src != any_source) check_peer(pr.src, what);
-        check_usable(what);
-        if (pr.src != any_source && peer_at(pr.src).departed &&
-            !peer_at(pr.src).has_unexpected(pr.kind, pr.seq, pr.tag)) {
-            corocoll::detail::throw_error(corocoll::errc::connection_closed,
-                                          "corocoll: rank " + std::to_string(rank_) + ": " +
-                                              spell(what) + ": rank " + std::to_string(pr.src) +
-                                              " closed its process group");
-        }
-        pr.expect = what.collective ? &what.meta : nullptr;
-        pr.state = posted_recv::waiting;
-        if (auto found = matching_.find_unexpected(pr)) {
-            if (!verify(pr, found->rank, found->msg->header)) {
-                pr.error = failure_;
-                pr.state = posted_recv::done;
-                return;
-            }
-            matching_.take(pr, *found);
-            return;
-        }
-        if (matching_.hand_to_blocked_reader(pr)) return;
-        matching_.enqueue(pr);
-    }
+    void post(posted_recv& pr, const op_label& what);
 
-    [[noreturn]] void rethrow(const posted_recv& pr, const op_label& what) const {
-        try {
-            std::rethrow_exception(pr.error);
-        } catch (const std::system_error& e) {
-            corocoll::detail::throw_error(e.code(), "corocoll: rank " + std::to_string(rank_) +
-                                                        ": " + spell(what) + ": " +
-                                                        corocoll::detail::context_of(e));
-        }
-    }
+    [[noreturn]] void rethrow(const posted_recv& pr, const op_label& what) const;
 
     // A collective frame must describe the same call as this rank's of that number: the
     // running one, or one it finished (and still remembers). False (and the group failed)
     // when it does not. A frame of a finished collective that this rank called the same way
     // is left alone (monitored_barrier's late arrivals).
-    bool check_active(int p, const frame_header& h) {
-        if (h.kind != frame_kind::collective) return true;
-        const collective_meta* mine = nullptr;
-        if (has_active_ && h.seq == active_.seq) {
-            mine = &active_;
-        } else if (h.seq <= done_seq_ && done_seq_ - h.seq < remembered_.size()) {
-            mine = &remembered_[h.seq % remembered_.size()];
-        }
-        if (mine == nullptr) return true;
-        collective_meta theirs = collective_meta::of(h);
-        if (theirs == *mine) return true;
-        return mismatch(p, *mine, theirs);
-    }
+    bool check_active(int p, const frame_header& h);
 
     // A collective message matched by (sequence, step) must also agree on what the call is;
     // if not, the ranks called different things and the group cannot go on.
-    bool verify(const posted_recv& pr, int p, const frame_header& h) {
-        if (pr.expect == nullptr || h.kind != frame_kind::collective) return true;
-        collective_meta theirs = collective_meta::of(h);
-        if (theirs == *pr.expect) return true;
-        return mismatch(p, *pr.expect, theirs);
-    }
+    bool verify(const posted_recv& pr, int p, const frame_header& h);
 
     // Rank `p` called `theirs` where this rank called `mine`: the group fails, naming both.
-    bool mismatch(int p, const collective_meta& mine, const collective_meta& theirs) {
-        std::string text = "collective #" + std::to_string(mine.seq);
-        if (mine.same_call(theirs)) {
-            // Same call, different fingerprints: an earlier collective differed without a
-            // frame of it ever reaching a rank that ran it differently.
-            text += " (" + describe_(mine) + "): rank " + std::to_string(rank_) + " and rank " +
-                    std::to_string(p) + " ran different collectives before it; rank " +
-                    std::to_string(rank_) + " ran " + recent_calls();
-        } else {
-            text += " does not match across ranks: rank " + std::to_string(rank_) + " called " +
-                    describe_(mine) + ", rank " + std::to_string(p) + " called " +
-                    describe_(theirs);
-        }
-        fail_verbatim(p, make_error_code(corocoll::errc::protocol_error), text);
-        return false;
-    }
+    bool mismatch(int p, const collective_meta& mine, const collective_meta& theirs);
 
     // "#7 all_reduce(...), #8 broadcast(...)": the last collectives this rank finished.
-    std::string recent_calls() const {
-        std::string s;
-        std::uint64_t first = done_seq_ > 4 ? done_seq_ - 3 : 1;
-        for (std::uint64_t k = first; k <= done_seq_; ++k) {
-            s += (s.empty() ? "#" : ", #") + std::to_string(k) + " " +
-                 describe_(remembered_[k % remembered_.size()]);
-        }
-        return s.empty() ? "none" : s;
-    }
+    std::string recent_calls() const;
 
-    task<> say_goodbyes() {
-        auto deadline = io::deadline_after(std::chrono::seconds(5));
-        std::vector<task<>> goodbyes;
-        for (int p = 0; p < size_; ++p) {
-            if (peer_at(p).connected()) {
-                goodbyes.push_back(say_goodbye(p, deadline));
-            }
-        }
-        co_await when_all(std::move(goodbyes));
-    }
+    task<> say_goodbyes();
 
-    task<> close_now() {
-        reactor_.disarm(stall_timer_);
-        if (!failure_ && !goodbyes_said_) co_await say_goodbyes();
-        if (!failure_) failure_ = closed_error();
-        closing_ = true;
-        abort_all();
-        co_await readers_.join();
-        for (auto& p : peers_) {
-            if (p.link) co_await p.link->close();
-        }
-    }
+    task<> close_now();
 
-    task<> say_goodbye(int p, time_point deadline) {
-        peer& ps = peer_at(p);
-        auto guard = co_await ps.send_lock.scoped_lock();
-        frame_header h;
-        h.kind = frame_kind::goodbye;
-        h.src = static_cast<std::uint32_t>(rank_);
-        h.dst = static_cast<std::uint32_t>(p);
-        h.seal();
-        iovec iov{&h, sizeof(h)};
-        try {
-            co_await ps.link->send(std::span(&iov, 1), deadline);
-        } catch (const std::system_error&) {
-            ps.stream_cut = true;
-            // The peer is gone already; nothing to tell it.
-        }
-    }
+    task<> say_goodbye(int p, time_point deadline);
 
     // Tells peer `q` which rank made this group fail and why, so that it reports the same
     // cause and does not blame us when our connection closes first. At once where no frame
@@ -558,536 +283,97 @@ private:
     // farewell() tells it once that frame has ended.
     enum class told { nothing, told, busy };
 
-    told tell_abort(int q) {
-        peer& p = peer_at(q);
-        // The culprit is told too: after a mismatch it is alive and needs the reason (a dead
-        // one's socket just refuses the write).
-        if (failed_peer_ < 0 || !p.connected() || p.departed) return told::nothing;
-        frame_header h;
-        std::string text = abort_words(q, h);
-        // Also where the peer finds it after a frame cut off by this failure (shared memory).
-        iovec iov[2] = {{&h, sizeof(h)}, {text.data(), text.size()}};
-        p.link->leave_last_words(iov);
-        return p.send_now(h, text) ? told::told : told::busy;
-    }
+    told tell_abort(int q);
 
     // The abort notice for peer `q`: fills `h` and returns the text that follows it.
-    std::string abort_words(int q, frame_header& h) const {
-        std::string text = failure_text_.substr(0, abort_notice::max_text);
-        abort_notice notice{static_cast<std::uint32_t>(failed_peer_), failure_code_.value(),
-                            failure_code_.category() == corocoll::error_category(), text.size()};
-        h = notice.header(static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(q));
-        return text;
-    }
+    std::string abort_words(int q, frame_header& h) const;
 
     // A frame was in flight to `q` when the group failed (a status answer, say): the failure
     // cancelled its send, so the lock comes free at once. Where the frame went out whole, the
     // abort notice follows it; then the connection shuts.
-    task<> farewell(int q) {
-        peer& p = peer_at(q);
-        {
-            auto guard = co_await p.send_lock.scoped_lock();
-            if (!p.stream_cut && p.connected() && !p.departed) {
-                frame_header h;
-                std::string text = abort_words(q, h);
-                iovec iov[2] = {{&h, sizeof(h)}, {text.data(), text.size()}};
-                p.link->send_now(iov);
-            }
-        }
-        p.link->shutdown();
-    }
+    task<> farewell(int q);
 
     // A peer's last words name the rank that made its group fail: this group fails with the
     // same cause and text.
-    task<> take_abort(peer& ps, int p, const abort_notice& notice) {
-        apply_abort(p, notice, co_await ps.read_text(notice.text_length));
-    }
+    task<> take_abort(peer& ps, int p, const abort_notice& notice);
 
     // Peer `p`'s stream ended: if it left an abort notice beside the stream (a frame was cut
     // off), that is the cause; true when it did.
-    bool take_last_words(int p) {
-        std::string words = peer_at(p).link->last_words();
-        if (words.size() < sizeof(frame_header)) return false;
-        frame_header h;
-        std::memcpy(&h, words.data(), sizeof(h));
-        if (!h.problem(abort_notice::max_text).empty() || h.src != static_cast<std::uint32_t>(p))
-            return false;
-        auto notice = abort_notice::of(h, size_);
-        if (!notice) return false;
-        apply_abort(p, *notice, words.substr(sizeof(h), notice->text_length));
-        return true;
-    }
+    bool take_last_words(int p);
 
-    void apply_abort(int p, const abort_notice& notice, std::string text) {
-        std::error_code code = notice.corocoll_code
-                                   ? std::error_code(notice.code, corocoll::error_category())
-                                   : std::error_code(notice.code, std::system_category());
-        std::string by = "reported by rank " + std::to_string(p);
-        if (text.empty()) {
-            fail(static_cast<int>(notice.culprit), code, by);
-        } else {
-            if (text.find("(reported by rank") == std::string::npos) text += " (" + by + ")";
-            fail_verbatim(static_cast<int>(notice.culprit), code, text);
-        }
-    }
+    void apply_abort(int p, const abort_notice& notice, std::string text);
 
     // A peer said goodbye: receives that can only be satisfied by it fail; the rest go on.
-    void depart(int p) {
-        peer_at(p).departed = true;
-        bool anyone_left = false;
-        for (int q = 0; q < size_; ++q) {
-            if (q != rank_ && !peer_at(q).departed) anyone_left = true;
-        }
-        auto departed = std::make_exception_ptr(std::system_error(
-            make_error_code(corocoll::errc::connection_closed),
-            "rank " + std::to_string(p) + " closed its process group before sending"));
-        matching_.fail_all(peer_at(p).posted, departed);
-        if (!anyone_left) matching_.fail_all(matching_.any_source_queue(), departed);
-    }
+    void depart(int p);
 
-    void check_peer(int r, const op_label& what) const {
-        if (r < 0 || r >= size_) {
-            throw std::invalid_argument("corocoll: rank " + std::to_string(rank_) + ": " +
-                                        spell(what) + ": rank " + std::to_string(r) +
-                                        " is outside [0, " + std::to_string(size_) + ")");
-        }
-        if (r == rank_) {
-            throw std::invalid_argument("corocoll: rank " + std::to_string(rank_) + ": " +
-                                        spell(what) + ": the peer is this rank itself");
-        }
-    }
+    void check_peer(int r, const op_label& what) const;
 
-    void check_usable(const op_label& what) const {
-        if (!failure_) return;
-        try {
-            std::rethrow_exception(failure_);
-        } catch (const std::system_error& e) {
-            corocoll::detail::throw_error(e.code(), "corocoll: rank " + std::to_string(rank_) +
-                                                        ": " + spell(what) + ": " +
-                                                        corocoll::detail::context_of(e));
-        }
-    }
+    void check_usable(const op_label& what) const;
 
     // Records the first failure, then ends every pending operation. `detail` adds to what
     // the code says (a protocol problem); socket errors need none.
-    void fail(int p, std::error_code code, const std::string& detail) {
-        if (failure_) return;
-        std::string peer_name = "rank " + std::to_string(p);
-        if (p >= 0 && p < size_ && !peer_at(p).address.empty()) {
-            peer_name += " (" + peer_at(p).address + ")";
-        }
-        fail_verbatim(p, code,
-                      "peer " + peer_name + " failed" + (detail.empty() ? "" : ": " + detail));
-    }
+    void fail(int p, std::error_code code, const std::string& detail);
 
     // Records the first failure with exactly `text` (every rank gets the same words through
     // the abort frames), then ends every pending operation.
-    void fail_verbatim(int p, std::error_code code, const std::string& text) {
-        if (failure_) return;
-        COROCOLL_LOG(warn, "P2P", text, ": ", code.message());
-        failure_ = std::make_exception_ptr(std::system_error(code, text));
-        failure_text_ = text;
-        failed_peer_ = p;
-        failure_code_ = code;
-        abort_all();
-    }
+    void fail_verbatim(int p, std::error_code code, const std::string& text);
 
     // Shuts every connection (pending socket operations end at once), completes the waiting
     // receives with the failure and releases blocked readers.
-    void abort_all() {
-        stop_.request_stop();
-        for (std::size_t q = 0; q < peers_.size(); ++q) {
-            peer& p = peers_[q];
-            bool later = false;
-            if (tell_abort(static_cast<int>(q)) == told::busy) {
-                try {
-                    readers_.spawn(farewell(static_cast<int>(q)));
-                    later = true;
-                } catch (const std::exception&) {
-                    // Out of memory: the peer learns of the failure from the closed socket.
-                }
-            }
-            if (p.link && !later) p.link->shutdown();
-            if (p.blocked_reader) std::exchange(p.blocked_reader, {}).resume();
-        }
-        for (auto& p : peers_) matching_.fail_all(p.posted, failure_);
-        matching_.fail_all(matching_.any_source_queue(), failure_);
-        matching_.fail_all(matching_.expired_queue(), failure_);
-        round_.wake.request_stop();
-    }
+    void abort_all();
 
     // Reads peer `p`'s frames until its connection ends: each goes to the receive posted
     // for it, straight into that buffer, or is kept until one is posted.
-    task<> read_loop(int p) {
-        peer& ps = peer_at(p);
-        // However the loop ends, the receives it held back complete (with the failure, if
-        // any) and a sender waiting for it (see reader_exit) is released.
-        struct exit_mark {
-            engine& e;
-            peer& ps;
-            ~exit_mark() {
-                e.complete_deferred(ps);
-                ps.reader_exited = true;
-                if (ps.exit_waiter) std::exchange(ps.exit_waiter, {}).resume();
-            }
-        } mark{*this, ps};
-        try {
-            for (;;) {
-                frame_header h;
-                // The header is read through the staging buffer with socket operations
-                // awaited right here: a frame costs the reader no coroutine of its own.
-                while (!ps.header_staged()) {
-                    std::span<std::byte> room = ps.staging_room();
-                    std::size_t n = ps.link->try_recv(room, false);
-                    if (n == 0) {
-                        complete_deferred(ps);
-                        n = co_await ps.link->recv_some(room, stop_.get_token());
-                    }
-                    if (n == 0) {
-                        corocoll::detail::throw_error(
-                            corocoll::errc::connection_closed,
-                            "corocoll: recv from " + ps.address + ": the connection closed");
-                    }
-                    ps.staged_end += n;
-                }
-                ps.take_header(h);
-                if (std::string problem = h.problem(options_.max_message_bytes); !problem.empty()) {
-                    corocoll::detail::throw_error(corocoll::errc::protocol_error, problem);
-                }
-                if (h.kind == frame_kind::goodbye && h.src == static_cast<std::uint32_t>(p)) {
-                    if (auto notice = abort_notice::of(h, size_)) {
-                        co_await take_abort(ps, p, *notice);
-                    } else {
-                        depart(p);
-                    }
-                    co_return;
-                }
-                bool ranks_ok = h.src == static_cast<std::uint32_t>(p) &&
-                                h.dst == static_cast<std::uint32_t>(rank_);
-                if (ranks_ok && h.kind == frame_kind::status_query && h.length == 0) {
-                    answer(p, h.seq);
-                    continue;
-                }
-                if (ranks_ok && h.kind == frame_kind::status_reply &&
-                    h.length <= detail::rank_status::max_bytes(size_)) {
-                    std::string bytes(h.length, '\0');
-                    co_await ps.read_payload(std::as_writable_bytes(std::span(bytes)),
-                                             stop_.get_token());
-                    take_answer(p, h.seq, bytes);
-                    continue;
-                }
-                if ((h.kind != frame_kind::p2p && h.kind != frame_kind::collective) || !ranks_ok) {
-                    corocoll::detail::throw_error(corocoll::errc::protocol_error,
-                                                  "unexpected frame kind or ranks in a header");
-                }
-                ++frames_in_;
-                if (!check_active(p, h)) co_return;  // the group failed
-                posted_recv* pr = matching_.match(p, h);
-                if (pr == nullptr && h.length > 0 && options_.hold.count() > 0 &&
-                    ps.link->worth_holding(h.length)) {
-                    // Copied into a buffer now, it would be copied twice; the receive usually
-                    // comes soon.
-                    ps.blocked = &h;
-                    ps.hold.owner = &ps;
-                    ps.hold.when = std::chrono::steady_clock::now() + options_.hold;
-                    ps.hold.fire = [](io::timer_entry& t) noexcept {
-                        peer& held = *static_cast<peer::hold_timer&>(t).owner;
-                        if (held.blocked_reader) std::exchange(held.blocked_reader, {}).resume();
-                    };
-                    reactor_.arm(ps.hold);
-                    complete_deferred(ps);
-                    co_await blocked_awaiter{ps};
-                    reactor_.disarm(ps.hold);
-                    if (!unblocked(ps, p, h, pr)) co_return;
-                }
-                while (pr == nullptr && h.length > 0 &&
-                       ps.unexpected_bytes + h.length > options_.unexpected_bytes_per_peer &&
-                       !ps.unexpected.empty()) {
-                    ps.blocked = &h;
-                    complete_deferred(ps);
-                    co_await blocked_awaiter{ps};
-                    if (!unblocked(ps, p, h, pr)) co_return;
-                }
-                if (pr != nullptr) {
-                    if (!verify(*pr, p, h)) {
-                        // The group failed; a handed-over receive is in no queue that
-                        // abort_all empties, so it ends here.
-                        if (!pr->linked) {
-                            pr->error = failure_;
-                            matching_.complete(*pr);
-                        }
-                        co_return;
-                    }
-                    matching_.unlink(*pr);
-                    pr->state = posted_recv::receiving;
-                    pr->from = p;
-                    pr->length = h.length;
-                    // What is staged goes in first; the rest comes straight from the socket
-                    // into the buffer. `pr` may be withdrawn meanwhile (its owner then clears
-                    // `ps.delivering`), so only copies taken before waiting are used.
-                    std::span<std::byte> rest;
-                    if (h.length <= pr->buf.size()) rest = ps.take_staged(pr->buf.first(h.length));
-                    if (!rest.empty() || h.length > pr->buf.size()) {
-                        complete_deferred(ps);
-                        ps.delivering = pr;
-                        co_await deliver(ps, p, h, rest,
-                                         io::op_options(pr->deadline, stop_.get_token()));
-                        pr = std::exchange(ps.delivering, nullptr);
-                        if (pr == nullptr) continue;  // withdrawn
-                    }
-                    complete_after_staged(ps, *pr);
-                    continue;
-                }
-                detail::unexpected_msg m{h, matching_.next_arrival(), {}};
-                if (ps.staged_end - ps.staged_begin < h.length) complete_deferred(ps);
-                co_await ps.read_growing(m.data, h.length, stop_.get_token());
-                // A receive may have been posted while the payload arrived.
-                if (posted_recv* late = matching_.match(p, h)) {
-                    if (!verify(*late, p, h)) co_return;
-                    matching_.unlink(*late);
-                    detail::matcher::fill_from(*late, p, m.data);
-                    late->state = posted_recv::receiving;
-                    complete_after_staged(ps, *late);
-                } else {
-                    ps.unexpected_bytes += m.data.size();
-                    ps.unexpected.push_back(std::move(m));
-                }
-            }
-        } catch (const std::system_error& e) {
-            // Our own protocol errors carry their detail in the text; socket errors say all
-            // in their code.
-            bool ours = e.code().category() == corocoll::error_category() &&
-                        e.code() != corocoll::errc::connection_closed;
-            if (!closing_ && !failure_ && !take_last_words(p)) {
-                fail(p, e.code(), ours ? corocoll::detail::context_of(e) : "");
-            }
-        } catch (const std::exception& e) {
-            if (!closing_) fail(p, make_error_code(corocoll::errc::protocol_error), e.what());
-        }
-        if (posted_recv* pr = std::exchange(ps.delivering, nullptr)) {
-            pr->error = failure_;
-            matching_.complete(*pr);
-        }
-    }
+    task<> read_loop(int p);
 
     // Completes `pr`, whose message is in, at once; or, when more of this peer's bytes are
     // already staged behind it, once the reader has gone through them (before it waits
     // again). A rank that was stopped finds the message that ends a collective and, behind
     // it, the abort notice of a peer that has given up on it: the notice is read before the
     // collective's owner resumes, so the call is not reported done.
-    void complete_after_staged(peer& ps, posted_recv& pr) {
-        if (ps.staged_end == ps.staged_begin) {
-            matching_.complete(pr);
-            return;
-        }
-        pr.next = nullptr;
-        (ps.deferred_tail != nullptr ? ps.deferred_tail->next : ps.deferred_head) = &pr;
-        ps.deferred_tail = &pr;
-    }
+    void complete_after_staged(peer& ps, posted_recv& pr);
 
     // Completes what `complete_after_staged` held back, in order; with the group's failure if
     // it failed meanwhile.
-    void complete_deferred(peer& ps) {
-        while (posted_recv* pr = ps.deferred_head) {
-            ps.deferred_head = pr->next;
-            if (ps.deferred_head == nullptr) ps.deferred_tail = nullptr;
-            pr->next = nullptr;
-            if (failure_ && !pr->error) pr->error = failure_;
-            matching_.complete(*pr);
-        }
-    }
+    void complete_deferred(peer& ps);
 
     // A reader that held back header `h` (`ps.blocked`) goes on: with the receive handed to
     // it meanwhile, else whatever matches now (in `pr`). False when the group failed or is
     // closing: a receive handed over meanwhile is in no queue, so it ends here.
-    bool unblocked(peer& ps, int p, const frame_header& h, posted_recv*& pr) {
-        ps.blocked = nullptr;
-        posted_recv* handed = std::exchange(ps.handed, nullptr);
-        if (closing_ || failure_) {
-            if (handed != nullptr) {
-                handed->error = failure_;
-                matching_.complete(*handed);
-            }
-            return false;
-        }
-        pr = handed != nullptr ? handed : matching_.match(p, h);
-        return true;
-    }
+    bool unblocked(peer& ps, int p, const frame_header& h, posted_recv*& pr);
 
     // ---- status queries: who is stuck, and who to blame ----
 
     // True when the stall timer is overdue by more than 10 ms: the reactor has not run for a
     // while. Read from the coarse clock (a few ns; the same clock as steady_clock, at a
     // resolution of a few ms), so every collective can afford it.
-    bool paused() const noexcept {
-        timespec ts{};
-        ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-        auto now = std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
-        return stall_timer_.armed() &&
-               now > stall_timer_.when.time_since_epoch() + std::chrono::milliseconds(10);
-    }
+    bool paused() const noexcept;
 
     // What this rank does now, as it answers a status query.
-    detail::rank_status my_status() const {
-        detail::rank_status s;
-        s.in_collective = has_active_;
-        s.current = active_;
-        s.done = done_seq_;
-        s.fingerprint = fingerprint_;
-        std::uint64_t n = std::min<std::uint64_t>(done_seq_, detail::rank_status::remembered);
-        for (std::uint64_t k = done_seq_ - n + 1; n > 0 && k <= done_seq_; ++k) {
-            s.recent.push_back(remembered_[k % remembered_.size()]);
-        }
-        auto note = [&s](const detail::recv_queue& q) {
-            for (const posted_recv* pr = q.front(); pr != nullptr; pr = pr->next) {
-                if (std::find(s.waiting_for.begin(), s.waiting_for.end(), pr->src) ==
-                    s.waiting_for.end()) {
-                    s.waiting_for.push_back(pr->src);
-                }
-                if (pr->kind == frame_kind::p2p && !s.p2p_wait) {
-                    s.p2p_wait = true;
-                    s.p2p_tag = pr->tag;
-                }
-            }
-        };
-        for (std::size_t p = 0; p < peers_.size(); ++p) {
-            note(peers_[p].posted);
-            if (peers_[p].sends_waiting > 0) s.sending_to.push_back(static_cast<std::int32_t>(p));
-        }
-        note(matching_.any_source_queue());
-        note(matching_.expired_queue());
-        return s;
-    }
+    detail::rank_status my_status() const;
 
-    bool anything_waits() {
-        if (sends_waiting_ > 0 || !matching_.any_source_queue().empty()) return true;
-        for (const auto& p : peers_) {
-            if (!p.posted.empty()) return true;
-        }
-        return false;
-    }
+    bool anything_waits();
 
     // "collective #3 broadcast(root 0, ...)" or "recv from rank 1 (tag 7)": what `pr` is for.
-    std::string describe_wait(const posted_recv& pr) const {
-        if (pr.expect != nullptr)
-            return "collective #" + std::to_string(pr.seq) + " " + describe_(*pr.expect);
-        return "recv from " +
-               (pr.src == any_source ? std::string("any rank") : "rank " + std::to_string(pr.src)) +
-               " (tag " + std::to_string(pr.tag) + ")";
-    }
+    std::string describe_wait(const posted_recv& pr) const;
 
     // Sends a status frame (`h`, then `payload`) to `p` once its connection is free, unless
     // the group failed or `until` passed meanwhile. A frame cut off by `until` or an error
     // fails the group: the stream could not go on.
-    task<> send_status_frame(int p, frame_header h, std::string payload, time_point until) {
-        peer& ps = peer_at(p);
-        auto guard = co_await ps.send_lock.scoped_lock();
-        if (failure_ || !ps.connected() || ps.departed || std::chrono::steady_clock::now() > until)
-            co_return;
-        h.src = static_cast<std::uint32_t>(rank_);
-        h.dst = static_cast<std::uint32_t>(p);
-        h.length = payload.size();
-        h.seal();
-        iovec iov[2] = {{&h, sizeof(h)}, {payload.data(), payload.size()}};
-        std::span<iovec> all(iov, payload.empty() ? 1 : 2);
-        // What fits goes at once: the lock is not held across a trip through the reactor.
-        std::size_t sent = ps.link->try_send(all);
-        if (sent == sizeof(h) + payload.size()) co_return;
-        iovec rest_space[2];
-        try {
-            co_await ps.link->send(detail::iov_after(all, sent, rest_space),
-                                   io::op_options(until, stop_.get_token()));
-        } catch (const std::system_error& e) {
-            ps.stream_cut = true;
-            if (!failure_) fail(p, e.code(), "a status frame could not be sent");
-        }
-    }
+    task<> send_status_frame(int p, frame_header h, std::string payload, time_point until);
 
     // Peer `p` asks what this rank is doing (question `id`): the answer goes out as soon as
     // the connection is free.
-    void answer(int p, std::uint64_t id) {
-        frame_header h;
-        h.kind = frame_kind::status_reply;
-        h.seq = id;
-        readers_.spawn(send_status_frame(p, h, my_status().encode(),
-                                         std::chrono::steady_clock::now() + answer_window()));
-    }
+    void answer(int p, std::uint64_t id);
 
-    void take_answer(int p, std::uint64_t id, const std::string& bytes) {
-        status_round& rd = round_;
-        if (!rd.running || id != rd.id || rd.answers[static_cast<std::size_t>(p)]) return;
-        auto status = detail::rank_status::decode(bytes);
-        if (!status) return;
-        rd.answers[static_cast<std::size_t>(p)] = std::move(*status);
-        if (--rd.missing == 0) rd.wake.request_stop();
-    }
+    void take_answer(int p, std::uint64_t id, const std::string& bytes);
 
     // Asks every peer what it is doing, waits for the answers (the answer window at most),
     // then judges them: a receive past its deadline fails the group, naming the rank to
     // blame; a stall fails it only when a rank did not answer or the calls differ.
-    task<> run_status_round() {
-        status_round& rd = round_;
-        rd.running = true;
-        rd.id += 1;
-        rd.wake = std::stop_source();
-        rd.answers.assign(static_cast<std::size_t>(size_), std::nullopt);
-        rd.answers[static_cast<std::size_t>(rank_)] = my_status();
-        rd.missing = 0;
-        time_point until = std::chrono::steady_clock::now() + answer_window();
-        frame_header q;
-        q.kind = frame_kind::status_query;
-        q.seq = rd.id;
-        for (int p = 0; p < size_; ++p) {
-            if (p == rank_) continue;
-            peer& ps = peer_at(p);
-            if (ps.departed || !ps.connected()) {
-                detail::rank_status gone;
-                gone.left = true;
-                rd.answers[static_cast<std::size_t>(p)] = gone;
-                continue;
-            }
-            ++rd.missing;
-            readers_.spawn(send_status_frame(p, q, {}, until));
-        }
-        if (rd.missing > 0) {
-            try {
-                co_await reactor_.sleep_until(until, rd.wake.get_token());
-            } catch (const std::system_error&) {
-                // every answer came (or the group failed)
-            }
-        }
-        rd.running = false;
-        if (failure_ || closing_) co_return;
-        const posted_recv* expired = matching_.expired_queue().front();
-        auto why =
-            expired != nullptr ? detail::status_reason::deadline : detail::status_reason::stalled;
-        std::string waiting = expired != nullptr
-                                  ? describe_wait(*expired)
-                                  : "its receives, with no progress for " +
-                                        std::to_string(stall_interval().count()) + " ms";
-        auto verdict = detail::judge_status(rd.answers, rank_, why,
-                                            expired != nullptr ? expired->src : any_source, waiting,
-                                            answer_window(), describe_);
-        if (verdict.fail) {
-            fail_verbatim(verdict.culprit,
-                          verdict.timed_out ? std::make_error_code(std::errc::timed_out)
-                                            : make_error_code(corocoll::errc::protocol_error),
-                          verdict.text);
-        } else {
-            COROCOLL_LOG(warn, "P2P", "rank ", rank_, " made no progress for ",
-                         stall_interval().count(), " ms: ", verdict.text);
-            progress_at_ = std::chrono::steady_clock::now();
-        }
-    }
+    task<> run_status_round();
 
-    void start_status_round() noexcept {
-        if (round_.running || failure_ || closing_) return;
-        try {
-            readers_.spawn(run_status_round());
-        } catch (const std::exception&) {
-            // Out of memory: the receive that expired stays until the group closes.
-        }
-    }
+    void start_status_round() noexcept;
 
     // A receive's deadline passed (it waits in the expired queue): the group fails once the
     // ranks have been asked who to blame.
@@ -1097,19 +383,7 @@ private:
 
     // Every quarter of the stall interval: if something has waited without a frame arriving
     // for the whole interval, the ranks compare notes.
-    static void on_stall_timer(io::timer_entry& t) noexcept {
-        engine& e = *static_cast<stall_timer_entry&>(t).owner;
-        if (e.failure_ || e.closing_) return;
-        auto now = std::chrono::steady_clock::now();
-        if (e.frames_in_ != e.frames_at_check_ || !e.anything_waits()) {
-            e.frames_at_check_ = e.frames_in_;
-            e.progress_at_ = now;
-        } else if (e.stall_interval().count() > 0 && now - e.progress_at_ >= e.stall_interval()) {
-            e.start_status_round();
-        }
-        t.when = now + e.timer_period();
-        e.reactor_.arm(t);
-    }
+    static void on_stall_timer(io::timer_entry& t) noexcept;
 
     std::chrono::milliseconds timer_period() const noexcept {
         return stall_interval().count() > 0 ? stall_interval() / 4 : std::chrono::seconds(1);
@@ -1127,21 +401,7 @@ private:
     // dropped. Only a message that did not arrive whole with its header comes here (one
     // coroutine frame, from the pool).
     static task<> deliver(peer& ps, int p, const frame_header& h, std::span<std::byte> rest,
-                          io::op_options o) {
-        if (!rest.empty()) {
-            co_await ps.read_payload(rest, std::move(o));
-            co_return;
-        }
-        std::vector<std::byte> scratch(std::min<std::uint64_t>(h.length, 1 << 20));
-        for (std::uint64_t left = h.length; left > 0;) {
-            auto n = static_cast<std::size_t>(std::min<std::uint64_t>(left, scratch.size()));
-            co_await ps.read_payload(std::span(scratch).first(n), o);
-            left -= n;
-        }
-        if (posted_recv* still = ps.delivering) {
-            still->error = detail::matcher::too_long(p, h.length, still->buf.size());
-        }
-    }
+                          io::op_options o);
 
     io::reactor& reactor_;
     int rank_;
@@ -1211,3 +471,864 @@ auto recv_op<Y>::result() {
 }  // namespace transport
 
 COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport {
+
+COROCOLL_DECL std::chrono::milliseconds parse_stall(const char* v) {
+    if (v == nullptr || *v == '\0') return std::chrono::seconds(60);
+    char* end = nullptr;
+    double seconds = std::strtod(v, &end);
+    if (end == v || *end != '\0' || !(seconds >= 0) || seconds > 1e9) {
+        throw std::invalid_argument(std::string("corocoll: COROCOLL_STALL_S='") + v +
+                                    "' is not a number of seconds >= 0 (0 turns stall checks off)");
+    }
+    return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+}
+
+COROCOLL_DECL engine::engine(io::reactor& r, int rank, int size,
+                             std::vector<std::unique_ptr<channel>> channels, engine_options options)
+    : reactor_(r), rank_(rank), size_(size), options_(options), peers_(channels.size()) {
+    if (!options_.stall) options_.stall = stall_from_env();
+    if (!options_.answer_window) {
+        options_.answer_window =
+            options_.stall->count() == 0
+                ? std::chrono::milliseconds(3000)
+                : std::clamp<std::chrono::milliseconds>(
+                      *options_.stall / 4, std::chrono::seconds(1), std::chrono::seconds(10));
+    }
+    matching_.on_expiry(&on_expired, this);
+    for (std::size_t p = 0; p < peers_.size(); ++p) {
+        peers_[p].link = std::move(channels[p]);
+        if (peers_[p].connected()) {
+            peers_[p].address = peers_[p].link->address();
+            readers_.spawn(read_loop(static_cast<int>(p)));
+        }
+    }
+    // Armed without stall checks too: `paused` reads it.
+    stall_timer_.owner = this;
+    stall_timer_.fire = &on_stall_timer;
+    stall_timer_.when = std::chrono::steady_clock::now() + timer_period();
+    reactor_.arm(stall_timer_);
+}
+
+COROCOLL_DECL task<> engine::send(std::span<const std::byte> data, int dst, std::int64_t tag,
+                                  time_point deadline) {
+    frame_header h;
+    h.kind = frame_kind::p2p;
+    h.tag = tag;
+    op_label what;
+    what.sending = true;
+    what.peer = dst;
+    what.tag = tag;
+    what.bytes = data.size();
+    return send_frame(data, dst, h, what, deadline);
+}
+
+COROCOLL_DECL task<> engine::send_coll(std::span<const std::byte> data, int dst,
+                                       const collective_meta& meta, std::uint32_t step,
+                                       time_point deadline) {
+    frame_header h;
+    meta.apply_to(h);
+    h.tag = step;
+    op_label what;
+    what.sending = true;
+    what.peer = dst;
+    what.collective = true;
+    what.meta = meta;
+    return send_frame(data, dst, h, what, deadline);
+}
+
+COROCOLL_DECL recv_op<recv_yields::length> engine::recv_coll(std::span<std::byte> buf, int src,
+                                                             const collective_meta& meta,
+                                                             std::uint32_t step,
+                                                             time_point deadline,
+                                                             bool soft_deadline) {
+    op_label what;
+    what.peer = src;
+    what.collective = true;
+    what.meta = meta;
+    return {*this, buf, src, frame_kind::collective, meta.seq, step, what, deadline, soft_deadline};
+}
+
+COROCOLL_DECL void engine::begin_collective(collective_meta& meta) {
+    meta.history = fingerprint_;
+    active_ = meta;
+    has_active_ = true;
+    for (int p = 0; p < size_ && !failure_; ++p) {
+        for (const auto& m : peer_at(p).unexpected) {
+            if (!check_active(p, m.header)) return;
+        }
+        // A header a reader holds back (the buffer bound) is already here too.
+        if (const frame_header* held = peer_at(p).blocked) {
+            if (!check_active(p, *held)) return;
+        }
+    }
+}
+
+COROCOLL_DECL void engine::end_collective() noexcept {
+    if (!has_active_) return;
+    has_active_ = false;
+    remembered_[active_.seq % remembered_.size()] = active_;
+    fingerprint_ = active_.fold(fingerprint_);
+    done_seq_ = active_.seq;
+}
+
+COROCOLL_DECL task<> engine::catch_up() {
+    int quiet = 0;
+    for (int i = 0; i < 20 && quiet < 2 && !failure_; ++i) {
+        auto before = frames_in_;
+        co_await reactor_.sleep_for(std::chrono::milliseconds(5));
+        quiet = frames_in_ == before ? quiet + 1 : 0;
+    }
+}
+
+COROCOLL_DECL void engine::raise_if_failed(const collective_meta& meta) const {
+    if (!failure_) return;
+    op_label what;
+    what.collective = true;
+    what.meta = meta;
+    check_usable(what);
+}
+
+COROCOLL_DECL task<> engine::close(time_point linger_until) {
+    if (!failure_ && linger_until > std::chrono::steady_clock::now()) {
+        co_await say_goodbyes();
+        std::stop_source timer_stop;
+        auto timer = [&]() -> task<> {
+            try {
+                co_await reactor_.sleep_until(linger_until, timer_stop.get_token());
+            } catch (const std::system_error&) {
+                co_return;  // every peer left first
+            }
+            COROCOLL_LOG(warn, "P2P", "rank ", rank_, " stops waiting for peers to close");
+            // Whatever is still pending ends with this, not as if it had succeeded.
+            if (!failure_) failure_ = closed_error();
+            closing_ = true;
+            abort_all();
+        };
+        auto readers = [&]() -> task<> {
+            co_await readers_.join();
+            timer_stop.request_stop();
+        };
+        co_await when_all(readers(), timer());
+        goodbyes_said_ = true;
+    }
+    co_await close_now();
+}
+
+COROCOLL_DECL std::vector<std::unique_ptr<channel>> engine::tcp_channels(
+    std::vector<io::socket> sockets, const engine_options& o) {
+    std::vector<std::unique_ptr<channel>> out(sockets.size());
+    for (std::size_t p = 0; p < sockets.size(); ++p) {
+        if (sockets[p].is_open()) {
+            out[p] = tcp_channel::make(std::move(sockets[p]), o.same_host_send_buffer);
+        }
+    }
+    return out;
+}
+
+COROCOLL_DECL std::exception_ptr engine::closed_error() {
+    return std::make_exception_ptr(std::system_error(
+        std::make_error_code(std::errc::operation_canceled), "the process group was closed"));
+}
+
+COROCOLL_DECL task<> engine::send_frame(std::span<const std::byte> data, int dst, frame_header h,
+                                        op_label what, time_point deadline) {
+    check_peer(dst, what);
+    check_usable(what);
+    peer& ps = peer_at(dst);
+    if (ps.departed) {
+        corocoll::detail::throw_error(corocoll::errc::connection_closed,
+                                      "corocoll: rank " + std::to_string(rank_) + ": " +
+                                          spell(what) + ": rank " + std::to_string(dst) +
+                                          " closed its process group");
+    }
+    auto guard = co_await ps.send_lock.scoped_lock();
+    check_usable(what);
+    h.src = static_cast<std::uint32_t>(rank_);
+    h.dst = static_cast<std::uint32_t>(dst);
+    h.length = data.size();
+    h.seal();
+    iovec iov[2] = {{&h, sizeof(h)}, {const_cast<std::byte*>(data.data()), data.size()}};
+    std::span<iovec> all(iov, data.empty() ? 1 : 2);
+    std::error_code failed;
+    // The send lock makes this the channel's only send: what fits now goes at once, and
+    // only the rest waits.
+    std::size_t sent = ps.link->try_send(all);
+    if (sent < sizeof(h) + data.size()) {
+        iovec rest_space[2];
+        ++sends_waiting_;
+        ++ps.sends_waiting;
+        try {
+            co_await ps.link->send(detail::iov_after(all, sent, rest_space),
+                                   io::op_options(deadline, stop_.get_token()));
+        } catch (const std::system_error& e) {
+            failed = e.code();
+            ps.stream_cut = true;
+        }
+        --sends_waiting_;
+        --ps.sends_waiting;
+    }
+    if (failed) {
+        // A peer that failed the group tells us why in its last frame; a send that hits
+        // its closed socket first must not hide that. Let its reader get to it.
+        if (!failure_)
+            co_await ps.reader_exit(reactor_, io::deadline_after(std::chrono::seconds(1)));
+        fail(dst, failed, "");
+    }
+    check_usable(what);
+}
+
+COROCOLL_DECL void engine::post(posted_recv& pr, const op_label& what) {
+    if (pr.src != any_source) check_peer(pr.src, what);
+    check_usable(what);
+    if (pr.src != any_source && peer_at(pr.src).departed &&
+        !peer_at(pr.src).has_unexpected(pr.kind, pr.seq, pr.tag)) {
+        corocoll::detail::throw_error(corocoll::errc::connection_closed,
+                                      "corocoll: rank " + std::to_string(rank_) + ": " +
+                                          spell(what) + ": rank " + std::to_string(pr.src) +
+                                          " closed its process group");
+    }
+    pr.expect = what.collective ? &what.meta : nullptr;
+    pr.state = posted_recv::waiting;
+    if (auto found = matching_.find_unexpected(pr)) {
+        if (!verify(pr, found->rank, found->msg->header)) {
+            pr.error = failure_;
+            pr.state = posted_recv::done;
+            return;
+        }
+        matching_.take(pr, *found);
+        return;
+    }
+    if (matching_.hand_to_blocked_reader(pr)) return;
+    matching_.enqueue(pr);
+}
+
+COROCOLL_DECL void engine::rethrow(const posted_recv& pr, const op_label& what) const {
+    try {
+        std::rethrow_exception(pr.error);
+    } catch (const std::system_error& e) {
+        corocoll::detail::throw_error(e.code(), "corocoll: rank " + std::to_string(rank_) + ": " +
+                                                    spell(what) + ": " +
+                                                    corocoll::detail::context_of(e));
+    }
+}
+
+COROCOLL_DECL bool engine::check_active(int p, const frame_header& h) {
+    if (h.kind != frame_kind::collective) return true;
+    const collective_meta* mine = nullptr;
+    if (has_active_ && h.seq == active_.seq) {
+        mine = &active_;
+    } else if (h.seq <= done_seq_ && done_seq_ - h.seq < remembered_.size()) {
+        mine = &remembered_[h.seq % remembered_.size()];
+    }
+    if (mine == nullptr) return true;
+    collective_meta theirs = collective_meta::of(h);
+    if (theirs == *mine) return true;
+    return mismatch(p, *mine, theirs);
+}
+
+COROCOLL_DECL bool engine::verify(const posted_recv& pr, int p, const frame_header& h) {
+    if (pr.expect == nullptr || h.kind != frame_kind::collective) return true;
+    collective_meta theirs = collective_meta::of(h);
+    if (theirs == *pr.expect) return true;
+    return mismatch(p, *pr.expect, theirs);
+}
+
+COROCOLL_DECL bool engine::mismatch(int p, const collective_meta& mine,
+                                    const collective_meta& theirs) {
+    std::string text = "collective #" + std::to_string(mine.seq);
+    if (mine.same_call(theirs)) {
+        // Same call, different fingerprints: an earlier collective differed without a
+        // frame of it ever reaching a rank that ran it differently.
+        text += " (" + describe_(mine) + "): rank " + std::to_string(rank_) + " and rank " +
+                std::to_string(p) + " ran different collectives before it; rank " +
+                std::to_string(rank_) + " ran " + recent_calls();
+    } else {
+        text += " does not match across ranks: rank " + std::to_string(rank_) + " called " +
+                describe_(mine) + ", rank " + std::to_string(p) + " called " + describe_(theirs);
+    }
+    fail_verbatim(p, make_error_code(corocoll::errc::protocol_error), text);
+    return false;
+}
+
+COROCOLL_DECL std::string engine::recent_calls() const {
+    std::string s;
+    std::uint64_t first = done_seq_ > 4 ? done_seq_ - 3 : 1;
+    for (std::uint64_t k = first; k <= done_seq_; ++k) {
+        s += (s.empty() ? "#" : ", #") + std::to_string(k) + " " +
+             describe_(remembered_[k % remembered_.size()]);
+    }
+    return s.empty() ? "none" : s;
+}
+
+COROCOLL_DECL task<> engine::say_goodbyes() {
+    auto deadline = io::deadline_after(std::chrono::seconds(5));
+    std::vector<task<>> goodbyes;
+    for (int p = 0; p < size_; ++p) {
+        if (peer_at(p).connected()) {
+            goodbyes.push_back(say_goodbye(p, deadline));
+        }
+    }
+    co_await when_all(std::move(goodbyes));
+}
+
+COROCOLL_DECL task<> engine::close_now() {
+    reactor_.disarm(stall_timer_);
+    if (!failure_ && !goodbyes_said_) co_await say_goodbyes();
+    if (!failure_) failure_ = closed_error();
+    closing_ = true;
+    abort_all();
+    co_await readers_.join();
+    for (auto& p : peers_) {
+        if (p.link) co_await p.link->close();
+    }
+}
+
+COROCOLL_DECL task<> engine::say_goodbye(int p, time_point deadline) {
+    peer& ps = peer_at(p);
+    auto guard = co_await ps.send_lock.scoped_lock();
+    frame_header h;
+    h.kind = frame_kind::goodbye;
+    h.src = static_cast<std::uint32_t>(rank_);
+    h.dst = static_cast<std::uint32_t>(p);
+    h.seal();
+    iovec iov{&h, sizeof(h)};
+    try {
+        co_await ps.link->send(std::span(&iov, 1), deadline);
+    } catch (const std::system_error&) {
+        ps.stream_cut = true;
+        // The peer is gone already; nothing to tell it.
+    }
+}
+
+COROCOLL_DECL auto engine::tell_abort(int q) -> told {
+    peer& p = peer_at(q);
+    // The culprit is told too: after a mismatch it is alive and needs the reason (a dead
+    // one's socket just refuses the write).
+    if (failed_peer_ < 0 || !p.connected() || p.departed) return told::nothing;
+    frame_header h;
+    std::string text = abort_words(q, h);
+    // Also where the peer finds it after a frame cut off by this failure (shared memory).
+    iovec iov[2] = {{&h, sizeof(h)}, {text.data(), text.size()}};
+    p.link->leave_last_words(iov);
+    return p.send_now(h, text) ? told::told : told::busy;
+}
+
+COROCOLL_DECL std::string engine::abort_words(int q, frame_header& h) const {
+    std::string text = failure_text_.substr(0, abort_notice::max_text);
+    abort_notice notice{static_cast<std::uint32_t>(failed_peer_), failure_code_.value(),
+                        failure_code_.category() == corocoll::error_category(), text.size()};
+    h = notice.header(static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(q));
+    return text;
+}
+
+COROCOLL_DECL task<> engine::farewell(int q) {
+    peer& p = peer_at(q);
+    {
+        auto guard = co_await p.send_lock.scoped_lock();
+        if (!p.stream_cut && p.connected() && !p.departed) {
+            frame_header h;
+            std::string text = abort_words(q, h);
+            iovec iov[2] = {{&h, sizeof(h)}, {text.data(), text.size()}};
+            p.link->send_now(iov);
+        }
+    }
+    p.link->shutdown();
+}
+
+COROCOLL_DECL task<> engine::take_abort(peer& ps, int p, const abort_notice& notice) {
+    apply_abort(p, notice, co_await ps.read_text(notice.text_length));
+}
+
+COROCOLL_DECL bool engine::take_last_words(int p) {
+    std::string words = peer_at(p).link->last_words();
+    if (words.size() < sizeof(frame_header)) return false;
+    frame_header h;
+    std::memcpy(&h, words.data(), sizeof(h));
+    if (!h.problem(abort_notice::max_text).empty() || h.src != static_cast<std::uint32_t>(p))
+        return false;
+    auto notice = abort_notice::of(h, size_);
+    if (!notice) return false;
+    apply_abort(p, *notice, words.substr(sizeof(h), notice->text_length));
+    return true;
+}
+
+COROCOLL_DECL void engine::apply_abort(int p, const abort_notice& notice, std::string text) {
+    std::error_code code = notice.corocoll_code
+                               ? std::error_code(notice.code, corocoll::error_category())
+                               : std::error_code(notice.code, std::system_category());
+    std::string by = "reported by rank " + std::to_string(p);
+    if (text.empty()) {
+        fail(static_cast<int>(notice.culprit), code, by);
+    } else {
+        if (text.find("(reported by rank") == std::string::npos) text += " (" + by + ")";
+        fail_verbatim(static_cast<int>(notice.culprit), code, text);
+    }
+}
+
+COROCOLL_DECL void engine::depart(int p) {
+    peer_at(p).departed = true;
+    bool anyone_left = false;
+    for (int q = 0; q < size_; ++q) {
+        if (q != rank_ && !peer_at(q).departed) anyone_left = true;
+    }
+    auto departed = std::make_exception_ptr(std::system_error(
+        make_error_code(corocoll::errc::connection_closed),
+        "rank " + std::to_string(p) + " closed its process group before sending"));
+    matching_.fail_all(peer_at(p).posted, departed);
+    if (!anyone_left) matching_.fail_all(matching_.any_source_queue(), departed);
+}
+
+COROCOLL_DECL void engine::check_peer(int r, const op_label& what) const {
+    if (r < 0 || r >= size_) {
+        throw std::invalid_argument("corocoll: rank " + std::to_string(rank_) + ": " + spell(what) +
+                                    ": rank " + std::to_string(r) + " is outside [0, " +
+                                    std::to_string(size_) + ")");
+    }
+    if (r == rank_) {
+        throw std::invalid_argument("corocoll: rank " + std::to_string(rank_) + ": " + spell(what) +
+                                    ": the peer is this rank itself");
+    }
+}
+
+COROCOLL_DECL void engine::check_usable(const op_label& what) const {
+    if (!failure_) return;
+    try {
+        std::rethrow_exception(failure_);
+    } catch (const std::system_error& e) {
+        corocoll::detail::throw_error(e.code(), "corocoll: rank " + std::to_string(rank_) + ": " +
+                                                    spell(what) + ": " +
+                                                    corocoll::detail::context_of(e));
+    }
+}
+
+COROCOLL_DECL void engine::fail(int p, std::error_code code, const std::string& detail) {
+    if (failure_) return;
+    std::string peer_name = "rank " + std::to_string(p);
+    if (p >= 0 && p < size_ && !peer_at(p).address.empty()) {
+        peer_name += " (" + peer_at(p).address + ")";
+    }
+    fail_verbatim(p, code, "peer " + peer_name + " failed" + (detail.empty() ? "" : ": " + detail));
+}
+
+COROCOLL_DECL void engine::fail_verbatim(int p, std::error_code code, const std::string& text) {
+    if (failure_) return;
+    COROCOLL_LOG(warn, "P2P", text, ": ", code.message());
+    failure_ = std::make_exception_ptr(std::system_error(code, text));
+    failure_text_ = text;
+    failed_peer_ = p;
+    failure_code_ = code;
+    abort_all();
+}
+
+COROCOLL_DECL void engine::abort_all() {
+    stop_.request_stop();
+    for (std::size_t q = 0; q < peers_.size(); ++q) {
+        peer& p = peers_[q];
+        bool later = false;
+        if (tell_abort(static_cast<int>(q)) == told::busy) {
+            try {
+                readers_.spawn(farewell(static_cast<int>(q)));
+                later = true;
+            } catch (const std::exception&) {
+                // Out of memory: the peer learns of the failure from the closed socket.
+            }
+        }
+        if (p.link && !later) p.link->shutdown();
+        if (p.blocked_reader) std::exchange(p.blocked_reader, {}).resume();
+    }
+    for (auto& p : peers_) matching_.fail_all(p.posted, failure_);
+    matching_.fail_all(matching_.any_source_queue(), failure_);
+    matching_.fail_all(matching_.expired_queue(), failure_);
+    round_.wake.request_stop();
+}
+
+COROCOLL_DECL task<> engine::read_loop(int p) {
+    peer& ps = peer_at(p);
+    // However the loop ends, the receives it held back complete (with the failure, if
+    // any) and a sender waiting for it (see reader_exit) is released.
+    struct exit_mark {
+        engine& e;
+        peer& ps;
+        ~exit_mark() {
+            e.complete_deferred(ps);
+            ps.reader_exited = true;
+            if (ps.exit_waiter) std::exchange(ps.exit_waiter, {}).resume();
+        }
+    } mark{*this, ps};
+    try {
+        for (;;) {
+            frame_header h;
+            // The header is read through the staging buffer with socket operations
+            // awaited right here: a frame costs the reader no coroutine of its own.
+            while (!ps.header_staged()) {
+                std::span<std::byte> room = ps.staging_room();
+                std::size_t n = ps.link->try_recv(room, false);
+                if (n == 0) {
+                    complete_deferred(ps);
+                    n = co_await ps.link->recv_some(room, stop_.get_token());
+                }
+                if (n == 0) {
+                    corocoll::detail::throw_error(
+                        corocoll::errc::connection_closed,
+                        "corocoll: recv from " + ps.address + ": the connection closed");
+                }
+                ps.staged_end += n;
+            }
+            ps.take_header(h);
+            if (std::string problem = h.problem(options_.max_message_bytes); !problem.empty()) {
+                corocoll::detail::throw_error(corocoll::errc::protocol_error, problem);
+            }
+            if (h.kind == frame_kind::goodbye && h.src == static_cast<std::uint32_t>(p)) {
+                if (auto notice = abort_notice::of(h, size_)) {
+                    co_await take_abort(ps, p, *notice);
+                } else {
+                    depart(p);
+                }
+                co_return;
+            }
+            bool ranks_ok = h.src == static_cast<std::uint32_t>(p) &&
+                            h.dst == static_cast<std::uint32_t>(rank_);
+            if (ranks_ok && h.kind == frame_kind::status_query && h.length == 0) {
+                answer(p, h.seq);
+                continue;
+            }
+            if (ranks_ok && h.kind == frame_kind::status_reply &&
+                h.length <= detail::rank_status::max_bytes(size_)) {
+                std::string bytes(h.length, '\0');
+                co_await ps.read_payload(std::as_writable_bytes(std::span(bytes)),
+                                         stop_.get_token());
+                take_answer(p, h.seq, bytes);
+                continue;
+            }
+            if ((h.kind != frame_kind::p2p && h.kind != frame_kind::collective) || !ranks_ok) {
+                corocoll::detail::throw_error(corocoll::errc::protocol_error,
+                                              "unexpected frame kind or ranks in a header");
+            }
+            ++frames_in_;
+            if (!check_active(p, h)) co_return;  // the group failed
+            posted_recv* pr = matching_.match(p, h);
+            if (pr == nullptr && h.length > 0 && options_.hold.count() > 0 &&
+                ps.link->worth_holding(h.length)) {
+                // Copied into a buffer now, it would be copied twice; the receive usually
+                // comes soon.
+                ps.blocked = &h;
+                ps.hold.owner = &ps;
+                ps.hold.when = std::chrono::steady_clock::now() + options_.hold;
+                ps.hold.fire = [](io::timer_entry& t) noexcept {
+                    peer& held = *static_cast<peer::hold_timer&>(t).owner;
+                    if (held.blocked_reader) std::exchange(held.blocked_reader, {}).resume();
+                };
+                reactor_.arm(ps.hold);
+                complete_deferred(ps);
+                co_await blocked_awaiter{ps};
+                reactor_.disarm(ps.hold);
+                if (!unblocked(ps, p, h, pr)) co_return;
+            }
+            while (pr == nullptr && h.length > 0 &&
+                   ps.unexpected_bytes + h.length > options_.unexpected_bytes_per_peer &&
+                   !ps.unexpected.empty()) {
+                ps.blocked = &h;
+                complete_deferred(ps);
+                co_await blocked_awaiter{ps};
+                if (!unblocked(ps, p, h, pr)) co_return;
+            }
+            if (pr != nullptr) {
+                if (!verify(*pr, p, h)) {
+                    // The group failed; a handed-over receive is in no queue that
+                    // abort_all empties, so it ends here.
+                    if (!pr->linked) {
+                        pr->error = failure_;
+                        matching_.complete(*pr);
+                    }
+                    co_return;
+                }
+                matching_.unlink(*pr);
+                pr->state = posted_recv::receiving;
+                pr->from = p;
+                pr->length = h.length;
+                // What is staged goes in first; the rest comes straight from the socket
+                // into the buffer. `pr` may be withdrawn meanwhile (its owner then clears
+                // `ps.delivering`), so only copies taken before waiting are used.
+                std::span<std::byte> rest;
+                if (h.length <= pr->buf.size()) rest = ps.take_staged(pr->buf.first(h.length));
+                if (!rest.empty() || h.length > pr->buf.size()) {
+                    complete_deferred(ps);
+                    ps.delivering = pr;
+                    co_await deliver(ps, p, h, rest,
+                                     io::op_options(pr->deadline, stop_.get_token()));
+                    pr = std::exchange(ps.delivering, nullptr);
+                    if (pr == nullptr) continue;  // withdrawn
+                }
+                complete_after_staged(ps, *pr);
+                continue;
+            }
+            detail::unexpected_msg m{h, matching_.next_arrival(), {}};
+            if (ps.staged_end - ps.staged_begin < h.length) complete_deferred(ps);
+            co_await ps.read_growing(m.data, h.length, stop_.get_token());
+            // A receive may have been posted while the payload arrived.
+            if (posted_recv* late = matching_.match(p, h)) {
+                if (!verify(*late, p, h)) co_return;
+                matching_.unlink(*late);
+                detail::matcher::fill_from(*late, p, m.data);
+                late->state = posted_recv::receiving;
+                complete_after_staged(ps, *late);
+            } else {
+                ps.unexpected_bytes += m.data.size();
+                ps.unexpected.push_back(std::move(m));
+            }
+        }
+    } catch (const std::system_error& e) {
+        // Our own protocol errors carry their detail in the text; socket errors say all
+        // in their code.
+        bool ours = e.code().category() == corocoll::error_category() &&
+                    e.code() != corocoll::errc::connection_closed;
+        if (!closing_ && !failure_ && !take_last_words(p)) {
+            fail(p, e.code(), ours ? corocoll::detail::context_of(e) : "");
+        }
+    } catch (const std::exception& e) {
+        if (!closing_) fail(p, make_error_code(corocoll::errc::protocol_error), e.what());
+    }
+    if (posted_recv* pr = std::exchange(ps.delivering, nullptr)) {
+        pr->error = failure_;
+        matching_.complete(*pr);
+    }
+}
+
+COROCOLL_DECL void engine::complete_after_staged(peer& ps, posted_recv& pr) {
+    if (ps.staged_end == ps.staged_begin) {
+        matching_.complete(pr);
+        return;
+    }
+    pr.next = nullptr;
+    (ps.deferred_tail != nullptr ? ps.deferred_tail->next : ps.deferred_head) = &pr;
+    ps.deferred_tail = &pr;
+}
+
+COROCOLL_DECL void engine::complete_deferred(peer& ps) {
+    while (posted_recv* pr = ps.deferred_head) {
+        ps.deferred_head = pr->next;
+        if (ps.deferred_head == nullptr) ps.deferred_tail = nullptr;
+        pr->next = nullptr;
+        if (failure_ && !pr->error) pr->error = failure_;
+        matching_.complete(*pr);
+    }
+}
+
+COROCOLL_DECL bool engine::unblocked(peer& ps, int p, const frame_header& h, posted_recv*& pr) {
+    ps.blocked = nullptr;
+    posted_recv* handed = std::exchange(ps.handed, nullptr);
+    if (closing_ || failure_) {
+        if (handed != nullptr) {
+            handed->error = failure_;
+            matching_.complete(*handed);
+        }
+        return false;
+    }
+    pr = handed != nullptr ? handed : matching_.match(p, h);
+    return true;
+}
+
+COROCOLL_DECL bool engine::paused() const noexcept {
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    auto now = std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+    return stall_timer_.armed() &&
+           now > stall_timer_.when.time_since_epoch() + std::chrono::milliseconds(10);
+}
+
+COROCOLL_DECL detail::rank_status engine::my_status() const {
+    detail::rank_status s;
+    s.in_collective = has_active_;
+    s.current = active_;
+    s.done = done_seq_;
+    s.fingerprint = fingerprint_;
+    std::uint64_t n = std::min<std::uint64_t>(done_seq_, detail::rank_status::remembered);
+    for (std::uint64_t k = done_seq_ - n + 1; n > 0 && k <= done_seq_; ++k) {
+        s.recent.push_back(remembered_[k % remembered_.size()]);
+    }
+    auto note = [&s](const detail::recv_queue& q) {
+        for (const posted_recv* pr = q.front(); pr != nullptr; pr = pr->next) {
+            if (std::find(s.waiting_for.begin(), s.waiting_for.end(), pr->src) ==
+                s.waiting_for.end()) {
+                s.waiting_for.push_back(pr->src);
+            }
+            if (pr->kind == frame_kind::p2p && !s.p2p_wait) {
+                s.p2p_wait = true;
+                s.p2p_tag = pr->tag;
+            }
+        }
+    };
+    for (std::size_t p = 0; p < peers_.size(); ++p) {
+        note(peers_[p].posted);
+        if (peers_[p].sends_waiting > 0) s.sending_to.push_back(static_cast<std::int32_t>(p));
+    }
+    note(matching_.any_source_queue());
+    note(matching_.expired_queue());
+    return s;
+}
+
+COROCOLL_DECL bool engine::anything_waits() {
+    if (sends_waiting_ > 0 || !matching_.any_source_queue().empty()) return true;
+    for (const auto& p : peers_) {
+        if (!p.posted.empty()) return true;
+    }
+    return false;
+}
+
+COROCOLL_DECL std::string engine::describe_wait(const posted_recv& pr) const {
+    if (pr.expect != nullptr)
+        return "collective #" + std::to_string(pr.seq) + " " + describe_(*pr.expect);
+    return "recv from " +
+           (pr.src == any_source ? std::string("any rank") : "rank " + std::to_string(pr.src)) +
+           " (tag " + std::to_string(pr.tag) + ")";
+}
+
+COROCOLL_DECL task<> engine::send_status_frame(int p, frame_header h, std::string payload,
+                                               time_point until) {
+    peer& ps = peer_at(p);
+    auto guard = co_await ps.send_lock.scoped_lock();
+    if (failure_ || !ps.connected() || ps.departed || std::chrono::steady_clock::now() > until)
+        co_return;
+    h.src = static_cast<std::uint32_t>(rank_);
+    h.dst = static_cast<std::uint32_t>(p);
+    h.length = payload.size();
+    h.seal();
+    iovec iov[2] = {{&h, sizeof(h)}, {payload.data(), payload.size()}};
+    std::span<iovec> all(iov, payload.empty() ? 1 : 2);
+    // What fits goes at once: the lock is not held across a trip through the reactor.
+    std::size_t sent = ps.link->try_send(all);
+    if (sent == sizeof(h) + payload.size()) co_return;
+    iovec rest_space[2];
+    try {
+        co_await ps.link->send(detail::iov_after(all, sent, rest_space),
+                               io::op_options(until, stop_.get_token()));
+    } catch (const std::system_error& e) {
+        ps.stream_cut = true;
+        if (!failure_) fail(p, e.code(), "a status frame could not be sent");
+    }
+}
+
+COROCOLL_DECL void engine::answer(int p, std::uint64_t id) {
+    frame_header h;
+    h.kind = frame_kind::status_reply;
+    h.seq = id;
+    readers_.spawn(send_status_frame(p, h, my_status().encode(),
+                                     std::chrono::steady_clock::now() + answer_window()));
+}
+
+COROCOLL_DECL void engine::take_answer(int p, std::uint64_t id, const std::string& bytes) {
+    status_round& rd = round_;
+    if (!rd.running || id != rd.id || rd.answers[static_cast<std::size_t>(p)]) return;
+    auto status = detail::rank_status::decode(bytes);
+    if (!status) return;
+    rd.answers[static_cast<std::size_t>(p)] = std::move(*status);
+    if (--rd.missing == 0) rd.wake.request_stop();
+}
+
+COROCOLL_DECL task<> engine::run_status_round() {
+    status_round& rd = round_;
+    rd.running = true;
+    rd.id += 1;
+    rd.wake = std::stop_source();
+    rd.answers.assign(static_cast<std::size_t>(size_), std::nullopt);
+    rd.answers[static_cast<std::size_t>(rank_)] = my_status();
+    rd.missing = 0;
+    time_point until = std::chrono::steady_clock::now() + answer_window();
+    frame_header q;
+    q.kind = frame_kind::status_query;
+    q.seq = rd.id;
+    for (int p = 0; p < size_; ++p) {
+        if (p == rank_) continue;
+        peer& ps = peer_at(p);
+        if (ps.departed || !ps.connected()) {
+            detail::rank_status gone;
+            gone.left = true;
+            rd.answers[static_cast<std::size_t>(p)] = gone;
+            continue;
+        }
+        ++rd.missing;
+        readers_.spawn(send_status_frame(p, q, {}, until));
+    }
+    if (rd.missing > 0) {
+        try {
+            co_await reactor_.sleep_until(until, rd.wake.get_token());
+        } catch (const std::system_error&) {
+            // every answer came (or the group failed)
+        }
+    }
+    rd.running = false;
+    if (failure_ || closing_) co_return;
+    const posted_recv* expired = matching_.expired_queue().front();
+    auto why =
+        expired != nullptr ? detail::status_reason::deadline : detail::status_reason::stalled;
+    std::string waiting = expired != nullptr ? describe_wait(*expired)
+                                             : "its receives, with no progress for " +
+                                                   std::to_string(stall_interval().count()) + " ms";
+    auto verdict =
+        detail::judge_status(rd.answers, rank_, why, expired != nullptr ? expired->src : any_source,
+                             waiting, answer_window(), describe_);
+    if (verdict.fail) {
+        fail_verbatim(verdict.culprit,
+                      verdict.timed_out ? std::make_error_code(std::errc::timed_out)
+                                        : make_error_code(corocoll::errc::protocol_error),
+                      verdict.text);
+    } else {
+        COROCOLL_LOG(warn, "P2P", "rank ", rank_, " made no progress for ",
+                     stall_interval().count(), " ms: ", verdict.text);
+        progress_at_ = std::chrono::steady_clock::now();
+    }
+}
+
+COROCOLL_DECL void engine::start_status_round() noexcept {
+    if (round_.running || failure_ || closing_) return;
+    try {
+        readers_.spawn(run_status_round());
+    } catch (const std::exception&) {
+        // Out of memory: the receive that expired stays until the group closes.
+    }
+}
+
+COROCOLL_DECL void engine::on_stall_timer(io::timer_entry& t) noexcept {
+    engine& e = *static_cast<stall_timer_entry&>(t).owner;
+    if (e.failure_ || e.closing_) return;
+    auto now = std::chrono::steady_clock::now();
+    if (e.frames_in_ != e.frames_at_check_ || !e.anything_waits()) {
+        e.frames_at_check_ = e.frames_in_;
+        e.progress_at_ = now;
+    } else if (e.stall_interval().count() > 0 && now - e.progress_at_ >= e.stall_interval()) {
+        e.start_status_round();
+    }
+    t.when = now + e.timer_period();
+    e.reactor_.arm(t);
+}
+
+COROCOLL_DECL task<> engine::deliver(peer& ps, int p, const frame_header& h,
+                                     std::span<std::byte> rest, io::op_options o) {
+    if (!rest.empty()) {
+        co_await ps.read_payload(rest, std::move(o));
+        co_return;
+    }
+    std::vector<std::byte> scratch(std::min<std::uint64_t>(h.length, 1 << 20));
+    for (std::uint64_t left = h.length; left > 0;) {
+        auto n = static_cast<std::size_t>(std::min<std::uint64_t>(left, scratch.size()));
+        co_await ps.read_payload(std::span(scratch).first(n), o);
+        left -= n;
+    }
+    if (posted_recv* still = ps.delivering) {
+        still->error = detail::matcher::too_long(p, h.length, still->buf.size());
+    }
+}
+
+}  // namespace transport
+
+COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -66,30 +66,12 @@ struct frame_header {
     /// FNV-1a over the 15 32-bit words before `checksum` (a word at a time: a quarter of the
     /// byte-wise chain of multiplications on every message, and no weaker at catching a
     /// stream that lost its framing).
-    std::uint32_t compute_checksum() const noexcept {
-        std::uint32_t words[offsetof(frame_header, checksum) / 4];
-        std::memcpy(words, this, sizeof(words));
-        std::uint32_t h = 2166136261u;
-        for (std::uint32_t w : words) h = (h ^ w) * 16777619u;
-        return h;
-    }
+    std::uint32_t compute_checksum() const noexcept;
     /// Sets `checksum` for the header as it is now.
     void seal() noexcept { checksum = compute_checksum(); }
 
     /// Empty when the header is sound; otherwise what is wrong with it.
-    std::string problem(std::uint64_t max_length) const {
-        if (magic != frame_magic) return "not a corocoll frame (bad magic)";
-        if (version != protocol_version) {
-            return "protocol version " + std::to_string(version) + ", this rank speaks " +
-                   std::to_string(protocol_version);
-        }
-        if (checksum != compute_checksum()) return "header checksum mismatch";
-        if (length > max_length) {
-            return "message of " + std::to_string(length) + " bytes exceeds the maximum of " +
-                   std::to_string(max_length);
-        }
-        return {};
-    }
+    std::string problem(std::uint64_t max_length) const;
 };
 static_assert(sizeof(frame_header) == 64, "the wire header is 64 bytes");
 
@@ -115,45 +97,16 @@ struct collective_meta {
     std::uint32_t history = 0;
 
     /// Writes the metadata into `h`'s fields.
-    void apply_to(frame_header& h) const noexcept {
-        h.kind = frame_kind::collective;
-        h.op = collective;
-        h.flags = algorithm;
-        h.reserved0 = redop;
-        h.dtype = dtype;
-        h.root = root;
-        h.count = count;
-        h.seq = seq;
-        h.history = history;
-    }
+    void apply_to(frame_header& h) const noexcept;
     /// Reads the metadata back from a received header.
-    static collective_meta of(const frame_header& h) noexcept {
-        return {h.op,    static_cast<std::uint8_t>(h.reserved0),
-                h.dtype, h.flags,
-                h.root,  h.count,
-                h.seq,   h.history};
-    }
+    static collective_meta of(const frame_header& h) noexcept;
     /// Equal in every field: what a receiver checks.
     friend bool operator==(const collective_meta&, const collective_meta&) = default;
     /// The same call, whatever came before it.
-    bool same_call(const collective_meta& o) const noexcept {
-        return collective == o.collective && redop == o.redop && dtype == o.dtype &&
-               algorithm == o.algorithm && root == o.root && count == o.count && seq == o.seq;
-    }
+    bool same_call(const collective_meta& o) const noexcept;
 
     /// `fingerprint` extended by this call (FNV-1a over its fields, `history` left out).
-    std::uint32_t fold(std::uint32_t fingerprint) const noexcept {
-        std::uint32_t words[7] = {collective,
-                                  redop,
-                                  dtype,
-                                  algorithm,
-                                  root,
-                                  static_cast<std::uint32_t>(count),
-                                  static_cast<std::uint32_t>(count >> 32)};
-        std::uint32_t h = fingerprint == 0 ? 2166136261u : fingerprint;
-        for (std::uint32_t w : words) h = (h ^ w) * 16777619u;
-        return (h ^ static_cast<std::uint32_t>(seq)) * 16777619u;
-    }
+    std::uint32_t fold(std::uint32_t fingerprint) const noexcept;
 };
 
 /// The last words of a rank whose group failed: a goodbye frame with `goodbye_abort`, which
@@ -174,41 +127,121 @@ struct abort_notice {
     std::uint64_t text_length = 0;
 
     /// The sealed header from `src` to `dst` that carries this notice.
-    frame_header header(std::uint32_t src, std::uint32_t dst) const noexcept {
-        frame_header h;
-        h.kind = frame_kind::goodbye;
-        h.flags = goodbye_abort;
-        h.src = src;
-        h.dst = dst;
-        h.root = culprit;
-        h.count = static_cast<std::uint64_t>(static_cast<std::uint32_t>(code));
-        h.op = corocoll_code ? 1 : 0;
-        h.length = text_length;
-        h.seal();
-        return h;
-    }
+    frame_header header(std::uint32_t src, std::uint32_t dst) const noexcept;
 
     /// The notice a goodbye header carries; nothing when it is a plain goodbye, or when the
     /// culprit is not a rank of a group of `group_size`.
-    static std::optional<abort_notice> of(const frame_header& h, int group_size) noexcept {
-        if (h.kind != frame_kind::goodbye || (h.flags & goodbye_abort) == 0 ||
-            h.root >= static_cast<std::uint32_t>(group_size)) {
-            return std::nullopt;
-        }
-        return abort_notice{h.root, static_cast<int>(static_cast<std::uint32_t>(h.count)),
-                            h.op == 1, h.length};
-    }
+    static std::optional<abort_notice> of(const frame_header& h, int group_size) noexcept;
 };
 
 /// A 64-bit FNV-1a hash: a group's name as it travels in hello frames.
-inline std::uint64_t hash64(const std::string& s) noexcept {
+COROCOLL_DECL std::uint64_t hash64(const std::string& s) noexcept;
+
+/// Compares two byte strings in time that depends only on their lengths, for job tokens.
+COROCOLL_DECL bool constant_time_equal(const std::string& a, const std::string& b) noexcept;
+
+}  // namespace transport
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport {
+
+COROCOLL_DECL std::uint32_t frame_header::compute_checksum() const noexcept {
+    std::uint32_t words[offsetof(frame_header, checksum) / 4];
+    std::memcpy(words, this, sizeof(words));
+    std::uint32_t h = 2166136261u;
+    for (std::uint32_t w : words) h = (h ^ w) * 16777619u;
+    return h;
+}
+
+COROCOLL_DECL std::string frame_header::problem(std::uint64_t max_length) const {
+    if (magic != frame_magic) return "not a corocoll frame (bad magic)";
+    if (version != protocol_version) {
+        return "protocol version " + std::to_string(version) + ", this rank speaks " +
+               std::to_string(protocol_version);
+    }
+    if (checksum != compute_checksum()) return "header checksum mismatch";
+    if (length > max_length) {
+        return "message of " + std::to_string(length) + " bytes exceeds the maximum of " +
+               std::to_string(max_length);
+    }
+    return {};
+}
+
+COROCOLL_DECL void collective_meta::apply_to(frame_header& h) const noexcept {
+    h.kind = frame_kind::collective;
+    h.op = collective;
+    h.flags = algorithm;
+    h.reserved0 = redop;
+    h.dtype = dtype;
+    h.root = root;
+    h.count = count;
+    h.seq = seq;
+    h.history = history;
+}
+
+COROCOLL_DECL collective_meta collective_meta::of(const frame_header& h) noexcept {
+    return {
+        h.op,     static_cast<std::uint8_t>(h.reserved0), h.dtype, h.flags, h.root, h.count, h.seq,
+        h.history};
+}
+
+COROCOLL_DECL bool collective_meta::same_call(const collective_meta& o) const noexcept {
+    return collective == o.collective && redop == o.redop && dtype == o.dtype &&
+           algorithm == o.algorithm && root == o.root && count == o.count && seq == o.seq;
+}
+
+COROCOLL_DECL std::uint32_t collective_meta::fold(std::uint32_t fingerprint) const noexcept {
+    std::uint32_t words[7] = {collective,
+                              redop,
+                              dtype,
+                              algorithm,
+                              root,
+                              static_cast<std::uint32_t>(count),
+                              static_cast<std::uint32_t>(count >> 32)};
+    std::uint32_t h = fingerprint == 0 ? 2166136261u : fingerprint;
+    for (std::uint32_t w : words) h = (h ^ w) * 16777619u;
+    return (h ^ static_cast<std::uint32_t>(seq)) * 16777619u;
+}
+
+COROCOLL_DECL frame_header abort_notice::header(std::uint32_t src,
+                                                std::uint32_t dst) const noexcept {
+    frame_header h;
+    h.kind = frame_kind::goodbye;
+    h.flags = goodbye_abort;
+    h.src = src;
+    h.dst = dst;
+    h.root = culprit;
+    h.count = static_cast<std::uint64_t>(static_cast<std::uint32_t>(code));
+    h.op = corocoll_code ? 1 : 0;
+    h.length = text_length;
+    h.seal();
+    return h;
+}
+
+COROCOLL_DECL std::optional<abort_notice> abort_notice::of(const frame_header& h,
+                                                           int group_size) noexcept {
+    if (h.kind != frame_kind::goodbye || (h.flags & goodbye_abort) == 0 ||
+        h.root >= static_cast<std::uint32_t>(group_size)) {
+        return std::nullopt;
+    }
+    return abort_notice{h.root, static_cast<int>(static_cast<std::uint32_t>(h.count)), h.op == 1,
+                        h.length};
+}
+
+COROCOLL_DECL std::uint64_t hash64(const std::string& s) noexcept {
     std::uint64_t h = 14695981039346656037ull;
     for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
     return h;
 }
 
-/// Compares two byte strings in time that depends only on their lengths, for job tokens.
-inline bool constant_time_equal(const std::string& a, const std::string& b) noexcept {
+COROCOLL_DECL bool constant_time_equal(const std::string& a, const std::string& b) noexcept {
     unsigned char diff = a.size() == b.size() ? 0 : 1;
     std::size_t n = a.size() < b.size() ? a.size() : b.size();
     for (std::size_t i = 0; i < n; ++i) {
@@ -220,3 +253,5 @@ inline bool constant_time_equal(const std::string& a, const std::string& b) noex
 }  // namespace transport
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

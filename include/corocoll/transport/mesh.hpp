@@ -55,7 +55,90 @@ struct mesh_options {
 /// interface named by COROCOLL_SOCKET_IFNAME (or GLOO_SOCKET_IFNAME); otherwise the local
 /// address this host uses to reach `master` (found by connecting a UDP socket, which sends
 /// nothing); loopback when `master` is loopback or unknown. Port 0.
-inline io::endpoint choose_listen_address(const std::optional<io::endpoint>& master) {
+COROCOLL_DECL io::endpoint choose_listen_address(const std::optional<io::endpoint>& master);
+
+namespace detail {
+
+// The hello each side sends first: group (a hash of its name), ranks, world size, whether a
+// job token is in use (`tag`), and how many bytes follow it (nonce, and the proof).
+COROCOLL_DECL frame_header make_hello(int rank, int peer, int size, const mesh_options& o,
+                                      std::size_t follows);
+
+// What is wrong with a hello `h` that this rank reads ("" if nothing): `expected_peer` < 0
+// means any rank (the accepting side), `follows` the bytes that must come after it.
+COROCOLL_DECL std::string hello_problem(const frame_header& h, int rank, int size,
+                                        int expected_peer, const mesh_options& o,
+                                        std::size_t follows);
+
+// The proof by side `role` ("connector" or "listener") of the connection from `connector` to the
+// listener that `listener_address` names knows the token: HMAC-SHA256 over the group, both ranks,
+// that address and both nonces. Each side proves over the other's fresh nonce, so a proof cannot be
+// replayed, and over the address it was dialled at, so a stranger whose address was written into
+// the store cannot relay the handshake to the real rank.
+COROCOLL_DECL auth_proof mesh_proof(const mesh_options& o, std::string_view role, int connector,
+                                    int listener, const std::string& listener_address,
+                                    const auth_nonce& connector_nonce,
+                                    const auth_nonce& listener_nonce);
+
+inline std::chrono::steady_clock::time_point hello_deadline(const mesh_options& o) {
+    return std::min(o.deadline, io::deadline_after(o.hello_timeout));
+}
+
+template <class T>
+std::span<std::byte> bytes_of(T& value) {
+    return std::as_writable_bytes(std::span(&value, 1));
+}
+
+// The connecting side's handshake with the listener at `where`, published as rank `peer`'s:
+// a hello and a fresh nonce out; the listener's hello, nonce and proof in; with a
+// token, the listener's proof checked before this rank's own goes out. Nothing sent depends on
+// the token until the listener has shown that it knows it.
+COROCOLL_DECL task<> connector_handshake(io::socket& s, int rank, int peer, int size,
+                                         const mesh_options& o, const std::string& where,
+                                         std::stop_token stop);
+
+// The listening side's handshake on an accepted connection; returns the peer's rank, or
+// throws why the connection is refused. `here` is the address this rank published.
+COROCOLL_DECL task<int> listener_handshake(io::socket& s, int rank, int size, const mesh_options& o,
+                                           const std::string& here, std::stop_token stop);
+
+COROCOLL_DECL std::string remaining_ms(std::chrono::steady_clock::time_point deadline);
+
+// Connects to lower rank `peer`, retrying with backoff and jitter until the deadline.
+COROCOLL_DECL task<io::socket> connect_to(io::reactor& r, rendezvous::store& store, int rank,
+                                          int peer, int size, const mesh_options& o,
+                                          std::stop_token stop);
+
+}  // namespace detail
+
+/// Builds the full mesh of TCP connections of a group: rank `rank` listens on
+/// `o.listen_on`, publishes host:port under "mesh/addr/<rank>" in `store` (give each group
+/// its own prefix store), connects to every lower rank (retrying with backoff and jitter
+/// while they start) and accepts every higher one. Accepted connections are handled
+/// concurrently, each handshake bounded by `o.hello_timeout`: a connection that is not a
+/// peer of this group (bad or no hello, another group, a wrong proof of the token, silence)
+/// is dropped with a WARN and set-up goes on. Each connection starts with a hello each way
+/// that checks group, ranks, world size and protocol version, and with a job token, a
+/// challenge-response proof from each side (`mesh_options::job_token`). A listener that
+/// answers a connecting rank wrongly is an error naming both. Everything is bounded by
+/// `o.deadline`; at the deadline the error names the ranks still missing. Returns one
+/// socket per rank, indexed by rank (the own entry stays closed).
+COROCOLL_DECL task<std::vector<io::socket>> connect_mesh(io::reactor& r, rendezvous::store& store,
+                                                         int rank, int size, mesh_options o);
+
+}  // namespace transport
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport {
+
+COROCOLL_DECL io::endpoint choose_listen_address(const std::optional<io::endpoint>& master) {
     const char* ifname = std::getenv("COROCOLL_SOCKET_IFNAME");
     if (ifname == nullptr) ifname = std::getenv("GLOO_SOCKET_IFNAME");
     if (ifname != nullptr) {
@@ -95,12 +178,13 @@ inline io::endpoint choose_listen_address(const std::optional<io::endpoint>& mas
     return io::endpoint::loopback(0);
 }
 
+}  // namespace transport
+
+namespace transport {
 namespace detail {
 
-// The hello each side sends first: group (a hash of its name), ranks, world size, whether a
-// job token is in use (`tag`), and how many bytes follow it (nonce, and the proof).
-inline frame_header make_hello(int rank, int peer, int size, const mesh_options& o,
-                               std::size_t follows) {
+COROCOLL_DECL frame_header make_hello(int rank, int peer, int size, const mesh_options& o,
+                                      std::size_t follows) {
     frame_header h;
     h.kind = frame_kind::hello;
     h.src = static_cast<std::uint32_t>(rank);
@@ -113,10 +197,9 @@ inline frame_header make_hello(int rank, int peer, int size, const mesh_options&
     return h;
 }
 
-// What is wrong with a hello `h` that this rank reads ("" if nothing): `expected_peer` < 0
-// means any rank (the accepting side), `follows` the bytes that must come after it.
-inline std::string hello_problem(const frame_header& h, int rank, int size, int expected_peer,
-                                 const mesh_options& o, std::size_t follows) {
+COROCOLL_DECL std::string hello_problem(const frame_header& h, int rank, int size,
+                                        int expected_peer, const mesh_options& o,
+                                        std::size_t follows) {
     if (std::string p = h.problem(4096); !p.empty()) return p;
     if (h.kind != frame_kind::hello) return "the first frame is not a hello";
     std::string who = "rank " + std::to_string(h.src);
@@ -143,14 +226,10 @@ inline std::string hello_problem(const frame_header& h, int rank, int size, int 
     return {};
 }
 
-// The proof by side `role` ("connector" or "listener") of the connection from `connector` to the
-// listener that `listener_address` names knows the token: HMAC-SHA256 over the group, both ranks,
-// that address and both nonces. Each side proves over the other's fresh nonce, so a proof cannot be
-// replayed, and over the address it was dialled at, so a stranger whose address was written into
-// the store cannot relay the handshake to the real rank.
-inline auth_proof mesh_proof(const mesh_options& o, std::string_view role, int connector,
-                             int listener, const std::string& listener_address,
-                             const auth_nonce& connector_nonce, const auth_nonce& listener_nonce) {
+COROCOLL_DECL auth_proof mesh_proof(const mesh_options& o, std::string_view role, int connector,
+                                    int listener, const std::string& listener_address,
+                                    const auth_nonce& connector_nonce,
+                                    const auth_nonce& listener_nonce) {
     std::string m = "corocoll mesh 1\n" + std::string(role) + "\n" + o.group_name + "\n" +
                     std::to_string(connector) + "\n" + std::to_string(listener) + "\n" +
                     listener_address + "\n";
@@ -159,22 +238,9 @@ inline auth_proof mesh_proof(const mesh_options& o, std::string_view role, int c
     return hmac_sha256(o.job_token, m);
 }
 
-inline std::chrono::steady_clock::time_point hello_deadline(const mesh_options& o) {
-    return std::min(o.deadline, io::deadline_after(o.hello_timeout));
-}
-
-template <class T>
-std::span<std::byte> bytes_of(T& value) {
-    return std::as_writable_bytes(std::span(&value, 1));
-}
-
-// The connecting side's handshake with the listener at `where`, published as rank `peer`'s:
-// a hello and a fresh nonce out; the listener's hello, nonce and proof in; with a
-// token, the listener's proof checked before this rank's own goes out. Nothing sent depends on
-// the token until the listener has shown that it knows it.
-inline task<> connector_handshake(io::socket& s, int rank, int peer, int size,
-                                  const mesh_options& o, const std::string& where,
-                                  std::stop_token stop) {
+COROCOLL_DECL task<> connector_handshake(io::socket& s, int rank, int peer, int size,
+                                         const mesh_options& o, const std::string& where,
+                                         std::stop_token stop) {
     io::op_options by(hello_deadline(o), stop);
     bool auth = !o.job_token.empty();
     auth_nonce mine = auth_random_nonce(), theirs{};
@@ -206,10 +272,8 @@ inline task<> connector_handshake(io::socket& s, int rank, int peer, int size,
     co_await s.send(own, by);
 }
 
-// The listening side's handshake on an accepted connection; returns the peer's rank, or
-// throws why the connection is refused. `here` is the address this rank published.
-inline task<int> listener_handshake(io::socket& s, int rank, int size, const mesh_options& o,
-                                    const std::string& here, std::stop_token stop) {
+COROCOLL_DECL task<int> listener_handshake(io::socket& s, int rank, int size, const mesh_options& o,
+                                           const std::string& here, std::stop_token stop) {
     io::op_options by(hello_deadline(o), stop);
     bool auth = !o.job_token.empty();
     frame_header h;
@@ -245,15 +309,15 @@ inline task<int> listener_handshake(io::socket& s, int rank, int size, const mes
     co_return peer;
 }
 
-inline std::string remaining_ms(std::chrono::steady_clock::time_point deadline) {
+COROCOLL_DECL std::string remaining_ms(std::chrono::steady_clock::time_point deadline) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     return std::to_string(std::max<long long>(left.count(), 0)) + " ms";
 }
 
-// Connects to lower rank `peer`, retrying with backoff and jitter until the deadline.
-inline task<io::socket> connect_to(io::reactor& r, rendezvous::store& store, int rank, int peer,
-                                   int size, const mesh_options& o, std::stop_token stop) {
+COROCOLL_DECL task<io::socket> connect_to(io::reactor& r, rendezvous::store& store, int rank,
+                                          int peer, int size, const mesh_options& o,
+                                          std::stop_token stop) {
     auto now = std::chrono::steady_clock::now();
     std::vector<std::string> key{"mesh/addr/" + std::to_string(peer)};
     co_await store.wait(key, std::chrono::duration_cast<std::chrono::milliseconds>(std::max(
@@ -287,21 +351,12 @@ inline task<io::socket> connect_to(io::reactor& r, rendezvous::store& store, int
 }
 
 }  // namespace detail
+}  // namespace transport
 
-/// Builds the full mesh of TCP connections of a group: rank `rank` listens on
-/// `o.listen_on`, publishes host:port under "mesh/addr/<rank>" in `store` (give each group
-/// its own prefix store), connects to every lower rank (retrying with backoff and jitter
-/// while they start) and accepts every higher one. Accepted connections are handled
-/// concurrently, each handshake bounded by `o.hello_timeout`: a connection that is not a
-/// peer of this group (bad or no hello, another group, a wrong proof of the token, silence)
-/// is dropped with a WARN and set-up goes on. Each connection starts with a hello each way
-/// that checks group, ranks, world size and protocol version, and with a job token, a
-/// challenge-response proof from each side (`mesh_options::job_token`). A listener that
-/// answers a connecting rank wrongly is an error naming both. Everything is bounded by
-/// `o.deadline`; at the deadline the error names the ranks still missing. Returns one
-/// socket per rank, indexed by rank (the own entry stays closed).
-inline task<std::vector<io::socket>> connect_mesh(io::reactor& r, rendezvous::store& store,
-                                                  int rank, int size, mesh_options o) {
+namespace transport {
+
+COROCOLL_DECL task<std::vector<io::socket>> connect_mesh(io::reactor& r, rendezvous::store& store,
+                                                         int rank, int size, mesh_options o) {
     std::vector<io::socket> peers(static_cast<std::size_t>(size));
     if (size == 1) co_return peers;
     if (!o.job_token.empty() && !detail::token_auth_available()) {
@@ -395,3 +450,5 @@ inline task<std::vector<io::socket>> connect_mesh(io::reactor& r, rendezvous::st
 }  // namespace transport
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -107,28 +107,11 @@ struct peer {
     std::size_t staged_begin = 0;
     std::size_t staged_end = 0;
 
-    bool has_unexpected(frame_kind kind, std::uint64_t seq, std::int64_t tag) const noexcept {
-        for (const auto& m : unexpected) {
-            if (m.header.kind == kind && m.header.tag == tag &&
-                (kind != frame_kind::collective || m.header.seq == seq)) {
-                return true;
-            }
-        }
-        return false;
-    }
+    bool has_unexpected(frame_kind kind, std::uint64_t seq, std::int64_t tag) const noexcept;
 
     // Where the next receive from the socket goes: the room after what is staged (moved to
     // the front first). The reader adds what arrived with `staged_end += n`.
-    std::span<std::byte> staging_room() {
-        if (!staged) staged = std::make_unique_for_overwrite<std::byte[]>(staging_bytes);
-        std::byte* base = staged.get();
-        if (staged_begin > 0) {
-            std::memmove(base, base + staged_begin, staged_end - staged_begin);
-            staged_end -= staged_begin;
-            staged_begin = 0;
-        }
-        return {base + staged_end, staging_bytes - staged_end};
-    }
+    std::span<std::byte> staging_room();
 
     // True when a whole header waits in the staging buffer (no system call needed).
     bool header_staged() const noexcept {
@@ -136,99 +119,153 @@ struct peer {
     }
 
     // Takes a staged header without suspending; `header_staged()` must be true.
-    void take_header(frame_header& h) noexcept {
-        std::memcpy(&h, staged.get() + staged_begin, sizeof(h));
-        staged_begin += sizeof(h);
-    }
+    void take_header(frame_header& h) noexcept;
 
     // Moves what is staged into the front of `out`; returns the rest of `out`, which the
     // caller receives from the socket.
-    std::span<std::byte> take_staged(std::span<std::byte> out) noexcept {
-        std::size_t n = std::min(staged_end - staged_begin, out.size());
-        if (n > 0) std::memcpy(out.data(), staged.get() + staged_begin, n);
-        staged_begin += n;
-        if (staged_begin == staged_end) staged_begin = staged_end = 0;
-        return out.subspan(n);
-    }
+    std::span<std::byte> take_staged(std::span<std::byte> out) noexcept;
 
     // Reads the text that follows an abort notice (at most `abort_notice::max_text` bytes,
     // within 5 s); empty when it does not come.
-    task<std::string> read_text(std::uint64_t length) {
-        std::string text(std::min<std::uint64_t>(length, abort_notice::max_text), '\0');
-        if (text.empty()) co_return text;
-        try {
-            co_await read_payload(std::as_writable_bytes(std::span(text.data(), text.size())),
-                                  io::deadline_after(std::chrono::seconds(5)));
-        } catch (const std::system_error&) {
-            text.clear();
-        }
-        co_return text;
-    }
+    task<std::string> read_text(std::uint64_t length);
 
     // Writes `h` and `text` at once without waiting, where no frame is half-sent (the send
     // lock is free); nothing otherwise. For last words: a header and a short text fit an idle
     // channel, so the write does not come up short.
     // False when the lock was held (nothing written).
-    bool send_now(const frame_header& h, const std::string& text) noexcept {
-        if (!send_lock.try_lock()) return false;
-        iovec iov[2] = {{const_cast<frame_header*>(&h), sizeof(h)},
-                        {const_cast<char*>(text.data()), text.size()}};
-        link->send_now(iov);
-        send_lock.unlock();
-        return true;
-    }
+    bool send_now(const frame_header& h, const std::string& text) noexcept;
 
     // Waits until this peer's reader has ended (read the peer's last words or its EOF), or
     // until `deadline`.
-    task<> reader_exit(io::reactor& reactor, std::chrono::steady_clock::time_point deadline) {
-        if (reader_exited) co_return;
-        struct exit_awaiter {
-            peer& ps;
-            bool await_ready() const noexcept { return ps.reader_exited; }
-            void await_suspend(std::coroutine_handle<> h) noexcept { ps.exit_waiter = h; }
-            void await_resume() const noexcept {}
-        };
-        std::stop_source timer_stop;
-        auto timer = [&]() -> task<> {
-            try {
-                co_await reactor.sleep_until(deadline, timer_stop.get_token());
-            } catch (const std::system_error&) {
-                co_return;
-            }
-            if (exit_waiter) std::exchange(exit_waiter, {}).resume();
-        };
-        auto waiter = [&]() -> task<> {
-            co_await exit_awaiter{*this};
-            timer_stop.request_stop();
-        };
-        co_await when_all(waiter(), timer());
-    }
+    task<> reader_exit(io::reactor& reactor, std::chrono::steady_clock::time_point deadline);
 
     // Fills `out` from the peer's stream: what is staged, then what the channel already has,
     // then the channel's waits only for what is still missing.
-    task<> read_payload(std::span<std::byte> out, io::op_options o) {
-        std::span<std::byte> rest = take_staged(out);
-        // Usually the rest of a large payload already waits in the channel.
-        if (!rest.empty()) rest = rest.subspan(link->try_recv(rest, true));
-        if (!rest.empty()) co_await link->recv(rest, std::move(o));
-    }
+    task<> read_payload(std::span<std::byte> out, io::op_options o);
 
     // Reads a payload of `length` bytes into `data`, which grows as the bytes arrive (to
     // 1 MiB at once, then doubling), never by the announced length alone: a header that
     // announces a terabyte and sends nothing costs a megabyte. Larger messages pay for it
     // with copies on growth, at most their own size in all.
-    task<> read_growing(message_bytes& data, std::uint64_t length, io::op_options o) {
-        constexpr std::uint64_t first = std::uint64_t{1} << 20;
-        data.clear();
-        while (data.size() < length) {
-            std::size_t have = data.size();
-            data.resize(static_cast<std::size_t>(
-                std::min(length, std::max<std::uint64_t>(first, 2 * have))));
-            co_await read_payload(std::span(data).subspan(have), o);
-        }
-    }
+    task<> read_growing(message_bytes& data, std::uint64_t length, io::op_options o);
 };
 
 }  // namespace transport::detail
 
 COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport {
+namespace detail {
+
+COROCOLL_DECL bool peer::has_unexpected(frame_kind kind, std::uint64_t seq,
+                                        std::int64_t tag) const noexcept {
+    for (const auto& m : unexpected) {
+        if (m.header.kind == kind && m.header.tag == tag &&
+            (kind != frame_kind::collective || m.header.seq == seq)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+COROCOLL_DECL std::span<std::byte> peer::staging_room() {
+    if (!staged) staged = std::make_unique_for_overwrite<std::byte[]>(staging_bytes);
+    std::byte* base = staged.get();
+    if (staged_begin > 0) {
+        std::memmove(base, base + staged_begin, staged_end - staged_begin);
+        staged_end -= staged_begin;
+        staged_begin = 0;
+    }
+    return {base + staged_end, staging_bytes - staged_end};
+}
+
+COROCOLL_DECL void peer::take_header(frame_header& h) noexcept {
+    std::memcpy(&h, staged.get() + staged_begin, sizeof(h));
+    staged_begin += sizeof(h);
+}
+
+COROCOLL_DECL std::span<std::byte> peer::take_staged(std::span<std::byte> out) noexcept {
+    std::size_t n = std::min(staged_end - staged_begin, out.size());
+    if (n > 0) std::memcpy(out.data(), staged.get() + staged_begin, n);
+    staged_begin += n;
+    if (staged_begin == staged_end) staged_begin = staged_end = 0;
+    return out.subspan(n);
+}
+
+COROCOLL_DECL task<std::string> peer::read_text(std::uint64_t length) {
+    std::string text(std::min<std::uint64_t>(length, abort_notice::max_text), '\0');
+    if (text.empty()) co_return text;
+    try {
+        co_await read_payload(std::as_writable_bytes(std::span(text.data(), text.size())),
+                              io::deadline_after(std::chrono::seconds(5)));
+    } catch (const std::system_error&) {
+        text.clear();
+    }
+    co_return text;
+}
+
+COROCOLL_DECL bool peer::send_now(const frame_header& h, const std::string& text) noexcept {
+    if (!send_lock.try_lock()) return false;
+    iovec iov[2] = {{const_cast<frame_header*>(&h), sizeof(h)},
+                    {const_cast<char*>(text.data()), text.size()}};
+    link->send_now(iov);
+    send_lock.unlock();
+    return true;
+}
+
+COROCOLL_DECL task<> peer::reader_exit(io::reactor& reactor,
+                                       std::chrono::steady_clock::time_point deadline) {
+    if (reader_exited) co_return;
+    struct exit_awaiter {
+        peer& ps;
+        bool await_ready() const noexcept { return ps.reader_exited; }
+        void await_suspend(std::coroutine_handle<> h) noexcept { ps.exit_waiter = h; }
+        void await_resume() const noexcept {}
+    };
+    std::stop_source timer_stop;
+    auto timer = [&]() -> task<> {
+        try {
+            co_await reactor.sleep_until(deadline, timer_stop.get_token());
+        } catch (const std::system_error&) {
+            co_return;
+        }
+        if (exit_waiter) std::exchange(exit_waiter, {}).resume();
+    };
+    auto waiter = [&]() -> task<> {
+        co_await exit_awaiter{*this};
+        timer_stop.request_stop();
+    };
+    co_await when_all(waiter(), timer());
+}
+
+COROCOLL_DECL task<> peer::read_payload(std::span<std::byte> out, io::op_options o) {
+    std::span<std::byte> rest = take_staged(out);
+    // Usually the rest of a large payload already waits in the channel.
+    if (!rest.empty()) rest = rest.subspan(link->try_recv(rest, true));
+    if (!rest.empty()) co_await link->recv(rest, std::move(o));
+}
+
+COROCOLL_DECL task<> peer::read_growing(message_bytes& data, std::uint64_t length,
+                                        io::op_options o) {
+    constexpr std::uint64_t first = std::uint64_t{1} << 20;
+    data.clear();
+    while (data.size() < length) {
+        std::size_t have = data.size();
+        data.resize(
+            static_cast<std::size_t>(std::min(length, std::max<std::uint64_t>(first, 2 * have))));
+        co_await read_payload(std::span(data).subspan(have), o);
+    }
+}
+
+}  // namespace detail
+}  // namespace transport
+
+COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

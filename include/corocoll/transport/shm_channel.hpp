@@ -98,10 +98,7 @@ struct shm_segment {
     static std::size_t bytes_for(std::size_t ring_bytes) noexcept {
         return data_offset + 2 * ring_bytes;
     }
-    std::byte* ring_data(int s) noexcept {
-        return reinterpret_cast<std::byte*>(this) + data_offset +
-               static_cast<std::size_t>(s) * ring_bytes;
-    }
+    std::byte* ring_data(int s) noexcept;
 };
 static_assert(sizeof(shm_segment) <= shm_segment::data_offset);
 
@@ -134,65 +131,14 @@ public:
     /// Payloads of at least `single_copy_bytes` go as single copies where the peer may read
     /// this process's memory (0: never).
     shm_channel(io::reactor& r, int side, void* mapping, std::size_t map_bytes, int fd,
-                std::size_t single_copy_bytes = 0)
-        : reactor_(r),
-          side_(side),
-          seg_(static_cast<detail::shm_segment*>(mapping)),
-          map_bytes_(map_bytes),
-          fd_(fd),
-          mask_(seg_->ring_bytes - 1),
-          out_(seg_->ring_data(side)),
-          in_(seg_->ring_data(1 - side)) {
-        out_tail_ = seg_->tail[side_].value.load(std::memory_order_relaxed);
-        out_head_ = seg_->head[side_].value.load(std::memory_order_relaxed);
-        in_head_ = seg_->head[1 - side_].value.load(std::memory_order_relaxed);
-        in_tail_ = in_head_;
-        single_copy_wanted_ = single_copy_bytes;
-        peer_pid_ = seg_->pid[1 - side_];
-        entry_.self = this;
-        entry_.poll = &poll_entry_fn;
-        entry_.prepare_sleep = &prepare_sleep_fn;
-        entry_.end_sleep = &end_sleep_fn;
-        watch_op_.self = this;
-        watch_op_.prepare_ = &prepare_watch;
-        watch_op_.complete_ = &complete_watch;
-        watching_ = true;
-        reactor_.submit(watch_op_);
-    }
-    ~shm_channel() override {
-        // close() was not awaited: the socket's receive may still be in the kernel, and it
-        // would write into freed memory.
-        if (watching_) std::terminate();
-        release();
-    }
+                std::size_t single_copy_bytes = 0);
+    COROCOLL_DECL ~shm_channel() override;
 
     const char* kind() const noexcept override { return "shm"; }
     std::string address() const override { return "shm"; }
 
-    std::size_t try_recv(std::span<std::byte> out, bool /*may_call_kernel*/) noexcept override {
-        std::size_t got = 0;
-        while (got < out.size()) {
-            if (in_left_ == 0 && !next_record()) break;
-            std::size_t n = std::min<std::uint64_t>(in_left_, out.size() - got);
-            if (in_kind_ == detail::shm_record::single_copy) {
-                // Never after other bytes: what lands in a staging buffer should be small.
-                if (got > 0) break;
-                n = copy_remote(out.data(), n);
-                if (n == 0) break;  // failed: recv reports it
-            } else {
-                copy_out(out.data() + got, n);
-                in_head_ += n;
-            }
-            got += n;
-            in_left_ -= n;
-            if (in_left_ == 0) end_record();
-        }
-        if (got > 0) {
-            seg_->head[1 - side_].value.store(in_head_, std::memory_order_seq_cst);
-            wake_peer_if_asleep();
-        }
-        return got;
-    }
+    COROCOLL_DECL std::size_t try_recv(std::span<std::byte> out,
+                                       bool /*may_call_kernel*/) noexcept override;
 
     bool worth_holding(std::uint64_t bytes) noexcept override { return bytes >= hold_bytes; }
     /// Payloads from this size on are held for their receive (`worth_holding`). Buffering an
@@ -200,113 +146,22 @@ public:
     /// below 4 KiB a held message would keep the ones behind it waiting for little gain.
     static constexpr std::size_t hold_bytes = std::size_t{4} << 10;
 
-    task<std::size_t> recv_some(std::span<std::byte> out, io::op_options o) override {
-        for (;;) {
-            if (std::size_t n = try_recv(out, false); n > 0 || out.empty()) co_return n;
-            throw_copy_error();
-            if (shut_ || peer_ended_) co_return 0;
-            co_await wait{*this, false, o};
-        }
-    }
+    COROCOLL_DECL task<std::size_t> recv_some(std::span<std::byte> out, io::op_options o) override;
 
-    task<> recv(std::span<std::byte> out, io::op_options o) override {
-        while (!out.empty()) {
-            std::size_t n = try_recv(out, false);
-            if (n == 0) {
-                throw_copy_error();
-                if (shut_ || peer_ended_) {
-                    corocoll::detail::throw_error(corocoll::errc::connection_closed,
-                                                  "corocoll: recv from shm: the peer is gone");
-                }
-                co_await wait{*this, false, o};
-            }
-            out = out.subspan(n);
-        }
-    }
+    COROCOLL_DECL task<> recv(std::span<std::byte> out, io::op_options o) override;
 
-    std::size_t try_send(std::span<iovec> iov) noexcept override {
-        if (shut_ || peer_ended_) return 0;
-        // A small message (header and payload) goes as one record: the fewer cache lines it
-        // spans, the sooner the reader has it.
-        if (iov.size() > 1) {
-            std::size_t total = detail::iov_bytes(iov);
-            if (total <= small_record_bytes && put_gathered(iov, total)) {
-                publish();
-                return total;
-            }
-        }
-        std::size_t sent = 0;
-        for (const iovec& v : iov) {
-            // A payload for a single copy goes through `send`, which waits for the copy.
-            if (single_copy(v.iov_len)) break;
-            std::size_t n = put_inline(static_cast<const std::byte*>(v.iov_base), v.iov_len);
-            sent += n;
-            if (n < v.iov_len) break;
-        }
-        if (sent > 0) publish();
-        return sent;
-    }
+    COROCOLL_DECL std::size_t try_send(std::span<iovec> iov) noexcept override;
 
-    task<> send(std::span<iovec> iov, io::op_options o) override {
-        iovec rest_space[4];
-        if (iov.size() > std::size(rest_space)) {
-            throw std::invalid_argument("corocoll: shm send: more than 4 buffers at once");
-        }
-        std::span<iovec> rest = iov;
-        for (;;) {
-            std::size_t n = try_send(rest);
-            if (n == detail::iov_bytes(rest)) co_return;
-            rest = detail::iov_after(rest, n, rest_space);
-            if (shut_ || peer_ended_) {
-                corocoll::detail::throw_error(std::make_error_code(std::errc::broken_pipe),
-                                              "corocoll: send to shm: the peer is gone");
-            }
-            if (single_copy(rest[0].iov_len) && put_remote(rest[0])) {
-                co_await single_copy_done(o);
-                rest = rest.subspan(1);
-                if (rest.empty()) co_return;
-                continue;
-            }
-            co_await wait{*this, true, o};
-        }
-    }
+    COROCOLL_DECL task<> send(std::span<iovec> iov, io::op_options o) override;
 
-    void send_now(std::span<iovec> iov) noexcept override {
-        if (shut_ || peer_ended_) return;
-        if (put_gathered(iov, detail::iov_bytes(iov))) publish();
-    }
+    COROCOLL_DECL void send_now(std::span<iovec> iov) noexcept override;
 
-    void leave_last_words(std::span<iovec> iov) noexcept override {
-        auto& area = seg_->last_words[side_];
-        std::size_t n = 0;
-        for (const iovec& v : iov) {
-            std::size_t k = std::min(v.iov_len, sizeof(area) - n);
-            std::memcpy(area + n, v.iov_base, k);
-            n += k;
-        }
-        seg_->last_words_length[side_].store(static_cast<std::uint32_t>(n),
-                                             std::memory_order_release);
-    }
-    std::string last_words() const override {
-        std::uint32_t n = seg_->last_words_length[1 - side_].load(std::memory_order_acquire);
-        const auto& area = seg_->last_words[1 - side_];
-        return std::string(area, std::min<std::size_t>(n, sizeof(area)));
-    }
+    COROCOLL_DECL void leave_last_words(std::span<iovec> iov) noexcept override;
+    COROCOLL_DECL std::string last_words() const override;
 
-    void shutdown() noexcept override {
-        if (shut_) return;
-        shut_ = true;
-        ::shutdown(fd_, SHUT_RDWR);
-        // Whoever waits here sees the end at the next turn of the loop.
-        if (reader_ != nullptr || writer_ != nullptr) reactor_.watch(entry_);
-    }
+    COROCOLL_DECL void shutdown() noexcept override;
 
-    task<> close() override {
-        shutdown();
-        // The socket's receive ends with the shutdown; its memory is ours until it has.
-        if (watching_) co_await closed_awaiter{*this};
-        release();
-    }
+    COROCOLL_DECL task<> close() override;
 
     /// False after `close`.
     bool is_open() const noexcept override { return fd_ >= 0; }
@@ -314,146 +169,41 @@ public:
 private:
     // ---- the rings ----
 
-    std::size_t room() noexcept {
-        out_head_ = seg_->head[side_].value.load(std::memory_order_seq_cst);
-        return seg_->ring_bytes - (out_tail_ - out_head_);
-    }
+    std::size_t room() noexcept;
 
-    void copy_in(const void* from, std::size_t n) noexcept {
-        const auto* src = static_cast<const std::byte*>(from);
-        std::size_t at = out_tail_ & mask_;
-        std::size_t first = std::min<std::size_t>(n, seg_->ring_bytes - at);
-        std::memcpy(out_ + at, src, first);
-        if (first < n) std::memcpy(out_, src + first, n - first);
-        out_tail_ += n;
-    }
+    void copy_in(const void* from, std::size_t n) noexcept;
 
-    void copy_out(void* to, std::size_t n) noexcept {
-        auto* dst = static_cast<std::byte*>(to);
-        std::size_t at = in_head_ & mask_;
-        std::size_t first = std::min<std::size_t>(n, seg_->ring_bytes - at);
-        std::memcpy(dst, in_ + at, first);
-        if (first < n) std::memcpy(dst + first, in_, n - first);
-    }
+    void copy_out(void* to, std::size_t n) noexcept;
 
     // Writes what fits of `n` bytes as one inline record (not yet published); returns how many.
-    std::size_t put_inline(const std::byte* from, std::size_t n) noexcept {
-        if (n == 0) return 0;
-        std::size_t free = seg_->ring_bytes - (out_tail_ - out_head_);
-        if (free < sizeof(detail::shm_record) + detail::pad8(n)) free = room();
-        if (free <= sizeof(detail::shm_record) + 8) return 0;
-        std::size_t take = std::min(n, (free - sizeof(detail::shm_record)) & ~std::size_t{7});
-        detail::shm_record rec{detail::shm_record::inline_bytes, 0, take};
-        copy_in(&rec, sizeof(rec));
-        copy_in(from, take);
-        out_tail_ += detail::pad8(take) - take;
-        return take;
-    }
+    std::size_t put_inline(const std::byte* from, std::size_t n) noexcept;
 
     static constexpr std::size_t small_record_bytes = 1024;
 
     // Writes all of `iov` (`total` bytes) as one inline record, or nothing when it does not
     // fit now.
-    bool put_gathered(std::span<iovec> iov, std::size_t total) noexcept {
-        std::size_t need = sizeof(detail::shm_record) + detail::pad8(total);
-        if (seg_->ring_bytes - (out_tail_ - out_head_) < need && room() < need) return false;
-        detail::shm_record rec{detail::shm_record::inline_bytes, 0, total};
-        copy_in(&rec, sizeof(rec));
-        for (const iovec& v : iov) copy_in(v.iov_base, v.iov_len);
-        out_tail_ += detail::pad8(total) - total;
-        return true;
-    }
+    bool put_gathered(std::span<iovec> iov, std::size_t total) noexcept;
 
     // Writes a single-copy record for `v` and publishes it; false when there is no room yet.
-    bool put_remote(const iovec& v) noexcept {
-        if (room() < sizeof(detail::shm_record) + sizeof(detail::shm_remote)) return false;
-        detail::shm_record rec{detail::shm_record::single_copy, 0, v.iov_len};
-        detail::shm_remote where{reinterpret_cast<std::uintptr_t>(v.iov_base), ++copies_sent_};
-        copy_in(&rec, sizeof(rec));
-        copy_in(&where, sizeof(where));
-        publish();
-        return true;
-    }
+    bool put_remote(const iovec& v) noexcept;
 
-    void publish() noexcept {
-        seg_->tail[side_].value.store(out_tail_, std::memory_order_seq_cst);
-        wake_peer_if_asleep();
-    }
+    void publish() noexcept;
 
     // Starts the next record if one is here; false when none is.
-    bool next_record() noexcept {
-        if (in_tail_ - in_head_ < sizeof(detail::shm_record)) {
-            in_tail_ = seg_->tail[1 - side_].value.load(std::memory_order_seq_cst);
-            if (in_tail_ - in_head_ < sizeof(detail::shm_record)) return false;
-        }
-        detail::shm_record rec;
-        copy_out(&rec, sizeof(rec));
-        in_head_ += sizeof(rec);
-        in_kind_ = rec.kind;
-        in_left_ = rec.length;
-        if (rec.kind == detail::shm_record::single_copy) {
-            detail::shm_remote where;
-            copy_out(&where, sizeof(where));
-            in_head_ += sizeof(where);
-            in_address_ = where.address;
-            in_number_ = where.number;
-        } else {
-            in_pad_ = detail::pad8(rec.length) - rec.length;
-        }
-        return true;
-    }
+    bool next_record() noexcept;
 
-    void end_record() noexcept {
-        if (in_kind_ == detail::shm_record::single_copy) {
-            // The writer gave up on this copy (and may have freed its buffer) before we were
-            // done: what was copied cannot be trusted.
-            if (seg_->withdrawn[1 - side_].value.load(std::memory_order_seq_cst) >= in_number_) {
-                copy_error_ = std::make_error_code(std::errc::connection_aborted);
-            }
-            seg_->copied[1 - side_].value.store(in_number_, std::memory_order_seq_cst);
-        } else {
-            in_head_ += in_pad_;
-        }
-    }
+    void end_record() noexcept;
 
     // Copies up to `n` bytes of the current single copy out of the writer's memory.
-    std::size_t copy_remote(std::byte* to, std::size_t n) noexcept {
-        iovec local{to, n};
-        iovec remote{reinterpret_cast<void*>(in_address_), n};
-        ssize_t got = ::process_vm_readv(peer_pid_, &local, 1, &remote, 1, 0);
-        if (got <= 0) {
-            // ESRCH: the writer's process is gone (killed) while its payload was being read.
-            copy_error_ = got < 0 && errno == ESRCH
-                              ? make_error_code(corocoll::errc::connection_closed)
-                              : std::error_code(got < 0 ? errno : EIO, std::system_category());
-            return 0;
-        }
-        in_address_ += static_cast<std::uint64_t>(got);
-        return static_cast<std::size_t>(got);
-    }
+    std::size_t copy_remote(std::byte* to, std::size_t n) noexcept;
 
-    void throw_copy_error() const {
-        if (copy_error_) {
-            corocoll::detail::throw_error(copy_error_,
-                                          "corocoll: recv from shm: copying from the peer");
-        }
-    }
+    void throw_copy_error() const;
 
     // Whether `bytes` go as a single copy. The peer's probe may end after the channel has
     // started (it says so through the segment): until then everything goes inline.
-    bool single_copy(std::size_t bytes) noexcept {
-        if (single_copy_wanted_ == 0 || bytes < single_copy_wanted_) return false;
-        if (!peer_reads_us_) {
-            peer_reads_us_ = seg_->can_read_peer[1 - side_].load(std::memory_order_acquire) != 0;
-        }
-        return peer_reads_us_;
-    }
+    bool single_copy(std::size_t bytes) noexcept;
 
-    bool readable() noexcept {
-        if (in_left_ > 0 || in_tail_ - in_head_ >= sizeof(detail::shm_record)) return true;
-        in_tail_ = seg_->tail[1 - side_].value.load(std::memory_order_seq_cst);
-        return in_tail_ - in_head_ >= sizeof(detail::shm_record);
-    }
+    bool readable() noexcept;
 
     bool copy_finished() noexcept {
         return seg_->copied[side_].value.load(std::memory_order_seq_cst) >= copies_sent_;
@@ -463,37 +213,13 @@ private:
     bool writer_ready() noexcept { return awaiting_copy_ ? copy_finished() : room() > 64; }
 
     // Waits until the peer has copied the payload of the last single copy out of our memory.
-    task<> single_copy_done(io::op_options o) {
-        awaiting_copy_ = true;
-        try {
-            while (!copy_finished()) {
-                if (shut_ || peer_ended_) {
-                    corocoll::detail::throw_error(std::make_error_code(std::errc::broken_pipe),
-                                                  "corocoll: send to shm: the peer is gone");
-                }
-                co_await wait{*this, true, o};
-            }
-        } catch (...) {
-            // The buffer may go away now: the peer must not trust a copy it finishes later.
-            seg_->withdrawn[side_].value.store(copies_sent_, std::memory_order_seq_cst);
-            awaiting_copy_ = false;
-            throw;
-        }
-        awaiting_copy_ = false;
-    }
+    task<> single_copy_done(io::op_options o);
 
     // After a store the peer may wait for. That store and this look at the flag are
     // sequentially consistent, as are the sleeper's raising of the flag and its last look at
     // the rings: one of the two sides sees the other's store. (Fences would say the same, but
     // TSan does not model them; on x86 a seq_cst store costs what a fence does.)
-    void wake_peer_if_asleep() noexcept {
-        auto& flag = seg_->asleep[1 - side_].value;
-        if (flag.load(std::memory_order_seq_cst) == 0) return;
-        if (flag.exchange(0, std::memory_order_acq_rel) == 0) return;
-        char byte = 1;
-        // A full socket buffer means wake-ups are already queued; the peer needs just one.
-        [[maybe_unused]] auto n = ::send(fd_, &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-    }
+    void wake_peer_if_asleep() noexcept;
 
     // ---- waiting ----
 
@@ -523,120 +249,33 @@ private:
             : ch(c), for_room(room), o(opts) {}
 
         bool await_ready() const noexcept { return false; }
-        void await_suspend(std::coroutine_handle<> h) {
-            handle = h;
-            run_ = [](corocoll::detail::work_item* item) noexcept {
-                static_cast<wait*>(item)->handle.resume();
-            };
-            (for_room ? ch.writer_ : ch.reader_) = this;
-            ch.reactor_.watch(ch.entry_);
-            if (o.deadline != io::op_options::time_point::max()) {
-                timer.when = o.deadline;
-                timer.w = this;
-                timer.fire = [](io::timer_entry& t) noexcept {
-                    wait* w = static_cast<deadline_hook&>(t).w;
-                    w->ch.finish(*w, std::errc::timed_out);
-                };
-                ch.reactor_.arm(timer);
-            }
-            if (o.stop.stop_possible()) stopping.emplace(o.stop, on_stop{this});
-        }
-        void await_resume() {
-            stopping.reset();
-            if (error) {
-                corocoll::detail::throw_error(
-                    error,
-                    std::string("corocoll: ") + (for_room ? "send to" : "recv from") + " shm");
-            }
-        }
+        void await_suspend(std::coroutine_handle<> h);
+        void await_resume();
     };
 
     // Ends `w`'s wait (with `error`, or none: the rings have news). Idempotent.
-    void finish(wait& w, std::error_code error = {}) noexcept {
-        wait*& slot = w.for_room ? writer_ : reader_;
-        if (slot != &w) return;
-        slot = nullptr;
-        reactor_.disarm(w.timer);
-        w.error = error;
-        reactor_.post(w);
-    }
+    void finish(wait& w, std::error_code error = {}) noexcept;
     void finish(wait& w, std::errc e) noexcept { finish(w, std::make_error_code(e)); }
 
     // Ends `w`'s wait (already taken from its slot) with news from the rings, resuming it now.
-    void resume_now(wait* w) noexcept {
-        reactor_.disarm(w->timer);
-        w->handle.resume();
-    }
+    void resume_now(wait* w) noexcept;
 
     struct entry : io::poll_entry {
         shm_channel* self = nullptr;
     };
 
-    static bool poll_entry_fn(io::poll_entry& e) noexcept {
-        shm_channel& c = *static_cast<entry&>(e).self;
-        bool progress = false;
-        bool over = c.shut_ || c.peer_ended_;
-        // Resumed right here rather than through the queue: a turn of the loop less per
-        // message. What it does to the watched entries is safe during the walk (see
-        // `poll_entry`).
-        if (c.reader_ != nullptr && (over || c.readable())) {
-            c.resume_now(std::exchange(c.reader_, nullptr));
-            progress = true;
-        }
-        if (c.writer_ != nullptr && (over || c.writer_ready())) {
-            c.resume_now(std::exchange(c.writer_, nullptr));
-            progress = true;
-        }
-        if (c.reader_ == nullptr && c.writer_ == nullptr) c.reactor_.unwatch(e);
-        return progress;
-    }
+    static bool poll_entry_fn(io::poll_entry& e) noexcept;
 
-    static bool prepare_sleep_fn(io::poll_entry& e) noexcept {
-        shm_channel& c = *static_cast<entry&>(e).self;
-        if (!c.watching_) return false;  // nothing would end the sleep
-        auto& flag = c.seg_->asleep[c.side_].value;
-        flag.store(1, std::memory_order_seq_cst);
-        if ((c.reader_ != nullptr && c.readable()) || (c.writer_ != nullptr && c.writer_ready()) ||
-            c.shut_ || c.peer_ended_) {
-            flag.store(0, std::memory_order_relaxed);
-            return false;
-        }
-        return true;
-    }
+    static bool prepare_sleep_fn(io::poll_entry& e) noexcept;
 
-    static void end_sleep_fn(io::poll_entry& e) noexcept {
-        shm_channel& c = *static_cast<entry&>(e).self;
-        c.seg_->asleep[c.side_].value.store(0, std::memory_order_relaxed);
-    }
+    static void end_sleep_fn(io::poll_entry& e) noexcept;
 
     // The receive kept in flight on the socket: wake-up bytes, then its end.
     struct watch_op : io::detail::io_op {
         shm_channel* self = nullptr;
     };
-    static void prepare_watch(io::detail::io_op* op, io_uring* ring) noexcept {
-        shm_channel* c = static_cast<watch_op*>(op)->self;
-        io_uring_sqe* sqe = io_uring_get_sqe(ring);
-        io_uring_prep_recv(sqe, c->fd_, c->sink_, sizeof(c->sink_), 0);
-        io_uring_sqe_set_data(sqe, op);
-    }
-    static void complete_watch(io::detail::io_op* op, int res) noexcept {
-        shm_channel* c = static_cast<watch_op*>(op)->self;
-        // -ECANCELED while open: the thread that submitted the receive ended (the kernel
-        // cancels a thread's requests when it exits; threads may take turns driving a
-        // reactor, see `io::reactor::borrowed`), not the peer.
-        if ((res > 0 || res == -ECANCELED) && !c->shut_) {
-            c->reactor_.submit(c->watch_op_);
-            return;
-        }
-        if (res != -EINTR && res != -EAGAIN) {
-            c->watching_ = false;
-            if (!c->shut_) c->peer_ended_ = true;
-            if (c->reader_ != nullptr || c->writer_ != nullptr) c->reactor_.watch(c->entry_);
-            if (c->close_waiter_) std::exchange(c->close_waiter_, {}).resume();
-            return;
-        }
-        c->reactor_.submit(c->watch_op_);
-    }
+    static void prepare_watch(io::detail::io_op* op, io_uring* ring) noexcept;
+    static void complete_watch(io::detail::io_op* op, int res) noexcept;
 
     struct closed_awaiter {
         shm_channel& c;
@@ -645,11 +284,7 @@ private:
         void await_resume() const noexcept {}
     };
 
-    void release() noexcept {
-        if (seg_ != nullptr) ::munmap(seg_, map_bytes_);
-        seg_ = nullptr;
-        if (fd_ >= 0) ::close(std::exchange(fd_, -1));
-    }
+    void release() noexcept;
 
     io::reactor& reactor_;
     int side_;
@@ -691,3 +326,465 @@ private:
 }  // namespace transport
 
 COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport {
+namespace detail {
+
+COROCOLL_DECL std::byte* shm_segment::ring_data(int s) noexcept {
+    return reinterpret_cast<std::byte*>(this) + data_offset +
+           static_cast<std::size_t>(s) * ring_bytes;
+}
+
+}  // namespace detail
+}  // namespace transport
+
+namespace transport {
+
+COROCOLL_DECL shm_channel::shm_channel(io::reactor& r, int side, void* mapping,
+                                       std::size_t map_bytes, int fd, std::size_t single_copy_bytes)
+    : reactor_(r),
+      side_(side),
+      seg_(static_cast<detail::shm_segment*>(mapping)),
+      map_bytes_(map_bytes),
+      fd_(fd),
+      mask_(seg_->ring_bytes - 1),
+      out_(seg_->ring_data(side)),
+      in_(seg_->ring_data(1 - side)) {
+    out_tail_ = seg_->tail[side_].value.load(std::memory_order_relaxed);
+    out_head_ = seg_->head[side_].value.load(std::memory_order_relaxed);
+    in_head_ = seg_->head[1 - side_].value.load(std::memory_order_relaxed);
+    in_tail_ = in_head_;
+    single_copy_wanted_ = single_copy_bytes;
+    peer_pid_ = seg_->pid[1 - side_];
+    entry_.self = this;
+    entry_.poll = &poll_entry_fn;
+    entry_.prepare_sleep = &prepare_sleep_fn;
+    entry_.end_sleep = &end_sleep_fn;
+    watch_op_.self = this;
+    watch_op_.prepare_ = &prepare_watch;
+    watch_op_.complete_ = &complete_watch;
+    watching_ = true;
+    reactor_.submit(watch_op_);
+}
+
+COROCOLL_DECL shm_channel::~shm_channel() {
+    // close() was not awaited: the socket's receive may still be in the kernel, and it
+    // would write into freed memory.
+    if (watching_) std::terminate();
+    release();
+}
+
+COROCOLL_DECL std::size_t shm_channel::try_recv(std::span<std::byte> out,
+                                                bool /*may_call_kernel*/) noexcept {
+    std::size_t got = 0;
+    while (got < out.size()) {
+        if (in_left_ == 0 && !next_record()) break;
+        std::size_t n = std::min<std::uint64_t>(in_left_, out.size() - got);
+        if (in_kind_ == detail::shm_record::single_copy) {
+            // Never after other bytes: what lands in a staging buffer should be small.
+            if (got > 0) break;
+            n = copy_remote(out.data(), n);
+            if (n == 0) break;  // failed: recv reports it
+        } else {
+            copy_out(out.data() + got, n);
+            in_head_ += n;
+        }
+        got += n;
+        in_left_ -= n;
+        if (in_left_ == 0) end_record();
+    }
+    if (got > 0) {
+        seg_->head[1 - side_].value.store(in_head_, std::memory_order_seq_cst);
+        wake_peer_if_asleep();
+    }
+    return got;
+}
+
+COROCOLL_DECL task<std::size_t> shm_channel::recv_some(std::span<std::byte> out, io::op_options o) {
+    for (;;) {
+        if (std::size_t n = try_recv(out, false); n > 0 || out.empty()) co_return n;
+        throw_copy_error();
+        if (shut_ || peer_ended_) co_return 0;
+        co_await wait{*this, false, o};
+    }
+}
+
+COROCOLL_DECL task<> shm_channel::recv(std::span<std::byte> out, io::op_options o) {
+    while (!out.empty()) {
+        std::size_t n = try_recv(out, false);
+        if (n == 0) {
+            throw_copy_error();
+            if (shut_ || peer_ended_) {
+                corocoll::detail::throw_error(corocoll::errc::connection_closed,
+                                              "corocoll: recv from shm: the peer is gone");
+            }
+            co_await wait{*this, false, o};
+        }
+        out = out.subspan(n);
+    }
+}
+
+COROCOLL_DECL std::size_t shm_channel::try_send(std::span<iovec> iov) noexcept {
+    if (shut_ || peer_ended_) return 0;
+    // A small message (header and payload) goes as one record: the fewer cache lines it
+    // spans, the sooner the reader has it.
+    if (iov.size() > 1) {
+        std::size_t total = detail::iov_bytes(iov);
+        if (total <= small_record_bytes && put_gathered(iov, total)) {
+            publish();
+            return total;
+        }
+    }
+    std::size_t sent = 0;
+    for (const iovec& v : iov) {
+        // A payload for a single copy goes through `send`, which waits for the copy.
+        if (single_copy(v.iov_len)) break;
+        std::size_t n = put_inline(static_cast<const std::byte*>(v.iov_base), v.iov_len);
+        sent += n;
+        if (n < v.iov_len) break;
+    }
+    if (sent > 0) publish();
+    return sent;
+}
+
+COROCOLL_DECL task<> shm_channel::send(std::span<iovec> iov, io::op_options o) {
+    iovec rest_space[4];
+    if (iov.size() > std::size(rest_space)) {
+        throw std::invalid_argument("corocoll: shm send: more than 4 buffers at once");
+    }
+    std::span<iovec> rest = iov;
+    for (;;) {
+        std::size_t n = try_send(rest);
+        if (n == detail::iov_bytes(rest)) co_return;
+        rest = detail::iov_after(rest, n, rest_space);
+        if (shut_ || peer_ended_) {
+            corocoll::detail::throw_error(std::make_error_code(std::errc::broken_pipe),
+                                          "corocoll: send to shm: the peer is gone");
+        }
+        if (single_copy(rest[0].iov_len) && put_remote(rest[0])) {
+            co_await single_copy_done(o);
+            rest = rest.subspan(1);
+            if (rest.empty()) co_return;
+            continue;
+        }
+        co_await wait{*this, true, o};
+    }
+}
+
+COROCOLL_DECL void shm_channel::send_now(std::span<iovec> iov) noexcept {
+    if (shut_ || peer_ended_) return;
+    if (put_gathered(iov, detail::iov_bytes(iov))) publish();
+}
+
+COROCOLL_DECL void shm_channel::leave_last_words(std::span<iovec> iov) noexcept {
+    auto& area = seg_->last_words[side_];
+    std::size_t n = 0;
+    for (const iovec& v : iov) {
+        std::size_t k = std::min(v.iov_len, sizeof(area) - n);
+        std::memcpy(area + n, v.iov_base, k);
+        n += k;
+    }
+    seg_->last_words_length[side_].store(static_cast<std::uint32_t>(n), std::memory_order_release);
+}
+
+COROCOLL_DECL std::string shm_channel::last_words() const {
+    std::uint32_t n = seg_->last_words_length[1 - side_].load(std::memory_order_acquire);
+    const auto& area = seg_->last_words[1 - side_];
+    return std::string(area, std::min<std::size_t>(n, sizeof(area)));
+}
+
+COROCOLL_DECL void shm_channel::shutdown() noexcept {
+    if (shut_) return;
+    shut_ = true;
+    ::shutdown(fd_, SHUT_RDWR);
+    // Whoever waits here sees the end at the next turn of the loop.
+    if (reader_ != nullptr || writer_ != nullptr) reactor_.watch(entry_);
+}
+
+COROCOLL_DECL task<> shm_channel::close() {
+    shutdown();
+    // The socket's receive ends with the shutdown; its memory is ours until it has.
+    if (watching_) co_await closed_awaiter{*this};
+    release();
+}
+
+COROCOLL_DECL std::size_t shm_channel::room() noexcept {
+    out_head_ = seg_->head[side_].value.load(std::memory_order_seq_cst);
+    return seg_->ring_bytes - (out_tail_ - out_head_);
+}
+
+COROCOLL_DECL void shm_channel::copy_in(const void* from, std::size_t n) noexcept {
+    const auto* src = static_cast<const std::byte*>(from);
+    std::size_t at = out_tail_ & mask_;
+    std::size_t first = std::min<std::size_t>(n, seg_->ring_bytes - at);
+    std::memcpy(out_ + at, src, first);
+    if (first < n) std::memcpy(out_, src + first, n - first);
+    out_tail_ += n;
+}
+
+COROCOLL_DECL void shm_channel::copy_out(void* to, std::size_t n) noexcept {
+    auto* dst = static_cast<std::byte*>(to);
+    std::size_t at = in_head_ & mask_;
+    std::size_t first = std::min<std::size_t>(n, seg_->ring_bytes - at);
+    std::memcpy(dst, in_ + at, first);
+    if (first < n) std::memcpy(dst + first, in_, n - first);
+}
+
+COROCOLL_DECL std::size_t shm_channel::put_inline(const std::byte* from, std::size_t n) noexcept {
+    if (n == 0) return 0;
+    std::size_t free = seg_->ring_bytes - (out_tail_ - out_head_);
+    if (free < sizeof(detail::shm_record) + detail::pad8(n)) free = room();
+    if (free <= sizeof(detail::shm_record) + 8) return 0;
+    std::size_t take = std::min(n, (free - sizeof(detail::shm_record)) & ~std::size_t{7});
+    detail::shm_record rec{detail::shm_record::inline_bytes, 0, take};
+    copy_in(&rec, sizeof(rec));
+    copy_in(from, take);
+    out_tail_ += detail::pad8(take) - take;
+    return take;
+}
+
+COROCOLL_DECL bool shm_channel::put_gathered(std::span<iovec> iov, std::size_t total) noexcept {
+    std::size_t need = sizeof(detail::shm_record) + detail::pad8(total);
+    if (seg_->ring_bytes - (out_tail_ - out_head_) < need && room() < need) return false;
+    detail::shm_record rec{detail::shm_record::inline_bytes, 0, total};
+    copy_in(&rec, sizeof(rec));
+    for (const iovec& v : iov) copy_in(v.iov_base, v.iov_len);
+    out_tail_ += detail::pad8(total) - total;
+    return true;
+}
+
+COROCOLL_DECL bool shm_channel::put_remote(const iovec& v) noexcept {
+    if (room() < sizeof(detail::shm_record) + sizeof(detail::shm_remote)) return false;
+    detail::shm_record rec{detail::shm_record::single_copy, 0, v.iov_len};
+    detail::shm_remote where{reinterpret_cast<std::uintptr_t>(v.iov_base), ++copies_sent_};
+    copy_in(&rec, sizeof(rec));
+    copy_in(&where, sizeof(where));
+    publish();
+    return true;
+}
+
+COROCOLL_DECL void shm_channel::publish() noexcept {
+    seg_->tail[side_].value.store(out_tail_, std::memory_order_seq_cst);
+    wake_peer_if_asleep();
+}
+
+COROCOLL_DECL bool shm_channel::next_record() noexcept {
+    if (in_tail_ - in_head_ < sizeof(detail::shm_record)) {
+        in_tail_ = seg_->tail[1 - side_].value.load(std::memory_order_seq_cst);
+        if (in_tail_ - in_head_ < sizeof(detail::shm_record)) return false;
+    }
+    detail::shm_record rec;
+    copy_out(&rec, sizeof(rec));
+    in_head_ += sizeof(rec);
+    in_kind_ = rec.kind;
+    in_left_ = rec.length;
+    if (rec.kind == detail::shm_record::single_copy) {
+        detail::shm_remote where;
+        copy_out(&where, sizeof(where));
+        in_head_ += sizeof(where);
+        in_address_ = where.address;
+        in_number_ = where.number;
+    } else {
+        in_pad_ = detail::pad8(rec.length) - rec.length;
+    }
+    return true;
+}
+
+COROCOLL_DECL void shm_channel::end_record() noexcept {
+    if (in_kind_ == detail::shm_record::single_copy) {
+        // The writer gave up on this copy (and may have freed its buffer) before we were
+        // done: what was copied cannot be trusted.
+        if (seg_->withdrawn[1 - side_].value.load(std::memory_order_seq_cst) >= in_number_) {
+            copy_error_ = std::make_error_code(std::errc::connection_aborted);
+        }
+        seg_->copied[1 - side_].value.store(in_number_, std::memory_order_seq_cst);
+    } else {
+        in_head_ += in_pad_;
+    }
+}
+
+COROCOLL_DECL std::size_t shm_channel::copy_remote(std::byte* to, std::size_t n) noexcept {
+    iovec local{to, n};
+    iovec remote{reinterpret_cast<void*>(in_address_), n};
+    ssize_t got = ::process_vm_readv(peer_pid_, &local, 1, &remote, 1, 0);
+    if (got <= 0) {
+        // ESRCH: the writer's process is gone (killed) while its payload was being read.
+        copy_error_ = got < 0 && errno == ESRCH
+                          ? make_error_code(corocoll::errc::connection_closed)
+                          : std::error_code(got < 0 ? errno : EIO, std::system_category());
+        return 0;
+    }
+    in_address_ += static_cast<std::uint64_t>(got);
+    return static_cast<std::size_t>(got);
+}
+
+COROCOLL_DECL void shm_channel::throw_copy_error() const {
+    if (copy_error_) {
+        corocoll::detail::throw_error(copy_error_,
+                                      "corocoll: recv from shm: copying from the peer");
+    }
+}
+
+COROCOLL_DECL bool shm_channel::single_copy(std::size_t bytes) noexcept {
+    if (single_copy_wanted_ == 0 || bytes < single_copy_wanted_) return false;
+    if (!peer_reads_us_) {
+        peer_reads_us_ = seg_->can_read_peer[1 - side_].load(std::memory_order_acquire) != 0;
+    }
+    return peer_reads_us_;
+}
+
+COROCOLL_DECL bool shm_channel::readable() noexcept {
+    if (in_left_ > 0 || in_tail_ - in_head_ >= sizeof(detail::shm_record)) return true;
+    in_tail_ = seg_->tail[1 - side_].value.load(std::memory_order_seq_cst);
+    return in_tail_ - in_head_ >= sizeof(detail::shm_record);
+}
+
+COROCOLL_DECL task<> shm_channel::single_copy_done(io::op_options o) {
+    awaiting_copy_ = true;
+    try {
+        while (!copy_finished()) {
+            if (shut_ || peer_ended_) {
+                corocoll::detail::throw_error(std::make_error_code(std::errc::broken_pipe),
+                                              "corocoll: send to shm: the peer is gone");
+            }
+            co_await wait{*this, true, o};
+        }
+    } catch (...) {
+        // The buffer may go away now: the peer must not trust a copy it finishes later.
+        seg_->withdrawn[side_].value.store(copies_sent_, std::memory_order_seq_cst);
+        awaiting_copy_ = false;
+        throw;
+    }
+    awaiting_copy_ = false;
+}
+
+COROCOLL_DECL void shm_channel::wake_peer_if_asleep() noexcept {
+    auto& flag = seg_->asleep[1 - side_].value;
+    if (flag.load(std::memory_order_seq_cst) == 0) return;
+    if (flag.exchange(0, std::memory_order_acq_rel) == 0) return;
+    char byte = 1;
+    // A full socket buffer means wake-ups are already queued; the peer needs just one.
+    [[maybe_unused]] auto n = ::send(fd_, &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+COROCOLL_DECL void shm_channel::wait::await_suspend(std::coroutine_handle<> h) {
+    handle = h;
+    run_ = [](corocoll::detail::work_item* item) noexcept {
+        static_cast<wait*>(item)->handle.resume();
+    };
+    (for_room ? ch.writer_ : ch.reader_) = this;
+    ch.reactor_.watch(ch.entry_);
+    if (o.deadline != io::op_options::time_point::max()) {
+        timer.when = o.deadline;
+        timer.w = this;
+        timer.fire = [](io::timer_entry& t) noexcept {
+            wait* w = static_cast<deadline_hook&>(t).w;
+            w->ch.finish(*w, std::errc::timed_out);
+        };
+        ch.reactor_.arm(timer);
+    }
+    if (o.stop.stop_possible()) stopping.emplace(o.stop, on_stop{this});
+}
+
+COROCOLL_DECL void shm_channel::wait::await_resume() {
+    stopping.reset();
+    if (error) {
+        corocoll::detail::throw_error(
+            error, std::string("corocoll: ") + (for_room ? "send to" : "recv from") + " shm");
+    }
+}
+
+COROCOLL_DECL void shm_channel::finish(wait& w, std::error_code error) noexcept {
+    wait*& slot = w.for_room ? writer_ : reader_;
+    if (slot != &w) return;
+    slot = nullptr;
+    reactor_.disarm(w.timer);
+    w.error = error;
+    reactor_.post(w);
+}
+
+COROCOLL_DECL void shm_channel::resume_now(wait* w) noexcept {
+    reactor_.disarm(w->timer);
+    w->handle.resume();
+}
+
+COROCOLL_DECL bool shm_channel::poll_entry_fn(io::poll_entry& e) noexcept {
+    shm_channel& c = *static_cast<entry&>(e).self;
+    bool progress = false;
+    bool over = c.shut_ || c.peer_ended_;
+    // Resumed right here rather than through the queue: a turn of the loop less per
+    // message. What it does to the watched entries is safe during the walk (see
+    // `poll_entry`).
+    if (c.reader_ != nullptr && (over || c.readable())) {
+        c.resume_now(std::exchange(c.reader_, nullptr));
+        progress = true;
+    }
+    if (c.writer_ != nullptr && (over || c.writer_ready())) {
+        c.resume_now(std::exchange(c.writer_, nullptr));
+        progress = true;
+    }
+    if (c.reader_ == nullptr && c.writer_ == nullptr) c.reactor_.unwatch(e);
+    return progress;
+}
+
+COROCOLL_DECL bool shm_channel::prepare_sleep_fn(io::poll_entry& e) noexcept {
+    shm_channel& c = *static_cast<entry&>(e).self;
+    if (!c.watching_) return false;  // nothing would end the sleep
+    auto& flag = c.seg_->asleep[c.side_].value;
+    flag.store(1, std::memory_order_seq_cst);
+    if ((c.reader_ != nullptr && c.readable()) || (c.writer_ != nullptr && c.writer_ready()) ||
+        c.shut_ || c.peer_ended_) {
+        flag.store(0, std::memory_order_relaxed);
+        return false;
+    }
+    return true;
+}
+
+COROCOLL_DECL void shm_channel::end_sleep_fn(io::poll_entry& e) noexcept {
+    shm_channel& c = *static_cast<entry&>(e).self;
+    c.seg_->asleep[c.side_].value.store(0, std::memory_order_relaxed);
+}
+
+COROCOLL_DECL void shm_channel::prepare_watch(io::detail::io_op* op, io_uring* ring) noexcept {
+    shm_channel* c = static_cast<watch_op*>(op)->self;
+    io_uring_sqe* sqe = io_uring_get_sqe(ring);
+    io_uring_prep_recv(sqe, c->fd_, c->sink_, sizeof(c->sink_), 0);
+    io_uring_sqe_set_data(sqe, op);
+}
+
+COROCOLL_DECL void shm_channel::complete_watch(io::detail::io_op* op, int res) noexcept {
+    shm_channel* c = static_cast<watch_op*>(op)->self;
+    // -ECANCELED while open: the thread that submitted the receive ended (the kernel
+    // cancels a thread's requests when it exits; threads may take turns driving a
+    // reactor, see `io::reactor::borrowed`), not the peer.
+    if ((res > 0 || res == -ECANCELED) && !c->shut_) {
+        c->reactor_.submit(c->watch_op_);
+        return;
+    }
+    if (res != -EINTR && res != -EAGAIN) {
+        c->watching_ = false;
+        if (!c->shut_) c->peer_ended_ = true;
+        if (c->reader_ != nullptr || c->writer_ != nullptr) c->reactor_.watch(c->entry_);
+        if (c->close_waiter_) std::exchange(c->close_waiter_, {}).resume();
+        return;
+    }
+    c->reactor_.submit(c->watch_op_);
+}
+
+COROCOLL_DECL void shm_channel::release() noexcept {
+    if (seg_ != nullptr) ::munmap(seg_, map_bytes_);
+    seg_ = nullptr;
+    if (fd_ >= 0) ::close(std::exchange(fd_, -1));
+}
+
+}  // namespace transport
+
+COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

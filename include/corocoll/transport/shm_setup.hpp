@@ -72,44 +72,18 @@ struct channel_options {
 
 /// A COROCOLL_TRANSPORT value (`automatic` when empty); anything but auto, tcp and shm is an
 /// error naming the variable.
-inline transport_choice parse_transport(std::string_view v) {
-    if (v.empty() || v == "auto") return transport_choice::automatic;
-    if (v == "tcp") return transport_choice::tcp;
-    if (v == "shm") return transport_choice::shm;
-    throw std::invalid_argument("corocoll: COROCOLL_TRANSPORT='" + std::string(v) +
-                                "' is not one of auto, tcp, shm");
-}
+COROCOLL_DECL transport_choice parse_transport(std::string_view v);
 
 /// What COROCOLL_TRANSPORT says (`automatic` when unset); see `parse_transport`.
-inline transport_choice transport_from_env() {
-    const char* text = std::getenv("COROCOLL_TRANSPORT");
-    return text == nullptr ? transport_choice::automatic : parse_transport(text);
-}
+COROCOLL_DECL transport_choice transport_from_env();
 
-inline const char* to_string(transport_choice c) noexcept {
-    switch (c) {
-        case transport_choice::tcp:
-            return "tcp";
-        case transport_choice::shm:
-            return "shm";
-        default:
-            return "auto";
-    }
-}
+COROCOLL_DECL const char* to_string(transport_choice c) noexcept;
 
 namespace detail {
 
-inline std::string boot_id() {
-    std::ifstream in("/proc/sys/kernel/random/boot_id");
-    std::string id;
-    in >> id;
-    return id;
-}
+COROCOLL_DECL std::string boot_id();
 
-inline std::uint64_t fresh_nonce() {
-    std::random_device rd;
-    return (std::uint64_t{rd()} << 32) ^ rd();
-}
+COROCOLL_DECL std::uint64_t fresh_nonce();
 
 // An owned descriptor.
 struct fd_guard {
@@ -117,13 +91,7 @@ struct fd_guard {
     fd_guard() = default;
     explicit fd_guard(int f) noexcept : fd(f) {}
     fd_guard(fd_guard&& o) noexcept : fd(std::exchange(o.fd, -1)) {}
-    fd_guard& operator=(fd_guard&& o) noexcept {
-        if (this != &o) {
-            reset();
-            fd = std::exchange(o.fd, -1);
-        }
-        return *this;
-    }
+    fd_guard& operator=(fd_guard&& o) noexcept;
     ~fd_guard() { reset(); }
     void reset() noexcept {
         if (fd >= 0) ::close(std::exchange(fd, -1));
@@ -138,44 +106,17 @@ struct mapping {
     mapping() = default;
     mapping(void* a, std::size_t b) noexcept : addr(a), bytes(b) {}
     mapping(mapping&& o) noexcept : addr(std::exchange(o.addr, nullptr)), bytes(o.bytes) {}
-    mapping& operator=(mapping&& o) noexcept {
-        if (this != &o) {
-            reset();
-            addr = std::exchange(o.addr, nullptr);
-            bytes = o.bytes;
-        }
-        return *this;
-    }
+    mapping& operator=(mapping&& o) noexcept;
     ~mapping() { reset(); }
     void reset() noexcept {
         if (addr != nullptr) ::munmap(std::exchange(addr, nullptr), bytes);
     }
 };
 
-inline sockaddr_un abstract_address(const std::string& name, socklen_t& len) {
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    // sun_path[0] stays 0: the abstract namespace.
-    std::memcpy(a.sun_path + 1, name.data(), std::min(name.size(), sizeof(a.sun_path) - 1));
-    len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-    return a;
-}
+COROCOLL_DECL sockaddr_un abstract_address(const std::string& name, socklen_t& len);
 
 // Listens on a fresh abstract unix socket; its name goes to the store.
-inline fd_guard listen_abstract(int backlog, std::string& name) {
-    char text[40];
-    std::snprintf(text, sizeof(text), "corocoll.%016llx",
-                  static_cast<unsigned long long>(fresh_nonce()));
-    name = text;
-    fd_guard fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (fd.fd < 0) corocoll::detail::throw_errno(errno, "corocoll: init: unix socket");
-    socklen_t len = 0;
-    sockaddr_un a = abstract_address(name, len);
-    if (::bind(fd.fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(fd.fd, backlog) != 0) {
-        corocoll::detail::throw_errno(errno, "corocoll: init: listening on a unix socket");
-    }
-    return fd;
-}
+COROCOLL_DECL fd_guard listen_abstract(int backlog, std::string& name);
 
 // What the lower rank of a pair says over TCP: whether it offers a segment, and its nonce.
 struct shm_verdict {
@@ -186,12 +127,7 @@ struct shm_verdict {
 };
 enum : std::uint32_t { not_offered = 0, offered = 1, unreachable = 2, offer_failed = 3 };
 
-inline std::string verdict_text(std::uint32_t v, int lower) {
-    std::string who = "rank " + std::to_string(lower);
-    if (v == unreachable)
-        return who + " cannot reach this rank's unix socket (another network namespace)";
-    return who + " could not offer a segment";
-}
+COROCOLL_DECL std::string verdict_text(std::uint32_t v, int lower);
 
 // What comes with the segment's descriptor on the unix socket.
 struct shm_intro {
@@ -211,143 +147,39 @@ struct shm_reply {
 
 // Whether this process may read process `pid`'s memory at `address`, where a segment holding
 // `nonce` is mapped (process_vm_readv: ptrace access, the same pid namespace).
-inline bool can_read(int pid, std::uint64_t address, std::uint64_t nonce) noexcept {
-    std::uint64_t seen = 0;
-    iovec local{&seen, sizeof(seen)};
-    iovec remote{reinterpret_cast<void*>(address + offsetof(shm_segment, probe)), sizeof(seen)};
-    return ::process_vm_readv(pid, &local, 1, &remote, 1, 0) ==
-               static_cast<ssize_t>(sizeof(seen)) &&
-           seen == nonce;
-}
+COROCOLL_DECL bool can_read(int pid, std::uint64_t address, std::uint64_t nonce) noexcept;
 
 // A fresh segment of two rings of `ring_bytes`, with `nonce` in it.
-inline mapping create_segment(std::size_t ring_bytes, std::uint64_t nonce, fd_guard& memfd) {
-    memfd = fd_guard(::memfd_create("corocoll-shm", MFD_CLOEXEC));
-    if (memfd.fd < 0) corocoll::detail::throw_errno(errno, "memfd_create");
-    std::size_t bytes = shm_segment::bytes_for(ring_bytes);
-    if (::ftruncate(memfd.fd, static_cast<off_t>(bytes)) != 0) {
-        corocoll::detail::throw_errno(errno, "ftruncate of the segment");
-    }
-    void* addr =
-        ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, memfd.fd, 0);
-    if (addr == MAP_FAILED) corocoll::detail::throw_errno(errno, "mmap of the segment");
-    mapping m(addr, bytes);
-    auto* seg = new (addr) shm_segment;
-    seg->ring_bytes = ring_bytes;
-    seg->probe = nonce;
-    seg->pid[0] = static_cast<std::int32_t>(::getpid());
-    return m;
-}
+COROCOLL_DECL mapping create_segment(std::size_t ring_bytes, std::uint64_t nonce, fd_guard& memfd);
 
 // Maps the segment the lower rank passed; empty with `why` when it is not what it should be.
-inline mapping map_segment(int fd, const shm_intro& intro, std::uint64_t nonce, std::string& why) {
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != intro.map_bytes ||
-        intro.map_bytes < shm_segment::data_offset) {
-        why = "the segment's size is not what its creator announced";
-        return {};
-    }
-    void* addr =
-        ::mmap(nullptr, intro.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (addr == MAP_FAILED) {
-        why = std::string("mmap: ") + std::strerror(errno);
-        return {};
-    }
-    mapping m(addr, intro.map_bytes);
-    const auto* seg = static_cast<const shm_segment*>(addr);
-    std::uint64_t ring = seg->ring_bytes;
-    if (seg->magic != shm_magic || seg->probe != nonce || ring == 0 || (ring & (ring - 1)) != 0 ||
-        shm_segment::bytes_for(ring) != intro.map_bytes) {
-        why = "the mapped segment does not hold the nonce its creator sent (not the same memory)";
-        return {};
-    }
-    return m;
-}
+COROCOLL_DECL mapping map_segment(int fd, const shm_intro& intro, std::uint64_t nonce,
+                                  std::string& why);
 
 // A message of one intro with room for one descriptor beside it (SCM_RIGHTS).
 struct intro_message {
     iovec iov;
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
     msghdr msg{};
-    explicit intro_message(shm_intro& intro) : iov{&intro, sizeof(intro)} {
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control;
-        msg.msg_controllen = sizeof(control);
-    }
+    explicit intro_message(shm_intro& intro);
     intro_message(const intro_message&) = delete;
     intro_message& operator=(const intro_message&) = delete;
 };
 
-inline void send_intro(int sock, int memfd, shm_intro intro) {
-    intro_message m(intro);
-    msghdr& msg = m.msg;
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &memfd, sizeof(int));
-    if (::sendmsg(sock, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(intro))) {
-        corocoll::detail::throw_errno(errno, "sending the segment over the unix socket");
-    }
-}
+COROCOLL_DECL void send_intro(int sock, int memfd, shm_intro intro);
 
 // Reads an intro and the descriptor that came with it (-1 when none did); false when what
 // arrived is not an intro.
-inline bool recv_intro(int sock, shm_intro& intro, fd_guard& memfd) {
-    intro_message m(intro);
-    msghdr& msg = m.msg;
-    ssize_t n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n >= 0 && c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-            int fd = -1;
-            std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
-            memfd = fd_guard(fd);
-        }
-    }
-    return n == static_cast<ssize_t>(sizeof(intro)) && intro.magic == shm_magic && memfd.fd >= 0;
-}
+COROCOLL_DECL bool recv_intro(int sock, shm_intro& intro, fd_guard& memfd);
 
 // Connects to the abstract unix socket `name`; an empty guard with `why` when it is not there.
-inline task<fd_guard> connect_abstract(io::reactor& r, const std::string& name,
-                                       std::chrono::steady_clock::time_point deadline,
-                                       std::string& why) {
-    for (;;) {
-        fd_guard fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-        if (fd.fd < 0) corocoll::detail::throw_errno(errno, "unix socket");
-        socklen_t len = 0;
-        sockaddr_un a = abstract_address(name, len);
-        if (::connect(fd.fd, reinterpret_cast<sockaddr*>(&a), len) == 0) co_return fd;
-        int err = errno;
-        // A full backlog: the listener is there and busy; try again shortly.
-        if (err == EAGAIN && std::chrono::steady_clock::now() < deadline) {
-            co_await r.sleep_for(std::chrono::milliseconds(1));
-            continue;
-        }
-        why = err == ECONNREFUSED || err == ENOENT
-                  ? "its unix socket cannot be reached from here (another network namespace)"
-                  : std::string("connecting to its unix socket: ") + std::strerror(err);
-        co_return fd_guard{};
-    }
-}
+COROCOLL_DECL task<fd_guard> connect_abstract(io::reactor& r, const std::string& name,
+                                              std::chrono::steady_clock::time_point deadline,
+                                              std::string& why);
 
 // Sends or receives exactly `bytes` on a non-blocking unix socket within `deadline`.
-inline task<bool> unix_exchange(io::reactor& r, int fd, void* data, std::size_t bytes, bool send,
-                                std::chrono::steady_clock::time_point deadline) {
-    auto* p = static_cast<char*>(data);
-    while (bytes > 0) {
-        ssize_t n = send ? ::send(fd, p, bytes, MSG_DONTWAIT | MSG_NOSIGNAL)
-                         : ::recv(fd, p, bytes, MSG_DONTWAIT);
-        if (n > 0) {
-            p += n;
-            bytes -= static_cast<std::size_t>(n);
-            continue;
-        }
-        if (n == 0 || (errno != EAGAIN && errno != EINTR)) co_return false;
-        co_await r.poll(fd, send ? POLLOUT : POLLIN, io::op_options(deadline));
-    }
-    co_return true;
-}
+COROCOLL_DECL task<bool> unix_exchange(io::reactor& r, int fd, void* data, std::size_t bytes,
+                                       bool send, std::chrono::steady_clock::time_point deadline);
 
 struct shm_peer_info {
     transport_choice choice = transport_choice::tcp;
@@ -372,11 +204,248 @@ struct pair_plan {
 /// choice is logged at INFO with its reason. With `transport_choice::shm` on either rank of a
 /// pair, a pair that cannot share memory fails set-up with an error naming both ranks and the
 /// reason. Returns one channel per rank, indexed by rank (null for this rank).
-inline task<std::vector<std::unique_ptr<channel>>> connect_channels(io::reactor& r,
-                                                                    rendezvous::store& store,
-                                                                    int rank, int size,
-                                                                    mesh_options mo,
-                                                                    channel_options co) {
+COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(io::reactor& r,
+                                                                           rendezvous::store& store,
+                                                                           int rank, int size,
+                                                                           mesh_options mo,
+                                                                           channel_options co);
+
+}  // namespace transport
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport {
+
+COROCOLL_DECL transport_choice parse_transport(std::string_view v) {
+    if (v.empty() || v == "auto") return transport_choice::automatic;
+    if (v == "tcp") return transport_choice::tcp;
+    if (v == "shm") return transport_choice::shm;
+    throw std::invalid_argument("corocoll: COROCOLL_TRANSPORT='" + std::string(v) +
+                                "' is not one of auto, tcp, shm");
+}
+
+COROCOLL_DECL transport_choice transport_from_env() {
+    const char* text = std::getenv("COROCOLL_TRANSPORT");
+    return text == nullptr ? transport_choice::automatic : parse_transport(text);
+}
+
+COROCOLL_DECL const char* to_string(transport_choice c) noexcept {
+    switch (c) {
+        case transport_choice::tcp:
+            return "tcp";
+        case transport_choice::shm:
+            return "shm";
+        default:
+            return "auto";
+    }
+}
+
+}  // namespace transport
+
+namespace transport {
+namespace detail {
+
+COROCOLL_DECL std::string boot_id() {
+    std::ifstream in("/proc/sys/kernel/random/boot_id");
+    std::string id;
+    in >> id;
+    return id;
+}
+
+COROCOLL_DECL std::uint64_t fresh_nonce() {
+    std::random_device rd;
+    return (std::uint64_t{rd()} << 32) ^ rd();
+}
+
+COROCOLL_DECL fd_guard& fd_guard::operator=(fd_guard&& o) noexcept {
+    if (this != &o) {
+        reset();
+        fd = std::exchange(o.fd, -1);
+    }
+    return *this;
+}
+
+COROCOLL_DECL mapping& mapping::operator=(mapping&& o) noexcept {
+    if (this != &o) {
+        reset();
+        addr = std::exchange(o.addr, nullptr);
+        bytes = o.bytes;
+    }
+    return *this;
+}
+
+COROCOLL_DECL sockaddr_un abstract_address(const std::string& name, socklen_t& len) {
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    // sun_path[0] stays 0: the abstract namespace.
+    std::memcpy(a.sun_path + 1, name.data(), std::min(name.size(), sizeof(a.sun_path) - 1));
+    len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+    return a;
+}
+
+COROCOLL_DECL fd_guard listen_abstract(int backlog, std::string& name) {
+    char text[40];
+    std::snprintf(text, sizeof(text), "corocoll.%016llx",
+                  static_cast<unsigned long long>(fresh_nonce()));
+    name = text;
+    fd_guard fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (fd.fd < 0) corocoll::detail::throw_errno(errno, "corocoll: init: unix socket");
+    socklen_t len = 0;
+    sockaddr_un a = abstract_address(name, len);
+    if (::bind(fd.fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(fd.fd, backlog) != 0) {
+        corocoll::detail::throw_errno(errno, "corocoll: init: listening on a unix socket");
+    }
+    return fd;
+}
+
+COROCOLL_DECL std::string verdict_text(std::uint32_t v, int lower) {
+    std::string who = "rank " + std::to_string(lower);
+    if (v == unreachable)
+        return who + " cannot reach this rank's unix socket (another network namespace)";
+    return who + " could not offer a segment";
+}
+
+COROCOLL_DECL bool can_read(int pid, std::uint64_t address, std::uint64_t nonce) noexcept {
+    std::uint64_t seen = 0;
+    iovec local{&seen, sizeof(seen)};
+    iovec remote{reinterpret_cast<void*>(address + offsetof(shm_segment, probe)), sizeof(seen)};
+    return ::process_vm_readv(pid, &local, 1, &remote, 1, 0) ==
+               static_cast<ssize_t>(sizeof(seen)) &&
+           seen == nonce;
+}
+
+COROCOLL_DECL mapping create_segment(std::size_t ring_bytes, std::uint64_t nonce, fd_guard& memfd) {
+    memfd = fd_guard(::memfd_create("corocoll-shm", MFD_CLOEXEC));
+    if (memfd.fd < 0) corocoll::detail::throw_errno(errno, "memfd_create");
+    std::size_t bytes = shm_segment::bytes_for(ring_bytes);
+    if (::ftruncate(memfd.fd, static_cast<off_t>(bytes)) != 0) {
+        corocoll::detail::throw_errno(errno, "ftruncate of the segment");
+    }
+    void* addr =
+        ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, memfd.fd, 0);
+    if (addr == MAP_FAILED) corocoll::detail::throw_errno(errno, "mmap of the segment");
+    mapping m(addr, bytes);
+    auto* seg = new (addr) shm_segment;
+    seg->ring_bytes = ring_bytes;
+    seg->probe = nonce;
+    seg->pid[0] = static_cast<std::int32_t>(::getpid());
+    return m;
+}
+
+COROCOLL_DECL mapping map_segment(int fd, const shm_intro& intro, std::uint64_t nonce,
+                                  std::string& why) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != intro.map_bytes ||
+        intro.map_bytes < shm_segment::data_offset) {
+        why = "the segment's size is not what its creator announced";
+        return {};
+    }
+    void* addr =
+        ::mmap(nullptr, intro.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (addr == MAP_FAILED) {
+        why = std::string("mmap: ") + std::strerror(errno);
+        return {};
+    }
+    mapping m(addr, intro.map_bytes);
+    const auto* seg = static_cast<const shm_segment*>(addr);
+    std::uint64_t ring = seg->ring_bytes;
+    if (seg->magic != shm_magic || seg->probe != nonce || ring == 0 || (ring & (ring - 1)) != 0 ||
+        shm_segment::bytes_for(ring) != intro.map_bytes) {
+        why = "the mapped segment does not hold the nonce its creator sent (not the same memory)";
+        return {};
+    }
+    return m;
+}
+
+COROCOLL_DECL intro_message::intro_message(shm_intro& intro) : iov{&intro, sizeof(intro)} {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+}
+
+COROCOLL_DECL void send_intro(int sock, int memfd, shm_intro intro) {
+    intro_message m(intro);
+    msghdr& msg = m.msg;
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &memfd, sizeof(int));
+    if (::sendmsg(sock, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(intro))) {
+        corocoll::detail::throw_errno(errno, "sending the segment over the unix socket");
+    }
+}
+
+COROCOLL_DECL bool recv_intro(int sock, shm_intro& intro, fd_guard& memfd) {
+    intro_message m(intro);
+    msghdr& msg = m.msg;
+    ssize_t n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n >= 0 && c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            int fd = -1;
+            std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+            memfd = fd_guard(fd);
+        }
+    }
+    return n == static_cast<ssize_t>(sizeof(intro)) && intro.magic == shm_magic && memfd.fd >= 0;
+}
+
+COROCOLL_DECL task<fd_guard> connect_abstract(io::reactor& r, const std::string& name,
+                                              std::chrono::steady_clock::time_point deadline,
+                                              std::string& why) {
+    for (;;) {
+        fd_guard fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+        if (fd.fd < 0) corocoll::detail::throw_errno(errno, "unix socket");
+        socklen_t len = 0;
+        sockaddr_un a = abstract_address(name, len);
+        if (::connect(fd.fd, reinterpret_cast<sockaddr*>(&a), len) == 0) co_return fd;
+        int err = errno;
+        // A full backlog: the listener is there and busy; try again shortly.
+        if (err == EAGAIN && std::chrono::steady_clock::now() < deadline) {
+            co_await r.sleep_for(std::chrono::milliseconds(1));
+            continue;
+        }
+        why = err == ECONNREFUSED || err == ENOENT
+                  ? "its unix socket cannot be reached from here (another network namespace)"
+                  : std::string("connecting to its unix socket: ") + std::strerror(err);
+        co_return fd_guard{};
+    }
+}
+
+COROCOLL_DECL task<bool> unix_exchange(io::reactor& r, int fd, void* data, std::size_t bytes,
+                                       bool send, std::chrono::steady_clock::time_point deadline) {
+    auto* p = static_cast<char*>(data);
+    while (bytes > 0) {
+        ssize_t n = send ? ::send(fd, p, bytes, MSG_DONTWAIT | MSG_NOSIGNAL)
+                         : ::recv(fd, p, bytes, MSG_DONTWAIT);
+        if (n > 0) {
+            p += n;
+            bytes -= static_cast<std::size_t>(n);
+            continue;
+        }
+        if (n == 0 || (errno != EAGAIN && errno != EINTR)) co_return false;
+        co_await r.poll(fd, send ? POLLOUT : POLLIN, io::op_options(deadline));
+    }
+    co_return true;
+}
+
+}  // namespace detail
+}  // namespace transport
+
+namespace transport {
+
+COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(io::reactor& r,
+                                                                           rendezvous::store& store,
+                                                                           int rank, int size,
+                                                                           mesh_options mo,
+                                                                           channel_options co) {
     std::vector<io::socket> socks = co_await connect_mesh(r, store, rank, size, mo);
     std::vector<std::unique_ptr<channel>> out(static_cast<std::size_t>(size));
     auto at = [](int p) { return static_cast<std::size_t>(p); };
@@ -595,3 +664,5 @@ inline task<std::vector<std::unique_ptr<channel>>> connect_channels(io::reactor&
 }  // namespace transport
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -46,113 +46,21 @@ struct rank_status {
     static constexpr std::size_t remembered = 16;
 
     /// The call it made as collective #`seq`, if it still remembers it.
-    const collective_meta* call(std::uint64_t seq) const noexcept {
-        if (in_collective && current.seq == seq) return &current;
-        for (const auto& m : recent) {
-            if (m.seq == seq) return &m;
-        }
-        return nullptr;
-    }
+    const collective_meta* call(std::uint64_t seq) const noexcept;
 
     /// "#3 broadcast(root 0, ...), waiting for rank 1", "idle after #2 all_reduce(...)".
-    std::string describe(describer d) const {
-        if (left) return "closed its process group";
-        std::string s;
-        if (in_collective) {
-            s = "#" + std::to_string(current.seq) + " " + d(current);
-        } else if (done > 0) {
-            const collective_meta* last = call(done);
-            s = "in no collective, after #" + std::to_string(done) + (last ? " " + d(*last) : "");
-        } else {
-            s = "in no collective, none run yet";
-        }
-        if (!sending_to.empty()) s += ", sending to " + ranks(sending_to);
-        if (!waiting_for.empty()) {
-            s += p2p_wait ? ", waiting in a recv (tag " + std::to_string(p2p_tag) + ") for "
-                          : ", waiting for ";
-            s += ranks(waiting_for);
-        } else if (in_collective && sending_to.empty()) {
-            s += ", waiting for nobody";
-        }
-        return s;
-    }
+    std::string describe(describer d) const;
 
     /// "rank 1", "ranks 1, 2 and 3", "any rank".
-    static std::string ranks(const std::vector<std::int32_t>& list) {
-        std::string s = list.size() > 1 ? "ranks " : "";
-        for (std::size_t i = 0; i < list.size(); ++i) {
-            if (i > 0) s += i + 1 == list.size() ? " and " : ", ";
-            if (list[i] == any_source) {
-                s += "any rank";
-            } else {
-                s += (list.size() == 1 ? "rank " : "") + std::to_string(list[i]);
-            }
-        }
-        return s;
-    }
+    static std::string ranks(const std::vector<std::int32_t>& list);
 
-    std::string encode() const {
-        fixed f;
-        f.in_collective = in_collective ? 1 : 0;
-        f.p2p_wait = p2p_wait ? 1 : 0;
-        f.recent = static_cast<std::uint16_t>(recent.size());
-        f.waiting = static_cast<std::uint16_t>(waiting_for.size());
-        f.sending = static_cast<std::uint16_t>(sending_to.size());
-        f.fingerprint = fingerprint;
-        f.done = done;
-        f.p2p_tag = p2p_tag;
-        f.current = current;
-        std::string out(sizeof(f) + recent.size() * sizeof(collective_meta) +
-                            (waiting_for.size() + sending_to.size()) * sizeof(std::int32_t),
-                        '\0');
-        char* at = out.data();
-        std::memcpy(at, &f, sizeof(f));
-        at += sizeof(f);
-        if (!recent.empty())
-            std::memcpy(at, recent.data(), recent.size() * sizeof(collective_meta));
-        at += recent.size() * sizeof(collective_meta);
-        if (!waiting_for.empty())
-            std::memcpy(at, waiting_for.data(), waiting_for.size() * sizeof(std::int32_t));
-        at += waiting_for.size() * sizeof(std::int32_t);
-        if (!sending_to.empty())
-            std::memcpy(at, sending_to.data(), sending_to.size() * sizeof(std::int32_t));
-        return out;
-    }
+    std::string encode() const;
 
     /// Nothing when `bytes` is not a whole answer.
-    static std::optional<rank_status> decode(std::string_view bytes) {
-        fixed f;
-        if (bytes.size() < sizeof(f)) return std::nullopt;
-        std::memcpy(&f, bytes.data(), sizeof(f));
-        if (f.recent > remembered ||
-            bytes.size() != sizeof(f) + f.recent * sizeof(collective_meta) +
-                                (f.waiting + f.sending) * sizeof(std::int32_t)) {
-            return std::nullopt;
-        }
-        rank_status s;
-        s.in_collective = f.in_collective != 0;
-        s.p2p_wait = f.p2p_wait != 0;
-        s.fingerprint = f.fingerprint;
-        s.done = f.done;
-        s.p2p_tag = f.p2p_tag;
-        s.current = f.current;
-        s.recent.resize(f.recent);
-        s.waiting_for.resize(f.waiting);
-        s.sending_to.resize(f.sending);
-        const char* at = bytes.data() + sizeof(f);
-        if (f.recent > 0) std::memcpy(s.recent.data(), at, f.recent * sizeof(collective_meta));
-        at += f.recent * sizeof(collective_meta);
-        if (f.waiting > 0) std::memcpy(s.waiting_for.data(), at, f.waiting * sizeof(std::int32_t));
-        at += f.waiting * sizeof(std::int32_t);
-        if (f.sending > 0) std::memcpy(s.sending_to.data(), at, f.sending * sizeof(std::int32_t));
-        return s;
-    }
+    static std::optional<rank_status> decode(std::string_view bytes);
 
     /// The largest encoding a peer may send (its waits are bounded by the group's size).
-    static std::size_t max_bytes(int group_size) noexcept {
-        return sizeof(fixed) + remembered * sizeof(collective_meta) +
-               static_cast<std::size_t>(2 * group_size + 1) * sizeof(std::int32_t);
-    }
+    static std::size_t max_bytes(int group_size) noexcept;
 
 private:
     struct fixed {
@@ -185,9 +93,131 @@ struct status_verdict {
 /// Judges the answers `all` (indexed by rank, this rank's own included; empty where no answer
 /// came within `window`) collected by rank `me`, which asked because of `why` while it waited
 /// in `waiting` for rank `waited_for` (any_source: no particular one).
-inline status_verdict judge_status(const std::vector<std::optional<rank_status>>& all, int me,
-                                   status_reason why, int waited_for, const std::string& waiting,
-                                   std::chrono::milliseconds window, describer d) {
+COROCOLL_DECL status_verdict judge_status(const std::vector<std::optional<rank_status>>& all,
+                                          int me, status_reason why, int waited_for,
+                                          const std::string& waiting,
+                                          std::chrono::milliseconds window, describer d);
+
+}  // namespace transport::detail
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport {
+namespace detail {
+
+COROCOLL_DECL const collective_meta* rank_status::call(std::uint64_t seq) const noexcept {
+    if (in_collective && current.seq == seq) return &current;
+    for (const auto& m : recent) {
+        if (m.seq == seq) return &m;
+    }
+    return nullptr;
+}
+
+COROCOLL_DECL std::string rank_status::describe(describer d) const {
+    if (left) return "closed its process group";
+    std::string s;
+    if (in_collective) {
+        s = "#" + std::to_string(current.seq) + " " + d(current);
+    } else if (done > 0) {
+        const collective_meta* last = call(done);
+        s = "in no collective, after #" + std::to_string(done) + (last ? " " + d(*last) : "");
+    } else {
+        s = "in no collective, none run yet";
+    }
+    if (!sending_to.empty()) s += ", sending to " + ranks(sending_to);
+    if (!waiting_for.empty()) {
+        s += p2p_wait ? ", waiting in a recv (tag " + std::to_string(p2p_tag) + ") for "
+                      : ", waiting for ";
+        s += ranks(waiting_for);
+    } else if (in_collective && sending_to.empty()) {
+        s += ", waiting for nobody";
+    }
+    return s;
+}
+
+COROCOLL_DECL std::string rank_status::ranks(const std::vector<std::int32_t>& list) {
+    std::string s = list.size() > 1 ? "ranks " : "";
+    for (std::size_t i = 0; i < list.size(); ++i) {
+        if (i > 0) s += i + 1 == list.size() ? " and " : ", ";
+        if (list[i] == any_source) {
+            s += "any rank";
+        } else {
+            s += (list.size() == 1 ? "rank " : "") + std::to_string(list[i]);
+        }
+    }
+    return s;
+}
+
+COROCOLL_DECL std::string rank_status::encode() const {
+    fixed f;
+    f.in_collective = in_collective ? 1 : 0;
+    f.p2p_wait = p2p_wait ? 1 : 0;
+    f.recent = static_cast<std::uint16_t>(recent.size());
+    f.waiting = static_cast<std::uint16_t>(waiting_for.size());
+    f.sending = static_cast<std::uint16_t>(sending_to.size());
+    f.fingerprint = fingerprint;
+    f.done = done;
+    f.p2p_tag = p2p_tag;
+    f.current = current;
+    std::string out(sizeof(f) + recent.size() * sizeof(collective_meta) +
+                        (waiting_for.size() + sending_to.size()) * sizeof(std::int32_t),
+                    '\0');
+    char* at = out.data();
+    std::memcpy(at, &f, sizeof(f));
+    at += sizeof(f);
+    if (!recent.empty()) std::memcpy(at, recent.data(), recent.size() * sizeof(collective_meta));
+    at += recent.size() * sizeof(collective_meta);
+    if (!waiting_for.empty())
+        std::memcpy(at, waiting_for.data(), waiting_for.size() * sizeof(std::int32_t));
+    at += waiting_for.size() * sizeof(std::int32_t);
+    if (!sending_to.empty())
+        std::memcpy(at, sending_to.data(), sending_to.size() * sizeof(std::int32_t));
+    return out;
+}
+
+COROCOLL_DECL std::optional<rank_status> rank_status::decode(std::string_view bytes) {
+    fixed f;
+    if (bytes.size() < sizeof(f)) return std::nullopt;
+    std::memcpy(&f, bytes.data(), sizeof(f));
+    if (f.recent > remembered ||
+        bytes.size() != sizeof(f) + f.recent * sizeof(collective_meta) +
+                            (f.waiting + f.sending) * sizeof(std::int32_t)) {
+        return std::nullopt;
+    }
+    rank_status s;
+    s.in_collective = f.in_collective != 0;
+    s.p2p_wait = f.p2p_wait != 0;
+    s.fingerprint = f.fingerprint;
+    s.done = f.done;
+    s.p2p_tag = f.p2p_tag;
+    s.current = f.current;
+    s.recent.resize(f.recent);
+    s.waiting_for.resize(f.waiting);
+    s.sending_to.resize(f.sending);
+    const char* at = bytes.data() + sizeof(f);
+    if (f.recent > 0) std::memcpy(s.recent.data(), at, f.recent * sizeof(collective_meta));
+    at += f.recent * sizeof(collective_meta);
+    if (f.waiting > 0) std::memcpy(s.waiting_for.data(), at, f.waiting * sizeof(std::int32_t));
+    at += f.waiting * sizeof(std::int32_t);
+    if (f.sending > 0) std::memcpy(s.sending_to.data(), at, f.sending * sizeof(std::int32_t));
+    return s;
+}
+
+COROCOLL_DECL std::size_t rank_status::max_bytes(int group_size) noexcept {
+    return sizeof(fixed) + remembered * sizeof(collective_meta) +
+           static_cast<std::size_t>(2 * group_size + 1) * sizeof(std::int32_t);
+}
+
+COROCOLL_DECL status_verdict judge_status(const std::vector<std::optional<rank_status>>& all,
+                                          int me, status_reason why, int waited_for,
+                                          const std::string& waiting,
+                                          std::chrono::milliseconds window, describer d) {
     auto rank_name = [](int r) { return "rank " + std::to_string(r); };
     // What every rank was doing, at most 32 of them listed.
     std::string report = "what each rank was doing: ";
@@ -319,6 +349,9 @@ inline status_verdict judge_status(const std::vector<std::optional<rank_status>>
     return v;
 }
 
-}  // namespace transport::detail
+}  // namespace detail
+}  // namespace transport
 
 COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

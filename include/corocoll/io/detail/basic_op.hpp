@@ -66,11 +66,7 @@ namespace detail {
 
 /// An absolute CLOCK_MONOTONIC time as io_uring's timeouts take it (steady_clock is
 /// CLOCK_MONOTONIC on Linux, in libstdc++ and libc++ alike).
-inline __kernel_timespec to_kernel_time(std::chrono::steady_clock::time_point t) noexcept {
-    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
-    if (ns < 0) ns = 0;
-    return {ns / 1'000'000'000, ns % 1'000'000'000};
-}
+COROCOLL_DECL __kernel_timespec to_kernel_time(std::chrono::steady_clock::time_point t) noexcept;
 
 /// What an operation does after a CQE: finish, or submit again for the rest of its work.
 enum class step { done, again };
@@ -293,3 +289,25 @@ private:
 }  // namespace io
 
 COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace io {
+namespace detail {
+
+COROCOLL_DECL __kernel_timespec to_kernel_time(std::chrono::steady_clock::time_point t) noexcept {
+    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+    if (ns < 0) ns = 0;
+    return {ns / 1'000'000'000, ns % 1'000'000'000};
+}
+
+}  // namespace detail
+}  // namespace io
+
+COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES

@@ -59,11 +59,7 @@ private:
     void prep(io_uring_sqe* sqe) noexcept {
         io_uring_prep_timeout(sqe, &when_, 0, IORING_TIMEOUT_ABS);
     }
-    step on_result(int res) noexcept {
-        // -ETIME is the timer expiring, which is success here.
-        if (res < 0 && res != -ETIME) fail(-res);
-        return step::done;
-    }
+    step on_result(int res) noexcept;
 
     __kernel_timespec when_;
 };
@@ -73,10 +69,7 @@ class cancel_fd_op final : public basic_op<cancel_fd_op> {
 public:
     cancel_fd_op(reactor& r, int fd) : basic_op(r, op_options{}), fd_(fd) {}
 
-    int await_resume() {
-        throw_if_failed("cancel operations on fd " + std::to_string(fd_));
-        return cancelled_;
-    }
+    int await_resume();
 
 private:
     friend class basic_op<cancel_fd_op>;
@@ -84,14 +77,7 @@ private:
     void prep(io_uring_sqe* sqe) noexcept {
         io_uring_prep_cancel_fd(sqe, fd_, IORING_ASYNC_CANCEL_ALL);
     }
-    step on_result(int res) noexcept {
-        if (res >= 0) {
-            cancelled_ = res;
-        } else if (res != -ENOENT) {  // ENOENT: there was nothing to cancel
-            fail(-res);
-        }
-        return step::done;
-    }
+    step on_result(int res) noexcept;
 
     int fd_;
     int cancelled_ = 0;
@@ -103,30 +89,14 @@ public:
     read_some_op(reactor& r, int fd, std::span<std::byte> data, const op_options& o)
         : basic_op(r, o), fd_(fd), data_(data) {}
 
-    std::size_t await_resume() {
-        throw_if_failed("read from fd " + std::to_string(fd_));
-        return read_;
-    }
+    std::size_t await_resume();
 
 private:
     friend class basic_op<read_some_op>;
 
     bool finished_early() const noexcept { return data_.empty(); }
-    void prep(io_uring_sqe* sqe) noexcept {
-        // Offset -1: the file's current position, which is what a pipe needs.
-        io_uring_prep_read(
-            sqe, fd_, data_.data(),
-            static_cast<unsigned>(std::min<std::size_t>(data_.size(), std::size_t{1} << 30)),
-            static_cast<__u64>(-1));
-    }
-    step on_result(int res) noexcept {
-        if (res < 0) {
-            fail(-res);
-        } else {
-            read_ = static_cast<std::size_t>(res);
-        }
-        return step::done;
-    }
+    void prep(io_uring_sqe* sqe) noexcept;
+    step on_result(int res) noexcept;
 
     int fd_;
     std::span<std::byte> data_;
@@ -139,23 +109,13 @@ public:
     poll_op(reactor& r, int fd, unsigned events, const op_options& o)
         : basic_op(r, o), fd_(fd), events_(events) {}
 
-    unsigned await_resume() {
-        throw_if_failed("poll fd " + std::to_string(fd_));
-        return revents_;
-    }
+    unsigned await_resume();
 
 private:
     friend class basic_op<poll_op>;
 
     void prep(io_uring_sqe* sqe) noexcept { io_uring_prep_poll_add(sqe, fd_, events_); }
-    step on_result(int res) noexcept {
-        if (res < 0) {
-            fail(-res);
-        } else {
-            revents_ = static_cast<unsigned>(res);
-        }
-        return step::done;
-    }
+    step on_result(int res) noexcept;
 
     int fd_;
     unsigned events_;
@@ -170,10 +130,7 @@ public:
     schedule_op& operator=(const schedule_op&) = delete;
 
     bool await_ready() const noexcept { return false; }
-    void await_suspend(std::coroutine_handle<> h) noexcept {
-        continuation_ = h;
-        reactor_.post(*this);
-    }
+    void await_suspend(std::coroutine_handle<> h) noexcept;
     void await_resume() const noexcept {}
 
 private:
@@ -219,3 +176,80 @@ inline auto reactor::poll(int fd, unsigned events, const op_options& o) {
 }  // namespace io
 
 COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace io {
+namespace detail {
+
+COROCOLL_DECL step timer_op::on_result(int res) noexcept {
+    // -ETIME is the timer expiring, which is success here.
+    if (res < 0 && res != -ETIME) fail(-res);
+    return step::done;
+}
+
+COROCOLL_DECL int cancel_fd_op::await_resume() {
+    throw_if_failed("cancel operations on fd " + std::to_string(fd_));
+    return cancelled_;
+}
+
+COROCOLL_DECL step cancel_fd_op::on_result(int res) noexcept {
+    if (res >= 0) {
+        cancelled_ = res;
+    } else if (res != -ENOENT) {  // ENOENT: there was nothing to cancel
+        fail(-res);
+    }
+    return step::done;
+}
+
+COROCOLL_DECL std::size_t read_some_op::await_resume() {
+    throw_if_failed("read from fd " + std::to_string(fd_));
+    return read_;
+}
+
+COROCOLL_DECL void read_some_op::prep(io_uring_sqe* sqe) noexcept {
+    // Offset -1: the file's current position, which is what a pipe needs.
+    io_uring_prep_read(
+        sqe, fd_, data_.data(),
+        static_cast<unsigned>(std::min<std::size_t>(data_.size(), std::size_t{1} << 30)),
+        static_cast<__u64>(-1));
+}
+
+COROCOLL_DECL step read_some_op::on_result(int res) noexcept {
+    if (res < 0) {
+        fail(-res);
+    } else {
+        read_ = static_cast<std::size_t>(res);
+    }
+    return step::done;
+}
+
+COROCOLL_DECL unsigned poll_op::await_resume() {
+    throw_if_failed("poll fd " + std::to_string(fd_));
+    return revents_;
+}
+
+COROCOLL_DECL step poll_op::on_result(int res) noexcept {
+    if (res < 0) {
+        fail(-res);
+    } else {
+        revents_ = static_cast<unsigned>(res);
+    }
+    return step::done;
+}
+
+COROCOLL_DECL void schedule_op::await_suspend(std::coroutine_handle<> h) noexcept {
+    continuation_ = h;
+    reactor_.post(*this);
+}
+
+}  // namespace detail
+}  // namespace io
+
+COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES
