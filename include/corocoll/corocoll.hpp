@@ -17,6 +17,7 @@
 #include <corocoll/core/work.hpp>
 
 #include <corocoll/io/endpoint.hpp>
+#include <corocoll/io/futex.hpp>
 #include <corocoll/io/reactor.hpp>
 #include <corocoll/io/reactor_types.hpp>
 #include <corocoll/io/socket.hpp>

@@ -157,15 +157,25 @@ TEST_CASE("two ranks that both send a large message before receiving do not stal
         with(cc::transport::transport_choice::shm)));
 }
 
-TEST_CASE("a rank waiting on shared memory sleeps in the kernel and the sender wakes it") {
-    std::vector<std::uint64_t> sleeps(2);
+namespace {
+
+struct sleep_counts {
+    std::uint64_t sleeps = 0;        // watched sleeps of rank 1 while it waited
+    std::uint64_t futex_sleeps = 0;  // of those, on a futex wait in the ring
+};
+
+// Rank 1 waits for a message that rank 0 sends only after 50 ms, long past rank 1's busy
+// polling: rank 1's reactor goes to sleep, and rank 0's send must wake it.
+sleep_counts sleep_and_wake(bool futex_wait) {
+    sleep_counts counts;
+    auto o = with(cc::transport::transport_choice::shm);
+    o.limits.shm_futex_wait = futex_wait;
     check_every_rank_ok(run_threads(
         2,
         [&](cc::process_group& pg) -> cc::task<> {
-            // Each round rank 0 waits before it sends, long past rank 1's busy polling. On a
-            // loaded machine rank 1 may not get its processor in time to go to sleep: then it
-            // says so, and the round is repeated (at most 20 times).
-            std::vector<std::uint64_t> slept(1);
+            // On a loaded machine rank 1 may not get its processor in time to go to sleep:
+            // then it says so, and the round is repeated (at most 20 times).
+            std::vector<std::uint64_t> slept(2);
             for (int round = 0; round < 20 && slept[0] == 0; ++round) {
                 std::vector<int> v(1);
                 if (pg.rank() == 0) {
@@ -174,17 +184,40 @@ TEST_CASE("a rank waiting on shared memory sleeps in the kernel and the sender w
                     co_await pg.send(v, 1);
                     co_await pg.recv(slept, 1);
                 } else {
-                    auto before = pg.reactor().stats().watched_sleeps;
+                    auto before = pg.reactor().stats();
                     co_await pg.recv(v, 0);
                     if (v[0] != 42 + round) throw std::runtime_error("wrong value");
-                    slept[0] = pg.reactor().stats().watched_sleeps - before;
+                    slept[0] = pg.reactor().stats().watched_sleeps - before.watched_sleeps;
+                    slept[1] = pg.reactor().stats().futex_sleeps - before.futex_sleeps;
                     co_await pg.send(slept, 0);
                 }
             }
-            sleeps[static_cast<std::size_t>(pg.rank())] = slept[0];
+            if (pg.rank() == 0) counts = {slept[0], slept[1]};
         },
-        with(cc::transport::transport_choice::shm)));
-    CHECK(sleeps[1] >= 1);
+        o));
+    return counts;
+}
+
+}  // namespace
+
+TEST_CASE("a rank waiting on shared memory sleeps on a futex in its ring and the sender wakes it") {
+    const bool futex = cc::io::futex_wait_supported();
+    if (!futex) {
+        MESSAGE("this kernel's io_uring has no FUTEX_WAIT (Linux 6.7): the socket sleeps instead");
+    }
+    auto counts = sleep_and_wake(true);
+    CHECK(counts.sleeps >= 1);
+    if (futex) {
+        CHECK(counts.futex_sleeps == counts.sleeps);
+    } else {
+        CHECK(counts.futex_sleeps == 0);
+    }
+}
+
+TEST_CASE("without futex waits a sleeping rank is woken by a byte on the pair's socket") {
+    auto counts = sleep_and_wake(false);
+    CHECK(counts.sleeps >= 1);
+    CHECK(counts.futex_sleeps == 0);
 }
 
 TEST_CASE(

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <span>
 #include <vector>
@@ -164,7 +165,27 @@ COROCOLL_DECL std::span<std::byte> context::scratch(std::size_t slot, std::size_
 COROCOLL_DECL task<> context::exchange(std::span<const std::byte> out, int dst,
                                        std::span<std::byte> in, int src, std::uint32_t round,
                                        std::uint32_t chunk) {
-    co_await when_all(send(out, dst, round, chunk), recv(in, src, round, chunk));
+    // The receive is posted before the send starts, so the peer's message lands in place
+    // whichever comes first; no when_all (two coroutine frames less per exchange). A send that
+    // must wait for room is drained by the peer's reader, which needs nothing from us.
+    recv_operation incoming = recv(in, src, round, chunk);
+    incoming.start();
+    std::exception_ptr failed;
+    try {
+        co_await send(out, dst, round, chunk);
+    } catch (...) {
+        failed = std::current_exception();
+    }
+    if (failed) {
+        // The receive may be filling `in` from the kernel: it ends (the group has failed)
+        // before the buffer can go.
+        try {
+            co_await incoming;
+        } catch (...) {
+        }
+        std::rethrow_exception(failed);
+    }
+    co_await incoming;
 }
 
 COROCOLL_DECL std::pair<std::size_t, std::size_t> block_range(std::size_t count, std::size_t parts,

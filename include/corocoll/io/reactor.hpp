@@ -6,6 +6,7 @@
 #include <corocoll/core/event_loop.hpp>
 #include <corocoll/core/sync_wait.hpp>
 #include <corocoll/io/detail/io_op.hpp>
+#include <corocoll/io/futex.hpp>
 #include <corocoll/io/reactor_types.hpp>
 #include <corocoll/version.hpp>
 
@@ -116,6 +117,9 @@ public:
 
     /// What the loop has done so far (see `reactor_stats`). Only on this reactor's thread.
     const reactor_stats& stats() const noexcept { return stats_; }
+    /// Counts a sleep that a watched entry's `prepare_sleep` made wait on a futex in the ring
+    /// (`reactor_stats::futex_sleeps`).
+    void note_futex_sleep() noexcept { ++stats_.futex_sleeps; }
 
     /// Queues `item` to run on the reactor's thread; from any thread. Wakes the loop through its
     /// eventfd only when the queue was empty: no allocation, at most one write(2).
@@ -317,6 +321,10 @@ private:
     poll_entry* polling_next_ = nullptr;
     std::chrono::steady_clock::time_point watch_progress_{};
     unsigned busy_turns_left_ = 0;
+    // Progress made since `watch_progress_` was last stamped (see `poll_watched`).
+    bool progress_unstamped_ = false;
+    // Looks at the watched entries between full turns while busy polling.
+    static constexpr int tight_polls = 8;
     bool clock_skipped_ = false;
     std::chrono::steady_clock::time_point last_enter_{};
     reactor_stats stats_;
@@ -567,6 +575,7 @@ COROCOLL_DECL void reactor::setup_ring() {
         corocoll::detail::throw_errno(-rc, "corocoll: reactor: io_uring_queue_init with " +
                                                std::to_string(options_.sq_entries) + " entries");
     }
+    features_.futex_wait = futex_wait_supported();
     // A child made by fork() must not share the ring's memory with us.
     io_uring_ring_dontfork(&ring_);
 }
@@ -671,6 +680,9 @@ COROCOLL_DECL void reactor::submit_backlog() noexcept {
 }
 
 COROCOLL_DECL void reactor::run_posted() noexcept {
+    // Looked at on every turn of the loop: a plain load when nothing was posted (the usual
+    // case while busy polling) instead of a locked exchange.
+    if (posted_.load(std::memory_order_relaxed) == nullptr) return;
     corocoll::detail::work_item* list = posted_.exchange(nullptr, std::memory_order_acquire);
     // The stack holds the newest first; reverse it so items run in the order posted.
     corocoll::detail::work_item* ordered = nullptr;
@@ -768,7 +780,9 @@ COROCOLL_DECL bool reactor::poll_watched() noexcept {
         if (e->poll(*e)) progressed = true;
     }
     polling_next_ = nullptr;
-    if (progressed) watch_progress_ = std::chrono::steady_clock::now();
+    // The clock is read at the next look at it (`wait_while_watching`), not here: a read
+    // costs as much as the rest of a message's bookkeeping.
+    if (progressed) progress_unstamped_ = true;
     return progressed;
 }
 
@@ -781,9 +795,19 @@ COROCOLL_DECL void reactor::wait_while_watching() noexcept {
         clock_skipped_ = true;
         ++stats_.polls;
         if (io_uring_sq_ready(&ring_) > 0) submit_and_collect();
+        // A few looks at the watched entries alone before the next full turn: the rest of a
+        // turn (completions, posted work, the backlog) costs several times a look at shared
+        // memory, and a message that lands meanwhile waits for it.
+        for (int i = 0; i < tight_polls; ++i) {
+            if (poll_watched()) return;
+        }
         return;
     }
     auto now = std::chrono::steady_clock::now();
+    if (progress_unstamped_) {
+        watch_progress_ = now;
+        progress_unstamped_ = false;
+    }
     auto idle = now - watch_progress_;
     if (idle < options_.busy_poll) {
         const bool yield = yield_between_polls();

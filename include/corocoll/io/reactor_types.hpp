@@ -61,6 +61,7 @@ struct reactor_features {
     bool defer_taskrun = false;  ///< IORING_SETUP_DEFER_TASKRUN (Linux 6.1)
     bool coop_taskrun = false;   ///< IORING_SETUP_COOP_TASKRUN (Linux 5.19)
     bool submit_all = false;     ///< IORING_SETUP_SUBMIT_ALL (Linux 5.18)
+    bool futex_wait = false;     ///< IORING_OP_FUTEX_WAIT (Linux 6.7; see io/futex.hpp)
 };
 
 /// What a reactor's loop has done since the reactor was made, for tests and diagnostics: busy
@@ -80,6 +81,9 @@ struct reactor_stats {
     /// Sleeps that every watched entry allowed (`poll_entry::prepare_sleep`); counted in
     /// `kernel_waits` too.
     std::uint64_t watched_sleeps = 0;
+    /// Of those, sleeps with an IORING_OP_FUTEX_WAIT in flight for a watched entry (a shared
+    /// memory channel's): the peer ends them with one FUTEX_WAKE.
+    std::uint64_t futex_sleeps = 0;
     /// Completed reads of the eventfd that `post` from another thread writes to: how often
     /// other threads woke the loop (posts that come before the loop reads it count once).
     std::uint64_t wakeups = 0;

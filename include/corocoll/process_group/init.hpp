@@ -307,6 +307,7 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
     channels.transport = limits.transport ? *limits.transport : transport::transport_from_env();
     channels.shm_ring_bytes = limits.shm_ring_bytes;
     channels.shm_single_copy_bytes = limits.shm_single_copy_bytes;
+    channels.shm_futex_wait = limits.shm_futex_wait;
     channels.same_host_send_buffer = limits.same_host_send_buffer;
     co_await roll_call(*group_store, rank, size, name, deadline, hosted != nullptr);
     auto peers = co_await transport::connect_channels(r, *group_store, rank, size, mesh, channels);

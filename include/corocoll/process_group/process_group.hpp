@@ -643,7 +643,13 @@ private:
             process_group& g;
             ~release() {
                 g.engine_.end_collective();
-                g.reactor_.post(g.unlock_item_);
+                // Nobody to overtake when nobody waits: the lock comes free at once, without
+                // a trip through the queue.
+                if (g.collective_lock_.has_waiters()) {
+                    g.reactor_.post(g.unlock_item_);
+                } else {
+                    g.collective_lock_.unlock();
+                }
             }
         } release_at_end{*this};
         transport::collective_meta meta;
@@ -670,7 +676,10 @@ private:
         return collective(kind, dtype::uint8, count, 0, root, std::move(body));
     }
 
-    std::chrono::steady_clock::time_point deadline() const { return io::deadline_after(timeout_); }
+    // Coarse: every operation computes one, and the timeout is counted in seconds.
+    std::chrono::steady_clock::time_point deadline() const {
+        return io::coarse_deadline_after(timeout_);
+    }
 
     task<int> send_then_peer(std::span<const std::byte> buf, int dst, std::int64_t tag);
 
@@ -689,9 +698,9 @@ private:
     bool close_finished_ = false;
     // Groups made from this one, closed with it.
     std::vector<std::weak_ptr<process_group>> made_;
-    async_mutex collective_lock_;
+    local_async_mutex collective_lock_;
     struct unlock_item : corocoll::detail::work_item {
-        async_mutex* lock = nullptr;
+        local_async_mutex* lock = nullptr;
     } unlock_item_;
     std::uint64_t collective_seq_ = 0;
     std::size_t chunk_bytes_ = std::size_t{1} << 20;

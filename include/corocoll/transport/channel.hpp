@@ -11,6 +11,7 @@
 
 #include <sys/uio.h>
 
+#include <coroutine>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -49,6 +50,19 @@ public:
     /// Fills all of `out`; fails with `corocoll::errc::connection_closed` if the stream ends
     /// first.
     virtual task<> recv(std::span<std::byte> out, io::op_options o) = 0;
+
+    /// Lets a reader wait for bytes with no coroutine frame of its own: true when `h` will be
+    /// resumed, from the reactor's loop, once bytes are here, the stream has ended, the channel
+    /// was shut down or `kick_reader` was called; false when nothing needs waiting for (bytes
+    /// are here, or the end) or the channel cannot wait this way: the reader then calls
+    /// `recv_some`, which says which. At most one reader waits.
+    virtual bool await_readable(std::coroutine_handle<> h) noexcept {
+        (void)h;
+        return false;
+    }
+    /// Resumes the reader waiting in `await_readable` at the next turn of the loop, whether
+    /// bytes came or not (the engine's way to stop its readers).
+    virtual void kick_reader() noexcept {}
 
     /// True when a payload of `bytes` that no receive wants yet is better left in the channel
     /// for a while than buffered: the receive usually comes soon, and then the payload goes

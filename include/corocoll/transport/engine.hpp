@@ -72,6 +72,12 @@ struct engine_options {
     /// 3-4 GB/s and the ring at 8-20 GB/s (ping-pong of 1 MiB: 103 µs against 52; all_reduce
     /// of 64 MiB: 37 ms against 11).
     std::size_t shm_single_copy_bytes = 0;
+    /// A rank that waits on a shared-memory channel and has polled for its busy-poll time
+    /// sleeps in its ring on an io_uring futex wait, which the peer ends with one FUTEX_WAKE,
+    /// where the kernel has IORING_OP_FUTEX_WAIT (Linux 6.7, probed at run time); false, or
+    /// an older kernel: it sleeps on a receive on the pair's socket, which the peer ends by
+    /// sending one byte.
+    bool shm_futex_wait = true;
     /// How long a large message that arrives before its receive is left in a shared-memory
     /// channel (the sender waiting for room, or for its single copy) before it is buffered
     /// like any early message. Held, it goes straight into the receive when that comes; the
@@ -388,6 +394,27 @@ private:
     std::chrono::milliseconds timer_period() const noexcept {
         return stall_interval().count() > 0 ? stall_interval() / 4 : std::chrono::seconds(1);
     }
+
+    // Waits through `channel::await_readable`; yields true when it waited (the reader then
+    // looks again), false when the channel could not wait that way (the reader then calls
+    // `recv_some`). A reader kicked because the engine stops ends as a stopped receive does.
+    struct readable_awaiter {
+        channel& link;
+        const std::stop_source& stop;
+        bool waited = false;
+        bool await_ready() const noexcept { return false; }
+        bool await_suspend(std::coroutine_handle<> h) noexcept {
+            waited = link.await_readable(h);
+            return waited;
+        }
+        bool await_resume() const {
+            if (waited && stop.stop_requested()) {
+                corocoll::detail::throw_error(std::make_error_code(std::errc::operation_canceled),
+                                              "corocoll: recv from " + std::string(link.kind()));
+            }
+            return waited;
+        }
+    };
 
     struct blocked_awaiter {
         peer& ps;
@@ -942,6 +969,7 @@ COROCOLL_DECL void engine::abort_all() {
             }
         }
         if (p.link && !later) p.link->shutdown();
+        if (p.link) p.link->kick_reader();
         if (p.blocked_reader) std::exchange(p.blocked_reader, {}).resume();
     }
     for (auto& p : peers_) matching_.fail_all(p.posted, failure_);
@@ -973,6 +1001,9 @@ COROCOLL_DECL task<> engine::read_loop(int p) {
                 std::size_t n = ps.link->try_recv(room, false);
                 if (n == 0) {
                     complete_deferred(ps);
+                    // Where the channel lets the reader wait without a coroutine of its own
+                    // (shared memory), a message costs no frame and no stop callback.
+                    if (co_await readable_awaiter{*ps.link, stop_}) continue;
                     n = co_await ps.link->recv_some(room, stop_.get_token());
                 }
                 if (n == 0) {
@@ -983,8 +1014,9 @@ COROCOLL_DECL task<> engine::read_loop(int p) {
                 ps.staged_end += n;
             }
             ps.take_header(h);
-            if (std::string problem = h.problem(options_.max_message_bytes); !problem.empty()) {
-                corocoll::detail::throw_error(corocoll::errc::protocol_error, problem);
+            if (!h.sound(options_.max_message_bytes)) {
+                corocoll::detail::throw_error(corocoll::errc::protocol_error,
+                                              h.problem(options_.max_message_bytes));
             }
             if (h.kind == frame_kind::goodbye && h.src == static_cast<std::uint32_t>(p)) {
                 if (auto notice = abort_notice::of(h, size_)) {

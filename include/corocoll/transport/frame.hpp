@@ -16,7 +16,7 @@ namespace transport {
 inline constexpr std::uint32_t frame_magic = 0x4c4f4343;
 /// Bumped whenever the frame layout or the meaning of a field changes; peers with different
 /// versions refuse each other at connection time.
-inline constexpr std::uint16_t protocol_version = 3;
+inline constexpr std::uint16_t protocol_version = 4;
 
 enum class frame_kind : std::uint8_t {
     hello = 1,       ///< first frame on a connection: who is calling, for which group
@@ -63,15 +63,21 @@ struct frame_header {
     /// FNV-1a of the words before it (see `compute_checksum`).
     std::uint32_t checksum = 0;
 
-    /// FNV-1a over the 15 32-bit words before `checksum` (a word at a time: a quarter of the
-    /// byte-wise chain of multiplications on every message, and no weaker at catching a
-    /// stream that lost its framing).
+    /// An FNV-1a-style hash of the 60 bytes before `checksum`, in four independent 64-bit
+    /// lanes folded at the end (protocol version 4): a stream that lost its framing fails it
+    /// at the next header, and a header costs two dependent multiplications per lane.
     std::uint32_t compute_checksum() const noexcept;
     /// Sets `checksum` for the header as it is now.
     void seal() noexcept { checksum = compute_checksum(); }
 
     /// Empty when the header is sound; otherwise what is wrong with it.
     std::string problem(std::uint64_t max_length) const;
+    /// True when `problem(max_length)` is empty, without making a string: what a reader asks
+    /// of every frame.
+    bool sound(std::uint64_t max_length) const noexcept {
+        return magic == frame_magic && version == protocol_version &&
+               checksum == compute_checksum() && length <= max_length;
+    }
 };
 static_assert(sizeof(frame_header) == 64, "the wire header is 64 bytes");
 
@@ -153,11 +159,18 @@ COROCOLL_BEGIN_NAMESPACE
 namespace transport {
 
 COROCOLL_DECL std::uint32_t frame_header::compute_checksum() const noexcept {
-    std::uint32_t words[offsetof(frame_header, checksum) / 4];
-    std::memcpy(words, this, sizeof(words));
-    std::uint32_t h = 2166136261u;
-    for (std::uint32_t w : words) h = (h ^ w) * 16777619u;
-    return h;
+    // The 60 bytes before `checksum` as 7 words of 64 bits and one of 32, folded FNV-1a
+    // style into four independent lanes: the chain of dependent multiplications is 2 long
+    // instead of 15 (a third of the time per header, which every message pays twice).
+    std::uint64_t words[8] = {};
+    std::memcpy(words, this, offsetof(frame_header, checksum));
+    constexpr std::uint64_t prime = 0x100000001b3ull;
+    std::uint64_t lane[4] = {0xcbf29ce484222325ull, 0x84222325cbf29ce4ull, 0x9ce484222325cbf2ull,
+                             0x2325cbf29ce48422ull};
+    for (int i = 0; i < 8; ++i) lane[i % 4] = (lane[i % 4] ^ words[i]) * prime;
+    std::uint64_t h = lane[0];
+    for (int i = 1; i < 4; ++i) h = (h ^ lane[i]) * prime;
+    return static_cast<std::uint32_t>(h ^ (h >> 32));
 }
 
 COROCOLL_DECL std::string frame_header::problem(std::uint64_t max_length) const {

@@ -71,7 +71,7 @@ struct peer {
 
     std::unique_ptr<channel> link;
     std::string address;
-    async_mutex send_lock;
+    local_async_mutex send_lock;
     // Receives posted for this peer by name, in posting order.
     recv_queue posted;
     std::deque<unexpected_msg> unexpected;

@@ -16,9 +16,11 @@
 // `poll_entry`, which the loop polls at every turn. When the loop has polled without progress
 // for its busy-poll time it may sleep: the entry then raises its side's `asleep` flag, and a
 // peer that writes to or frees room in a ring looks at that flag after its own store (a
-// full fence on both sides, so one of them sees the other) and, only if it is raised, sends
-// one byte on the socket. The byte completes the receive the sleeper's ring keeps in flight
-// on that socket, which ends its sleep.
+// full fence on both sides, so one of them sees the other) and, only if it is raised, makes
+// one system call to wake it. Where the kernel has io_uring's FUTEX_WAIT (Linux 6.7), the
+// sleeper keeps a futex wait on its `asleep` word in flight in its ring and the peer's call
+// is a FUTEX_WAKE; elsewhere (or with `engine_options::shm_futex_wait` off) the call sends one
+// byte on the socket, which completes the receive the sleeper's ring keeps in flight on it.
 //
 // The socket's end is the peer's end: a rank killed by SIGKILL closes it, its pending
 // receive completes with 0, and the stream ends after what the rings already hold, exactly
@@ -92,6 +94,9 @@ struct shm_segment {
     char last_words[2][64 + 4096];
     // Whether side s may read the other side's memory (process_vm_readv, probed at set-up).
     std::atomic<std::uint32_t> can_read_peer[2] = {0, 0};
+    // Whether side s sleeps on a futex wait on `asleep[s]` (wake it with FUTEX_WAKE) rather
+    // than on the socket (wake it with a byte).
+    std::atomic<std::uint32_t> futex_sleeper[2] = {0, 0};
     std::int32_t pid[2] = {0, 0};
 
     static constexpr std::size_t data_offset = 16384;
@@ -129,9 +134,10 @@ public:
     /// Takes over `mapping` (`map_bytes` long, already initialised by the creator) and the
     /// connected unix socket `fd`, and starts watching the socket for the peer's end.
     /// Payloads of at least `single_copy_bytes` go as single copies where the peer may read
-    /// this process's memory (0: never).
+    /// this process's memory (0: never). With `futex_wait`, a sleep waits on an io_uring futex
+    /// wait where the reactor's kernel has it (else on the socket).
     shm_channel(io::reactor& r, int side, void* mapping, std::size_t map_bytes, int fd,
-                std::size_t single_copy_bytes = 0);
+                std::size_t single_copy_bytes = 0, bool futex_wait = true);
     COROCOLL_DECL ~shm_channel() override;
 
     const char* kind() const noexcept override { return "shm"; }
@@ -145,6 +151,9 @@ public:
     /// early message cost 15-45 µs per broadcast of 8-31 KiB (2 ranks) against 1-2 µs held;
     /// below 4 KiB a held message would keep the ones behind it waiting for little gain.
     static constexpr std::size_t hold_bytes = std::size_t{4} << 10;
+
+    COROCOLL_DECL bool await_readable(std::coroutine_handle<> h) noexcept override;
+    COROCOLL_DECL void kick_reader() noexcept override;
 
     COROCOLL_DECL task<std::size_t> recv_some(std::span<std::byte> out, io::op_options o) override;
 
@@ -165,6 +174,10 @@ public:
 
     /// False after `close`.
     bool is_open() const noexcept override { return fd_ >= 0; }
+
+    /// How this side sleeps: "futex" (an io_uring futex wait, woken by FUTEX_WAKE) or
+    /// "socket" (a receive on the pair's socket, woken by a byte).
+    const char* sleeps_on() const noexcept { return use_futex_ ? "futex" : "socket"; }
 
 private:
     // ---- the rings ----
@@ -277,9 +290,20 @@ private:
     static void prepare_watch(io::detail::io_op* op, io_uring* ring) noexcept;
     static void complete_watch(io::detail::io_op* op, int res) noexcept;
 
+    // The futex wait on our `asleep` word, in flight from a sleep until a FUTEX_WAKE (or a
+    // sleep that another completion ended: it stays for the next one).
+    static void prepare_futex(io::detail::io_op* op, io_uring* ring) noexcept;
+    static void complete_futex(io::detail::io_op* op, int res) noexcept;
+
+    // Whether an operation of ours is still in the kernel (its memory must stay).
+    bool in_kernel() const noexcept { return watching_ || futex_armed_; }
+    void resume_closer() noexcept {
+        if (!in_kernel() && close_waiter_) std::exchange(close_waiter_, {}).resume();
+    }
+
     struct closed_awaiter {
         shm_channel& c;
-        bool await_ready() const noexcept { return !c.watching_; }
+        bool await_ready() const noexcept { return !c.in_kernel(); }
         void await_suspend(std::coroutine_handle<> h) noexcept { c.close_waiter_ = h; }
         void await_resume() const noexcept {}
     };
@@ -314,10 +338,17 @@ private:
     bool awaiting_copy_ = false;
     wait* reader_ = nullptr;
     wait* writer_ = nullptr;
+    // The engine's reader waiting for bytes through `await_readable` (no deadline, no stop
+    // token: `kick_reader` or the channel's end resumes it), and whether it was kicked.
+    std::coroutine_handle<> idle_reader_;
+    bool kicked_ = false;
     entry entry_;
     watch_op watch_op_;
     char sink_[64]{};
     bool watching_ = false;
+    watch_op futex_op_;
+    bool use_futex_ = false;
+    bool futex_armed_ = false;
     bool shut_ = false;
     bool peer_ended_ = false;
     std::coroutine_handle<> close_waiter_;
@@ -347,7 +378,8 @@ COROCOLL_DECL std::byte* shm_segment::ring_data(int s) noexcept {
 namespace transport {
 
 COROCOLL_DECL shm_channel::shm_channel(io::reactor& r, int side, void* mapping,
-                                       std::size_t map_bytes, int fd, std::size_t single_copy_bytes)
+                                       std::size_t map_bytes, int fd, std::size_t single_copy_bytes,
+                                       bool futex_wait)
     : reactor_(r),
       side_(side),
       seg_(static_cast<detail::shm_segment*>(mapping)),
@@ -369,14 +401,19 @@ COROCOLL_DECL shm_channel::shm_channel(io::reactor& r, int side, void* mapping,
     watch_op_.self = this;
     watch_op_.prepare_ = &prepare_watch;
     watch_op_.complete_ = &complete_watch;
+    futex_op_.self = this;
+    futex_op_.prepare_ = &prepare_futex;
+    futex_op_.complete_ = &complete_futex;
+    use_futex_ = futex_wait && reactor_.features().futex_wait;
+    seg_->futex_sleeper[side_].store(use_futex_ ? 1 : 0, std::memory_order_seq_cst);
     watching_ = true;
     reactor_.submit(watch_op_);
 }
 
 COROCOLL_DECL shm_channel::~shm_channel() {
-    // close() was not awaited: the socket's receive may still be in the kernel, and it
-    // would write into freed memory.
-    if (watching_) std::terminate();
+    // close() was not awaited: the socket's receive (or the futex wait) may still be in the
+    // kernel, and it would write into (or wait on) freed memory.
+    if (in_kernel()) std::terminate();
     release();
 }
 
@@ -404,6 +441,21 @@ COROCOLL_DECL std::size_t shm_channel::try_recv(std::span<std::byte> out,
         wake_peer_if_asleep();
     }
     return got;
+}
+
+COROCOLL_DECL bool shm_channel::await_readable(std::coroutine_handle<> h) noexcept {
+    if (shut_ || peer_ended_ || kicked_ || readable()) {
+        kicked_ = false;
+        return false;
+    }
+    idle_reader_ = h;
+    reactor_.watch(entry_);
+    return true;
+}
+
+COROCOLL_DECL void shm_channel::kick_reader() noexcept {
+    kicked_ = true;
+    if (idle_reader_) reactor_.watch(entry_);
 }
 
 COROCOLL_DECL task<std::size_t> shm_channel::recv_some(std::span<std::byte> out, io::op_options o) {
@@ -504,13 +556,23 @@ COROCOLL_DECL void shm_channel::shutdown() noexcept {
     shut_ = true;
     ::shutdown(fd_, SHUT_RDWR);
     // Whoever waits here sees the end at the next turn of the loop.
-    if (reader_ != nullptr || writer_ != nullptr) reactor_.watch(entry_);
+    if (reader_ != nullptr || writer_ != nullptr || idle_reader_) reactor_.watch(entry_);
 }
 
 COROCOLL_DECL task<> shm_channel::close() {
     shutdown();
-    // The socket's receive ends with the shutdown; its memory is ours until it has.
-    if (watching_) co_await closed_awaiter{*this};
+    if (futex_armed_) {
+        if (reactor_.withdraw(futex_op_)) {
+            futex_armed_ = false;  // it never reached the kernel
+        } else {
+            // Our own wake ends our own wait.
+            seg_->asleep[side_].value.store(0, std::memory_order_seq_cst);
+            io::futex_wake(seg_->asleep[side_].value, 1);
+        }
+    }
+    // The socket's receive ends with the shutdown, the futex wait with the wake; their
+    // memory is ours until they have.
+    if (in_kernel()) co_await closed_awaiter{*this};
     release();
 }
 
@@ -668,6 +730,10 @@ COROCOLL_DECL void shm_channel::wake_peer_if_asleep() noexcept {
     auto& flag = seg_->asleep[1 - side_].value;
     if (flag.load(std::memory_order_seq_cst) == 0) return;
     if (flag.exchange(0, std::memory_order_acq_rel) == 0) return;
+    if (seg_->futex_sleeper[1 - side_].load(std::memory_order_relaxed) != 0) {
+        io::futex_wake(flag, 1);
+        return;
+    }
     char byte = 1;
     // A full socket buffer means wake-ups are already queued; the peer needs just one.
     [[maybe_unused]] auto n = ::send(fd_, &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -721,6 +787,11 @@ COROCOLL_DECL bool shm_channel::poll_entry_fn(io::poll_entry& e) noexcept {
     // Resumed right here rather than through the queue: a turn of the loop less per
     // message. What it does to the watched entries is safe during the walk (see
     // `poll_entry`).
+    if (c.idle_reader_ && (over || c.kicked_ || c.readable())) {
+        c.kicked_ = false;
+        std::exchange(c.idle_reader_, {}).resume();
+        progress = true;
+    }
     if (c.reader_ != nullptr && (over || c.readable())) {
         c.resume_now(std::exchange(c.reader_, nullptr));
         progress = true;
@@ -729,7 +800,7 @@ COROCOLL_DECL bool shm_channel::poll_entry_fn(io::poll_entry& e) noexcept {
         c.resume_now(std::exchange(c.writer_, nullptr));
         progress = true;
     }
-    if (c.reader_ == nullptr && c.writer_ == nullptr) c.reactor_.unwatch(e);
+    if (c.reader_ == nullptr && c.writer_ == nullptr && !c.idle_reader_) c.reactor_.unwatch(e);
     return progress;
 }
 
@@ -738,10 +809,19 @@ COROCOLL_DECL bool shm_channel::prepare_sleep_fn(io::poll_entry& e) noexcept {
     if (!c.watching_) return false;  // nothing would end the sleep
     auto& flag = c.seg_->asleep[c.side_].value;
     flag.store(1, std::memory_order_seq_cst);
-    if ((c.reader_ != nullptr && c.readable()) || (c.writer_ != nullptr && c.writer_ready()) ||
-        c.shut_ || c.peer_ended_) {
+    if (((c.reader_ != nullptr || c.idle_reader_) && c.readable()) ||
+        (c.writer_ != nullptr && c.writer_ready()) || c.shut_ || c.peer_ended_ || c.kicked_) {
         flag.store(0, std::memory_order_relaxed);
         return false;
+    }
+    if (c.use_futex_) {
+        // Waits while the flag is 1: a wake that came first (the peer cleared it) makes the
+        // wait end at once. One in flight serves every later sleep until it completes.
+        if (!c.futex_armed_) {
+            c.futex_armed_ = true;
+            c.reactor_.submit(c.futex_op_);
+        }
+        c.reactor_.note_futex_sleep();
     }
     return true;
 }
@@ -770,11 +850,31 @@ COROCOLL_DECL void shm_channel::complete_watch(io::detail::io_op* op, int res) n
     if (res != -EINTR && res != -EAGAIN) {
         c->watching_ = false;
         if (!c->shut_) c->peer_ended_ = true;
-        if (c->reader_ != nullptr || c->writer_ != nullptr) c->reactor_.watch(c->entry_);
-        if (c->close_waiter_) std::exchange(c->close_waiter_, {}).resume();
+        if (c->reader_ != nullptr || c->writer_ != nullptr || c->idle_reader_) {
+            c->reactor_.watch(c->entry_);
+        }
+        c->resume_closer();
         return;
     }
     c->reactor_.submit(c->watch_op_);
+}
+
+COROCOLL_DECL void shm_channel::prepare_futex(io::detail::io_op* op, io_uring* ring) noexcept {
+    shm_channel* c = static_cast<watch_op*>(op)->self;
+    io_uring_sqe* sqe = io_uring_get_sqe(ring);
+    io::detail::prep_futex_wait(sqe, c->seg_->asleep[c->side_].value, 1);
+    io_uring_sqe_set_data(sqe, op);
+}
+
+COROCOLL_DECL void shm_channel::complete_futex(io::detail::io_op* op, int res) noexcept {
+    shm_channel* c = static_cast<watch_op*>(op)->self;
+    c->futex_armed_ = false;
+    if (res == -EINVAL || res == -EOPNOTSUPP || res == -ENOSYS) {
+        // Probed, yet refused (a kernel that forbids it for this mapping): the socket it is.
+        c->use_futex_ = false;
+        c->seg_->futex_sleeper[c->side_].store(0, std::memory_order_seq_cst);
+    }
+    c->resume_closer();
 }
 
 COROCOLL_DECL void shm_channel::release() noexcept {

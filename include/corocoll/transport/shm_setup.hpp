@@ -66,6 +66,8 @@ struct channel_options {
     /// Payloads of at least this many bytes go from the sender's buffer straight into the
     /// receiver's (process_vm_readv) where the receiver may read the sender's memory; 0: never.
     std::size_t shm_single_copy_bytes = 0;
+    /// See `engine_options::shm_futex_wait`.
+    bool shm_futex_wait = true;
     /// See `engine_options::same_host_send_buffer`.
     std::size_t same_host_send_buffer = std::size_t{256} << 10;
 };
@@ -651,11 +653,13 @@ COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(io::r
                      : out     ? "; single copies only from this rank"
                                : "; no single copies (process_vm_readv refused)";
         }
-        COROCOLL_LOG(info, "INIT", pair, ": shm (same boot id, one segment mapped by both", copies,
-                     ")");
         socks[at(p)].close();
-        out[at(p)] = std::make_unique<shm_channel>(r, side, pl.map.addr, pl.map.bytes,
-                                                   pl.sock.release(), co.shm_single_copy_bytes);
+        auto ch =
+            std::make_unique<shm_channel>(r, side, pl.map.addr, pl.map.bytes, pl.sock.release(),
+                                          co.shm_single_copy_bytes, co.shm_futex_wait);
+        COROCOLL_LOG(info, "INIT", pair, ": shm (same boot id, one segment mapped by both", copies,
+                     "; sleeps on a ", ch->sleeps_on(), ")");
+        out[at(p)] = std::move(ch);
         pl.map.addr = nullptr;  // the channel owns it now
     }
     co_return out;

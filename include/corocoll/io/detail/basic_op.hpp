@@ -8,6 +8,7 @@
 #include <corocoll/version.hpp>
 
 #include <liburing.h>
+#include <time.h>
 
 #include <atomic>
 #include <cerrno>
@@ -56,6 +57,29 @@ struct op_options {
 template <class Rep, class Period>
 std::chrono::steady_clock::time_point deadline_after(std::chrono::duration<Rep, Period> timeout) {
     auto now = std::chrono::steady_clock::now();
+    if (timeout >= std::chrono::steady_clock::time_point::max() - now) {
+        return std::chrono::steady_clock::time_point::max();
+    }
+    return now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout);
+}
+
+namespace detail {
+/// The resolution of CLOCK_MONOTONIC_COARSE (one scheduler tick: 1-10 ms), read once.
+COROCOLL_DECL std::chrono::nanoseconds coarse_resolution() noexcept;
+}  // namespace detail
+
+/// A deadline at least `timeout` from now and at most one scheduler tick (1-10 ms) later,
+/// read from CLOCK_MONOTONIC_COARSE (the steady clock's own time, kept by the kernel at tick
+/// resolution): a few nanoseconds instead of the 25 ns of a precise read, for what every
+/// operation of a process group computes and whose timeout is counted in seconds.
+template <class Rep, class Period>
+std::chrono::steady_clock::time_point coarse_deadline_after(
+    std::chrono::duration<Rep, Period> timeout) {
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    auto now = std::chrono::steady_clock::time_point(std::chrono::seconds(ts.tv_sec) +
+                                                     std::chrono::nanoseconds(ts.tv_nsec)) +
+               detail::coarse_resolution();
     if (timeout >= std::chrono::steady_clock::time_point::max() - now) {
         return std::chrono::steady_clock::time_point::max();
     }
@@ -298,6 +322,16 @@ COROCOLL_BEGIN_NAMESPACE
 
 namespace io {
 namespace detail {
+
+COROCOLL_DECL std::chrono::nanoseconds coarse_resolution() noexcept {
+    static const std::chrono::nanoseconds r = [] {
+        timespec res{};
+        if (::clock_getres(CLOCK_MONOTONIC_COARSE, &res) != 0)
+            return std::chrono::nanoseconds(10'000'000);
+        return std::chrono::seconds(res.tv_sec) + std::chrono::nanoseconds(res.tv_nsec);
+    }();
+    return r;
+}
 
 COROCOLL_DECL __kernel_timespec to_kernel_time(std::chrono::steady_clock::time_point t) noexcept {
     auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
