@@ -64,6 +64,12 @@ public:
     /// bytes came or not (the engine's way to stop its readers).
     virtual void kick_reader() noexcept {}
 
+    /// True when the stream cannot lose its framing (shared memory: each record is published
+    /// whole by the one writer, in memory no other process may touch): frame headers then
+    /// carry no checksum on this channel, and the reader checks what else a header says. A
+    /// socket says no.
+    virtual bool keeps_framing() const noexcept { return false; }
+
     /// True when a payload of `bytes` that no receive wants yet is better left in the channel
     /// for a while than buffered: the receive usually comes soon, and then the payload goes
     /// straight into it (see `engine_options::hold`). Shared memory says yes for large

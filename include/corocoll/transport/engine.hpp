@@ -532,6 +532,7 @@ COROCOLL_DECL engine::engine(io::reactor& r, int rank, int size,
     matching_.on_expiry(&on_expired, this);
     for (std::size_t p = 0; p < peers_.size(); ++p) {
         peers_[p].link = std::move(channels[p]);
+        peers_[p].framed = peers_[p].link != nullptr && peers_[p].link->keeps_framing();
         if (peers_[p].connected()) {
             peers_[p].address = peers_[p].link->address();
             readers_.spawn(read_loop(static_cast<int>(p)));
@@ -681,7 +682,11 @@ COROCOLL_DECL task<> engine::send_frame(std::span<const std::byte> data, int dst
     h.src = static_cast<std::uint32_t>(rank_);
     h.dst = static_cast<std::uint32_t>(dst);
     h.length = data.size();
-    h.seal();
+    if (ps.framed) {
+        h.checksum = 0;
+    } else {
+        h.seal();
+    }
     iovec iov[2] = {{&h, sizeof(h)}, {const_cast<std::byte*>(data.data()), data.size()}};
     std::span<iovec> all(iov, data.empty() ? 1 : 2);
     std::error_code failed;
@@ -1014,9 +1019,10 @@ COROCOLL_DECL task<> engine::read_loop(int p) {
                 ps.staged_end += n;
             }
             ps.take_header(h);
-            if (!h.sound(options_.max_message_bytes)) {
+            if (ps.framed ? !h.sound_unsealed(options_.max_message_bytes)
+                          : !h.sound(options_.max_message_bytes)) {
                 corocoll::detail::throw_error(corocoll::errc::protocol_error,
-                                              h.problem(options_.max_message_bytes));
+                                              h.problem(options_.max_message_bytes, !ps.framed));
             }
             if (h.kind == frame_kind::goodbye && h.src == static_cast<std::uint32_t>(p)) {
                 if (auto notice = abort_notice::of(h, size_)) {

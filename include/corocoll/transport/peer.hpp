@@ -70,6 +70,8 @@ struct peer {
     static constexpr std::size_t staging_bytes = std::size_t{16} << 10;
 
     std::unique_ptr<channel> link;
+    // The channel cannot lose its framing: headers to and from this peer carry no checksum.
+    bool framed = false;
     std::string address;
     local_async_mutex send_lock;
     // Receives posted for this peer by name, in posting order.

@@ -141,6 +141,7 @@ public:
     COROCOLL_DECL ~shm_channel() override;
 
     const char* kind() const noexcept override { return "shm"; }
+    bool keeps_framing() const noexcept override { return true; }
     std::string address() const override { return "shm"; }
 
     COROCOLL_DECL std::size_t try_recv(std::span<std::byte> out,
