@@ -1,3 +1,5 @@
+#include "../support/largest_allocation.hpp"
+
 #include <corocoll/collectives/object.hpp>
 
 #include <doctest/doctest.h>
@@ -28,42 +30,9 @@
 
 namespace cc = corocoll;
 
-// The largest single allocation since the last reset, to show that forged lengths are
-// rejected before anything is allocated for them. Every replaceable form that can pair with
-// another is replaced, so that new/delete stay matched under ASan.
-namespace {
-std::atomic<std::size_t> largest_allocation{0};
-
-void* counted_alloc(std::size_t size) noexcept {
-    std::size_t seen = largest_allocation.load(std::memory_order_relaxed);
-    while (size > seen && !largest_allocation.compare_exchange_weak(seen, size)) {
-    }
-    return std::malloc(size == 0 ? 1 : size);
-}
-
-// Out of line: GCC 12 inlines the replaced operator delete into std::allocator and then warns
-// (-Wmismatched-new-delete) about free() on memory from operator new.
-[[gnu::noinline]] void counted_free(void* p) noexcept { std::free(p); }
-}  // namespace
-
-void* operator new(std::size_t size) {
-    if (void* p = counted_alloc(size)) return p;
-    throw std::bad_alloc();
-}
-void* operator new[](std::size_t size) {
-    if (void* p = counted_alloc(size)) return p;
-    throw std::bad_alloc();
-}
-void* operator new(std::size_t size, const std::nothrow_t&) noexcept { return counted_alloc(size); }
-void* operator new[](std::size_t size, const std::nothrow_t&) noexcept {
-    return counted_alloc(size);
-}
-void operator delete(void* p) noexcept { counted_free(p); }
-void operator delete[](void* p) noexcept { counted_free(p); }
-void operator delete(void* p, std::size_t) noexcept { counted_free(p); }
-void operator delete[](void* p, std::size_t) noexcept { counted_free(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { counted_free(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { counted_free(p); }
+// The largest single allocation since the last reset shows that forged lengths are rejected
+// before anything is allocated for them.
+using corocoll_test::largest_allocation;
 
 namespace object_test {
 

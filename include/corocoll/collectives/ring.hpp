@@ -32,9 +32,12 @@ inline std::size_t chunk_elems(const context& c, std::size_t elem) {
 // One round: send `out` to `dst` while receiving the same-sized block from `src`; with a
 // reduction, each received chunk is reduced into `in` (double-buffered so the next chunk's
 // receive is posted before this one is reduced); without, chunks land in `in` directly.
+// With a reduction and `own` (as long as `in`, not overlapping it), chunks land in `in`
+// directly and `own`'s matching chunk is reduced into each: in = received op own, no scratch.
 COROCOLL_DECL task<> ring_round(context& c, std::span<const std::byte> out, int dst,
                                 std::span<std::byte> in, int src, std::uint32_t round,
-                                const reduction* red, std::size_t elem);
+                                const reduction* red, std::size_t elem,
+                                std::span<const std::byte> own = {});
 
 }  // namespace collectives::detail
 
@@ -63,7 +66,8 @@ COROCOLL_DECL std::span<std::byte> chunking::piece(std::size_t k) const noexcept
 
 COROCOLL_DECL task<> ring_round(context& c, std::span<const std::byte> out, int dst,
                                 std::span<std::byte> in, int src, std::uint32_t round,
-                                const reduction* red, std::size_t elem) {
+                                const reduction* red, std::size_t elem,
+                                std::span<const std::byte> own) {
     std::size_t per = chunk_elems(c, elem);
     chunking send_side{{const_cast<std::byte*>(out.data()), out.size()}, elem, per};
     chunking recv_side{in, elem, per};
@@ -80,12 +84,18 @@ COROCOLL_DECL task<> ring_round(context& c, std::span<const std::byte> out, int 
             }
             co_return;
         }
-        std::size_t room = std::min(per * elem, in.size());
-        std::span<std::byte> bufs[2] = {c.scratch(context::ring_slot, room),
-                                        c.scratch(context::ring_slot + 1, room)};
-        auto target = [&](std::size_t k) { return bufs[k % 2].first(recv_side.piece(k).size()); };
+        bool direct = !own.empty();
+        std::span<std::byte> bufs[2];
+        if (!direct) {
+            std::size_t room = std::min(per * elem, in.size());
+            bufs[0] = c.scratch(context::ring_slot, room);
+            bufs[1] = c.scratch(context::ring_slot + 1, room);
+        }
+        auto target = [&](std::size_t k) {
+            return direct ? recv_side.piece(k) : bufs[k % 2].first(recv_side.piece(k).size());
+        };
         // The receive of chunk k + 1 is posted (no coroutine, no allocation) before chunk k
-        // is reduced, so its bytes land in the other buffer meanwhile.
+        // is reduced, so its bytes land meanwhile (in the other buffer, or in `in` directly).
         std::optional<context::recv_operation> pending[2];
         pending[0].emplace(c.recv(target(0), src, round, 0));
         pending[0]->start();
@@ -98,7 +108,9 @@ COROCOLL_DECL task<> ring_round(context& c, std::span<const std::byte> out, int 
                 next->start();
             }
             auto dest = recv_side.piece(k);
-            (*red)(dest.data(), bufs[k % 2].data(), dest.size() / elem);
+            const std::byte* other =
+                direct ? own.data() + (dest.data() - in.data()) : bufs[k % 2].data();
+            (*red)(dest.data(), other, dest.size() / elem);
         }
     };
     co_await when_all(sender(), receiver());
