@@ -194,6 +194,13 @@ private:
 
     static constexpr std::size_t small_record_bytes = 1024;
 
+    // A larger payload goes in records of at most this many bytes, each published as soon as
+    // it is written, and the reader frees room after as many: so the writer copies one piece
+    // in while the reader copies the one before out. (With the whole ring as one record, a
+    // 1 MiB message was copied in, then out, one after the other: a broadcast of 1 MiB on
+    // 2 ranks took 172-195 µs against 14 µs at 256 KiB.)
+    static constexpr std::size_t stream_piece_bytes = std::size_t{64} << 10;
+
     // Writes all of `iov` (`total` bytes) as one inline record, or nothing when it does not
     // fit now.
     bool put_gathered(std::span<iovec> iov, std::size_t total) noexcept;
@@ -420,7 +427,7 @@ COROCOLL_DECL shm_channel::~shm_channel() {
 
 COROCOLL_DECL std::size_t shm_channel::try_recv(std::span<std::byte> out,
                                                 bool /*may_call_kernel*/) noexcept {
-    std::size_t got = 0;
+    std::size_t got = 0, freed = 0;
     while (got < out.size()) {
         if (in_left_ == 0 && !next_record()) break;
         std::size_t n = std::min<std::uint64_t>(in_left_, out.size() - got);
@@ -436,8 +443,14 @@ COROCOLL_DECL std::size_t shm_channel::try_recv(std::span<std::byte> out,
         got += n;
         in_left_ -= n;
         if (in_left_ == 0) end_record();
+        if (got - freed >= stream_piece_bytes) {
+            // Room for the writer's next piece while this copy goes on.
+            seg_->head[1 - side_].value.store(in_head_, std::memory_order_seq_cst);
+            wake_peer_if_asleep();
+            freed = got;
+        }
     }
-    if (got > 0) {
+    if (got > freed) {
         seg_->head[1 - side_].value.store(in_head_, std::memory_order_seq_cst);
         wake_peer_if_asleep();
     }
@@ -494,15 +507,26 @@ COROCOLL_DECL std::size_t shm_channel::try_send(std::span<iovec> iov) noexcept {
             return total;
         }
     }
-    std::size_t sent = 0;
+    std::size_t sent = 0, published = 0;
     for (const iovec& v : iov) {
         // A payload for a single copy goes through `send`, which waits for the copy.
         if (single_copy(v.iov_len)) break;
-        std::size_t n = put_inline(static_cast<const std::byte*>(v.iov_base), v.iov_len);
-        sent += n;
-        if (n < v.iov_len) break;
+        const auto* from = static_cast<const std::byte*>(v.iov_base);
+        std::size_t left = v.iov_len;
+        while (left > 0) {
+            std::size_t n = put_inline(from, left);
+            if (n == 0) break;
+            from += n;
+            left -= n;
+            sent += n;
+            if (left > 0) {  // more pieces of this payload follow: the reader starts on this one
+                publish();
+                published = sent;
+            }
+        }
+        if (left > 0) break;
     }
-    if (sent > 0) publish();
+    if (sent > published) publish();
     return sent;
 }
 
@@ -602,6 +626,7 @@ COROCOLL_DECL void shm_channel::copy_out(void* to, std::size_t n) noexcept {
 COROCOLL_DECL std::size_t shm_channel::put_inline(const std::byte* from, std::size_t n) noexcept {
     if (n == 0) return 0;
     std::size_t free = seg_->ring_bytes - (out_tail_ - out_head_);
+    n = std::min(n, stream_piece_bytes);
     if (free < sizeof(detail::shm_record) + detail::pad8(n)) free = room();
     if (free <= sizeof(detail::shm_record) + 8) return 0;
     std::size_t take = std::min(n, (free - sizeof(detail::shm_record)) & ~std::size_t{7});
