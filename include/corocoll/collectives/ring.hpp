@@ -29,6 +29,16 @@ inline std::size_t chunk_elems(const context& c, std::size_t elem) {
     return std::max<std::size_t>(1, c.chunk_bytes / elem);
 }
 
+// Sends `out` to `dst` in chunks, as steps (`round`, k).
+COROCOLL_DECL task<> send_chunks(context& c, std::span<const std::byte> out, int dst,
+                                 std::uint32_t round, std::size_t elem);
+
+// Receives what `send_chunks` sends from `src` into `in`; with `red`, reduces it into `in`
+// instead, and with `own` too, computes in = received op own (see `ring_round`).
+COROCOLL_DECL task<> recv_chunks(context& c, std::span<std::byte> in, int src, std::uint32_t round,
+                                 const reduction* red, std::size_t elem,
+                                 std::span<const std::byte> own = {});
+
 // One round: send `out` to `dst` while receiving the same-sized block from `src`; with a
 // reduction, each received chunk is reduced into `in` (double-buffered so the next chunk's
 // receive is posted before this one is reduced); without, chunks land in `in` directly.
@@ -64,56 +74,62 @@ COROCOLL_DECL std::span<std::byte> chunking::piece(std::size_t k) const noexcept
     return block.subspan(first * elem, (last - first) * elem);
 }
 
+COROCOLL_DECL task<> send_chunks(context& c, std::span<const std::byte> out, int dst,
+                                 std::uint32_t round, std::size_t elem) {
+    chunking side{{const_cast<std::byte*>(out.data()), out.size()}, elem, chunk_elems(c, elem)};
+    for (std::size_t k = 0; k < side.chunks(); ++k) {
+        co_await c.send(side.piece(k), dst, round, static_cast<std::uint32_t>(k));
+    }
+}
+
+COROCOLL_DECL task<> recv_chunks(context& c, std::span<std::byte> in, int src, std::uint32_t round,
+                                 const reduction* red, std::size_t elem,
+                                 std::span<const std::byte> own) {
+    std::size_t per = chunk_elems(c, elem);
+    chunking side{in, elem, per};
+    std::size_t n = side.chunks();
+    if (red == nullptr) {
+        for (std::size_t k = 0; k < n; ++k) {
+            co_await c.recv(side.piece(k), src, round, static_cast<std::uint32_t>(k));
+        }
+        co_return;
+    }
+    bool direct = !own.empty();
+    std::span<std::byte> bufs[2];
+    if (!direct) {
+        std::size_t room = std::min(per * elem, in.size());
+        bufs[0] = c.scratch(context::ring_slot, room);
+        bufs[1] = c.scratch(context::ring_slot + 1, room);
+    }
+    auto target = [&](std::size_t k) {
+        return direct ? side.piece(k) : bufs[k % 2].first(side.piece(k).size());
+    };
+    // The receive of chunk k + 1 is posted (no coroutine, no allocation) before chunk k is
+    // reduced, so its bytes land meanwhile (in the other buffer, or in `in` directly).
+    std::optional<context::recv_operation> pending[2];
+    pending[0].emplace(c.recv(target(0), src, round, 0));
+    pending[0]->start();
+    for (std::size_t k = 0; k < n; ++k) {
+        co_await *pending[k % 2];
+        if (k + 1 < n) {
+            auto& next = pending[(k + 1) % 2];
+            next.reset();
+            next.emplace(c.recv(target(k + 1), src, round, static_cast<std::uint32_t>(k + 1)));
+            next->start();
+        }
+        auto dest = side.piece(k);
+        const std::byte* other =
+            direct ? own.data() + (dest.data() - in.data()) : bufs[k % 2].data();
+        (*red)(dest.data(), other, dest.size() / elem);
+    }
+}
+
 COROCOLL_DECL task<> ring_round(context& c, std::span<const std::byte> out, int dst,
                                 std::span<std::byte> in, int src, std::uint32_t round,
                                 const reduction* red, std::size_t elem,
                                 std::span<const std::byte> own) {
-    std::size_t per = chunk_elems(c, elem);
-    chunking send_side{{const_cast<std::byte*>(out.data()), out.size()}, elem, per};
-    chunking recv_side{in, elem, per};
-    auto sender = [&]() -> task<> {
-        for (std::size_t k = 0; k < send_side.chunks(); ++k) {
-            co_await c.send(send_side.piece(k), dst, round, static_cast<std::uint32_t>(k));
-        }
-    };
-    auto receiver = [&]() -> task<> {
-        std::size_t n = recv_side.chunks();
-        if (red == nullptr) {
-            for (std::size_t k = 0; k < n; ++k) {
-                co_await c.recv(recv_side.piece(k), src, round, static_cast<std::uint32_t>(k));
-            }
-            co_return;
-        }
-        bool direct = !own.empty();
-        std::span<std::byte> bufs[2];
-        if (!direct) {
-            std::size_t room = std::min(per * elem, in.size());
-            bufs[0] = c.scratch(context::ring_slot, room);
-            bufs[1] = c.scratch(context::ring_slot + 1, room);
-        }
-        auto target = [&](std::size_t k) {
-            return direct ? recv_side.piece(k) : bufs[k % 2].first(recv_side.piece(k).size());
-        };
-        // The receive of chunk k + 1 is posted (no coroutine, no allocation) before chunk k
-        // is reduced, so its bytes land meanwhile (in the other buffer, or in `in` directly).
-        std::optional<context::recv_operation> pending[2];
-        pending[0].emplace(c.recv(target(0), src, round, 0));
-        pending[0]->start();
-        for (std::size_t k = 0; k < n; ++k) {
-            co_await *pending[k % 2];
-            if (k + 1 < n) {
-                auto& next = pending[(k + 1) % 2];
-                next.reset();
-                next.emplace(c.recv(target(k + 1), src, round, static_cast<std::uint32_t>(k + 1)));
-                next->start();
-            }
-            auto dest = recv_side.piece(k);
-            const std::byte* other =
-                direct ? own.data() + (dest.data() - in.data()) : bufs[k % 2].data();
-            (*red)(dest.data(), other, dest.size() / elem);
-        }
-    };
-    co_await when_all(sender(), receiver());
+    co_await when_all(send_chunks(c, out, dst, round, elem),
+                      recv_chunks(c, in, src, round, red, elem, own));
 }
 
 }  // namespace detail
