@@ -2,8 +2,9 @@
 // up to 8 MiB from call to call and frees larger ones after each collective, so a collective
 // that needed a temporary as large as its input paid for fresh pages at every call: on 2 ranks
 // reduce_scatter of 64 MiB copied its input into such a buffer and took 240-270 ms, against
-// 3.4-4.5 ms at 16 MiB (issue 13). Also: reduce_scatter_into whose output is its own block of
-// the input (in place, as NCCL allows), which cannot take that path.
+// 3.4-4.5 ms at 16 MiB (issue 13); reduce took two such temporaries (58 ms at 64 MiB). Also:
+// reduce_scatter_into whose output is its own block of the input (in place, as NCCL allows), which
+// cannot take that path.
 
 #include "../support/largest_allocation.hpp"
 #include "../support/ranks.hpp"
@@ -45,10 +46,11 @@ constexpr std::size_t block_count = (std::size_t{5} << 20) / sizeof(float);
 
 }  // namespace
 
-TEST_CASE("reduce_scatter_into and all_reduce in a loop need no temporary as large as a block") {
+TEST_CASE(
+    "reduce_scatter_into, all_reduce and reduce in a loop need no temporary larger than a block") {
     for (int n : {2, 3}) {
         CAPTURE(n);
-        std::vector<std::size_t> largest(static_cast<std::size_t>(n) * 2);
+        std::vector<std::size_t> largest(static_cast<std::size_t>(n) * 3);
         auto errors = run_threads(n, [&](cc::process_group& pg) -> cc::task<> {
             int r = pg.rank();
             std::size_t count = block_count * static_cast<std::size_t>(n);
@@ -58,20 +60,25 @@ TEST_CASE("reduce_scatter_into and all_reduce in a loop need no temporary as lar
             // A first call of each sets up what later calls reuse.
             co_await pg.reduce_scatter_into(out, in);
             co_await pg.all_reduce(data);
-            for (int which = 0; which < 2; ++which) {
+            std::vector<float> reduced = input_of(r, count);
+            co_await pg.reduce(reduced, 0);
+            for (int which = 0; which < 3; ++which) {
                 co_await pg.barrier();
                 if (r == 0) largest_allocation = 0;
                 co_await pg.barrier();
                 for (int i = 0; i < 2; ++i) {
                     if (which == 0) {
                         co_await pg.reduce_scatter_into(out, in);
-                    } else {
+                    } else if (which == 1) {
                         fill_input(data, r);
                         co_await pg.all_reduce(data);
+                    } else {
+                        fill_input(reduced, r);
+                        co_await pg.reduce(reduced, 0);
                     }
                 }
                 co_await pg.barrier();
-                largest[static_cast<std::size_t>(r * 2 + which)] = largest_allocation;
+                largest[static_cast<std::size_t>(r * 3 + which)] = largest_allocation;
             }
             for (std::size_t i = 0; i < block_count; ++i) {
                 require(out[i] == sum_of(n, static_cast<std::size_t>(r) * block_count + i),
@@ -79,11 +86,14 @@ TEST_CASE("reduce_scatter_into and all_reduce in a loop need no temporary as lar
             }
             for (std::size_t i = 0; i < count; ++i) {
                 require(data[i] == sum_of(n, i), "all_reduce: wrong element " + std::to_string(i));
+                float want = r == 0 ? sum_of(n, i) : static_cast<float>(r + 1 + (i % 7));
+                require(reduced[i] == want, "reduce: wrong element " + std::to_string(i));
             }
         });
         check_every_rank_ok(errors);
         for (std::size_t k = 0; k < largest.size(); ++k) {
-            std::string op = k % 2 == 0 ? "reduce_scatter_into" : "all_reduce";
+            const char* const ops[] = {"reduce_scatter_into", "all_reduce", "reduce"};
+            std::string op = ops[k % 3];
             CAPTURE(op);
             CAPTURE(largest[k]);
             CHECK(largest[k] <= block_count * sizeof(float));
