@@ -9,6 +9,7 @@
 #include <corocoll/version.hpp>
 
 #include <algorithm>
+#include <cassert>
 #include <optional>
 
 COROCOLL_BEGIN_NAMESPACE
@@ -94,6 +95,7 @@ COROCOLL_DECL task<> recv_chunks(context& c, std::span<std::byte> in, int src, s
         }
         co_return;
     }
+    assert(own.empty() || own.size() == in.size());
     bool direct = !own.empty();
     std::span<std::byte> bufs[2];
     if (!direct) {
