@@ -75,6 +75,9 @@ struct thread_ranks_options {
     std::chrono::milliseconds max_start_delay{0};
     std::string group_name = "default";
     cc::transport::engine_options limits;
+    /// Each rank's `engine_options::host_tag` (rank r takes entry r), to lay ranks out on
+    /// hosts; empty: every rank on this host.
+    std::vector<std::string> host_tags;
 };
 
 /// Runs `body(group)` on `n` ranks as `run_ranks` does, each rank first setting up its group
@@ -97,6 +100,8 @@ inline std::vector<std::exception_ptr> run_threads(
         init.timeout = o.timeout;
         init.group_name = o.group_name;
         init.limits = o.limits;
+        if (!o.host_tags.empty())
+            init.limits.host_tag = o.host_tags[static_cast<std::size_t>(rank)];
         init.store =
             co_await cc::rendezvous::tcp_store::connect(r, server->local_endpoint(), o.timeout);
         auto pg = co_await cc::init_process_group(r, init);

@@ -86,10 +86,30 @@ struct context {
     /// A temporary of `bytes` (contents unspecified) that later calls reuse.
     std::span<std::byte> scratch(std::size_t slot, std::size_t bytes);
 
-    /// This rank in the group.
-    int rank() const noexcept { return net.rank(); }
-    /// Ranks in the group.
-    int size() const noexcept { return net.size(); }
+    /// The ranks this call works among when an algorithm runs on part of the group (a phase
+    /// of a hierarchical algorithm): rank i of the call is rank `members[i]` of the group.
+    /// Empty: the whole group. See `among`.
+    std::span<const int> members{};
+    /// This rank's place in `members` (when `members` is not empty).
+    int member_rank = 0;
+    /// Added to every round this call addresses, so that the phases of one collective that
+    /// run algorithms one after the other use steps of their own.
+    std::uint32_t round_base = 0;
+
+    /// This rank in the call (in the group, unless `members` says otherwise).
+    int rank() const noexcept { return members.empty() ? net.rank() : member_rank; }
+    /// Ranks in the call.
+    int size() const noexcept {
+        return members.empty() ? net.size() : static_cast<int>(members.size());
+    }
+    /// The group rank of rank `r` of the call.
+    int group_rank(int r) const noexcept {
+        return members.empty() ? r : members[static_cast<std::size_t>(r)];
+    }
+    /// The same call, restricted to `ranks` (group ranks, ascending, this rank among them),
+    /// its rounds starting at `first_round`: what a phase of a hierarchical algorithm runs an
+    /// ordinary algorithm on. The scratch buffers stay shared (phases run one at a time).
+    context among(std::span<const int> ranks, std::uint32_t first_round);
 
     /// The frame's step (its tag) for (round, chunk): the round in the top 12 bits, the chunk
     /// in the low 20. 2^20 chunks of the 1 MiB default are 1 TiB in one round, the engine's
@@ -104,13 +124,15 @@ struct context {
     /// Sends `data` to `dst` as step (`round`, `chunk`) of this collective. One frame per call.
     task<> send(std::span<const std::byte> data, int dst, std::uint32_t round,
                 std::uint32_t chunk = 0) {
-        return net.send_coll(data, dst, meta, step(round, chunk), deadline);
+        return net.send_coll(data, group_rank(dst), meta, step(round_base + round, chunk),
+                             deadline);
     }
     /// Receives one message of this call; awaiting it yields the length. `start()` on the
     /// result posts the receive before it is awaited (see `transport::recv_op`).
     recv_operation recv(std::span<std::byte> buf, int src, std::uint32_t round,
                         std::uint32_t chunk = 0) {
-        return net.recv_coll(buf, src, meta, step(round, chunk), deadline, soft_deadline);
+        return net.recv_coll(buf, group_rank(src), meta, step(round_base + round, chunk), deadline,
+                             soft_deadline);
     }
     /// Sends and receives at once (both directions of one exchange).
     task<> exchange(std::span<const std::byte> out, int dst, std::span<std::byte> in, int src,
@@ -160,6 +182,18 @@ COROCOLL_DECL std::span<std::byte> context::scratch(std::size_t slot, std::size_
         scratch_pool = own_scratch.get();
     }
     return scratch_pool->get(slot, bytes);
+}
+
+COROCOLL_DECL context context::among(std::span<const int> ranks, std::uint32_t first_round) {
+    // The sub-call shares this call's scratch: make it now if this call has none, so that
+    // both use one pool.
+    if (scratch_pool == nullptr) scratch(ring_slot, 0);
+    context sub = *this;
+    int me = group_rank(rank());
+    sub.members = ranks;
+    sub.member_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), me) - ranks.begin());
+    sub.round_base = round_base + first_round;
+    return sub;
 }
 
 COROCOLL_DECL task<> context::exchange(std::span<const std::byte> out, int dst,

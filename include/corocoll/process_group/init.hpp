@@ -309,8 +309,12 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
     channels.shm_single_copy_bytes = limits.shm_single_copy_bytes;
     channels.shm_futex_wait = limits.shm_futex_wait;
     channels.same_host_send_buffer = limits.same_host_send_buffer;
+    channels.host_tag = limits.host_tag;
     co_await roll_call(*group_store, rank, size, name, deadline, hosted != nullptr);
-    auto peers = co_await transport::connect_channels(r, *group_store, rank, size, mesh, channels);
+    std::vector<std::string> host_keys;
+    auto peers = co_await transport::connect_channels(r, *group_store, rank, size, mesh, channels,
+                                                      &host_keys);
+    auto hosts = collectives::topology::from_keys(host_keys);
     if (co_await group_store->add("init/arrived", 1) == size) {
         co_await group_store->set("init/complete", "1");
     }
@@ -327,10 +331,12 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
                                  corocoll::detail::context_of(e)));
     }
     COROCOLL_LOG(info, "INIT", "group '", name, "' ready: rank ", rank, " of ", size);
+    COROCOLL_LOG(info, "INIT", "group '", name, "': ", hosts.describe(),
+                 hosts.hierarchical() ? " (all_reduce, broadcast, all_gather hierarchical)" : "");
     // The disposer closes a group whose last reference goes, wherever that happens.
     co_return std::shared_ptr<process_group>(
         new process_group(r, rank, size, std::move(name), timeout, std::move(group_store),
-                          std::move(peers), limits, std::move(hosted), listen_on),
+                          std::move(peers), limits, std::move(hosted), listen_on, std::move(hosts)),
         group_disposer{});
 }
 

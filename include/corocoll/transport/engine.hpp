@@ -93,6 +93,13 @@ struct engine_options {
     /// answered by then is taken to be stopped. Unset: a quarter of the stall interval,
     /// between 1 and 10 s (3 s without stall checks).
     std::optional<std::chrono::milliseconds> answer_window;
+    /// Splits this machine into hosts of the tag's name: ranks whose tags differ count as
+    /// different hosts (they talk over TCP, and the group's topology puts them apart), even
+    /// with one boot id and network namespace. Ranks never count as one host by their tags
+    /// alone. For tests that lay out several hosts on one machine, and for jobs that want
+    /// ranks kept apart (one tag per NUMA node). Empty: the boot id and network namespace
+    /// decide. Blanks in it are read as '_'.
+    std::string host_tag;
 };
 
 /// The stall interval that a COROCOLL_STALL_S value `v` asks for (seconds, a number >= 0;

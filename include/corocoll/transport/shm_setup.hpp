@@ -70,6 +70,8 @@ struct channel_options {
     bool shm_futex_wait = true;
     /// See `engine_options::same_host_send_buffer`.
     std::size_t same_host_send_buffer = std::size_t{256} << 10;
+    /// See `engine_options::host_tag`.
+    std::string host_tag;
 };
 
 /// A COROCOLL_TRANSPORT value (`automatic` when empty); anything but auto, tcp and shm is an
@@ -84,6 +86,10 @@ COROCOLL_DECL const char* to_string(transport_choice c) noexcept;
 namespace detail {
 
 COROCOLL_DECL std::string boot_id();
+
+// This process's network namespace ("net:[4026531840]"'s number), or "-" where /proc does not
+// say.
+COROCOLL_DECL std::string netns_id();
 
 COROCOLL_DECL std::uint64_t fresh_nonce();
 
@@ -187,6 +193,8 @@ struct shm_peer_info {
     transport_choice choice = transport_choice::tcp;
     std::string boot;
     std::string socket_name;
+    std::string netns;
+    std::string tag;  // engine_options::host_tag, "-" for none
 };
 
 // One pair's outcome on this side.
@@ -205,12 +213,13 @@ struct pair_plan {
 /// pair that both allow it and can map one segment (see the top of this file). Every pair's
 /// choice is logged at INFO with its reason. With `transport_choice::shm` on either rank of a
 /// pair, a pair that cannot share memory fails set-up with an error naming both ranks and the
-/// reason. Returns one channel per rank, indexed by rank (null for this rank).
-COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(io::reactor& r,
-                                                                           rendezvous::store& store,
-                                                                           int rank, int size,
-                                                                           mesh_options mo,
-                                                                           channel_options co);
+/// reason. Returns one channel per rank, indexed by rank (null for this rank). When `hosts` is
+/// not null it receives every rank's host identity (boot id, network namespace and host tag,
+/// as every rank published them: the same on every rank), from which the group's topology is
+/// made.
+COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(
+    io::reactor& r, rendezvous::store& store, int rank, int size, mesh_options mo,
+    channel_options co, std::vector<std::string>* hosts = nullptr);
 
 }  // namespace transport
 
@@ -258,6 +267,12 @@ COROCOLL_DECL std::string boot_id() {
     std::string id;
     in >> id;
     return id;
+}
+
+COROCOLL_DECL std::string netns_id() {
+    struct stat st {};
+    if (::stat("/proc/self/ns/net", &st) != 0) return "-";
+    return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
 }
 
 COROCOLL_DECL std::uint64_t fresh_nonce() {
@@ -443,14 +458,25 @@ COROCOLL_DECL task<bool> unix_exchange(io::reactor& r, int fd, void* data, std::
 
 namespace transport {
 
-COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(io::reactor& r,
-                                                                           rendezvous::store& store,
-                                                                           int rank, int size,
-                                                                           mesh_options mo,
-                                                                           channel_options co) {
+COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(
+    io::reactor& r, rendezvous::store& store, int rank, int size, mesh_options mo,
+    channel_options co, std::vector<std::string>* hosts) {
     std::vector<io::socket> socks = co_await connect_mesh(r, store, rank, size, mo);
     std::vector<std::unique_ptr<channel>> out(static_cast<std::size_t>(size));
     auto at = [](int p) { return static_cast<std::size_t>(p); };
+    std::string my_boot = detail::boot_id();
+    if (my_boot.empty()) my_boot = "-";
+    std::string my_netns = detail::netns_id();
+    // The tag is one word of the record: blanks would split it.
+    std::string my_tag = co.host_tag.empty() ? "-" : co.host_tag;
+    for (char& ch : my_tag) {
+        if (ch == ' ' || ch == '\t' || ch == '\n') ch = '_';
+    }
+    auto host_key = [](const std::string& boot, const std::string& netns, const std::string& tag) {
+        return boot + " " + netns + " " + tag;
+    };
+    if (hosts != nullptr) hosts->assign(at(size), std::string{});
+    if (hosts != nullptr) (*hosts)[at(rank)] = host_key(my_boot, my_netns, my_tag);
     if (size == 1) co_return out;
 
     std::size_t ring = co.shm_ring_bytes;
@@ -460,11 +486,10 @@ COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(io::r
     }
     detail::fd_guard listener;
     std::string my_socket = "-";
-    std::string my_boot = detail::boot_id();
-    if (my_boot.empty()) my_boot = "-";
     if (co.transport != transport_choice::tcp) listener = detail::listen_abstract(size, my_socket);
-    co_await store.set("mesh/shm/" + std::to_string(rank),
-                       std::string(to_string(co.transport)) + " " + my_boot + " " + my_socket);
+    co_await store.set("mesh/shm/" + std::to_string(rank), std::string(to_string(co.transport)) +
+                                                               " " + my_boot + " " + my_socket +
+                                                               " " + my_netns + " " + my_tag);
     std::vector<std::string> keys;
     for (int p = 0; p < size; ++p) {
         if (p != rank) keys.push_back("mesh/shm/" + std::to_string(p));
@@ -478,7 +503,11 @@ COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(io::r
         if (p == rank) continue;
         std::istringstream in(co_await store.get("mesh/shm/" + std::to_string(p)));
         std::string choice;
-        in >> choice >> info[at(p)].boot >> info[at(p)].socket_name;
+        in >> choice >> info[at(p)].boot >> info[at(p)].socket_name >> info[at(p)].netns >>
+            info[at(p)].tag;
+        if (hosts != nullptr) {
+            (*hosts)[at(p)] = host_key(info[at(p)].boot, info[at(p)].netns, info[at(p)].tag);
+        }
         info[at(p)].choice = choice == "shm"   ? transport_choice::shm
                              : choice == "tcp" ? transport_choice::tcp
                                                : transport_choice::automatic;
@@ -488,6 +517,8 @@ COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(io::r
                      std::to_string(co.transport == transport_choice::tcp ? rank : p);
         } else if (my_boot == "-" || info[at(p)].boot != my_boot) {
             pl.why = "another host (boot ids differ)";
+        } else if (info[at(p)].tag != my_tag) {
+            pl.why = "another host (host tags differ: " + my_tag + " and " + info[at(p)].tag + ")";
         } else {
             pl.candidate = true;
         }

@@ -1,0 +1,142 @@
+#pragma once
+
+// Which ranks of a group share a host. Every rank learns the same map at set-up: each rank
+// publishes its host identity (boot id, network namespace, and the optional host tag of
+// `engine_options::host_tag`) and every rank numbers the distinct identities in the order of
+// their lowest rank. Ranks in different network namespaces of one kernel count as different
+// hosts (they cannot reach each other's abstract unix sockets, so they cannot share memory;
+// the multinode test's "hosts" are such namespaces).
+
+#include <corocoll/version.hpp>
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+/// Hosts of a group's ranks: host `h` holds the ranks `ranks_on(h)` (ascending); its leader is
+/// the lowest of them. Hosts are numbered by their lowest rank, so host 0 holds rank 0. A
+/// default-made topology knows nothing and puts every rank on one host.
+class topology {
+public:
+    /// One host, of any number of ranks.
+    topology() = default;
+    /// From the host number of every rank (any numbering; renumbered by lowest rank).
+    explicit topology(std::span<const int> host_of_rank);
+
+    /// The topology of ranks whose host identities are `keys` (equal strings: same host).
+    static topology from_keys(std::span<const std::string> keys);
+
+    /// Number of hosts; 1 when unknown.
+    int hosts() const noexcept { return host_of_.empty() ? 1 : static_cast<int>(first_.size()); }
+    /// The host of rank `r` (0 when unknown).
+    int host_of(int r) const noexcept {
+        return host_of_.empty() ? 0 : host_of_[static_cast<std::size_t>(r)];
+    }
+    /// The ranks on host `h`, ascending (empty when the topology is unknown).
+    std::span<const int> ranks_on(int h) const noexcept;
+    /// The lowest rank on host `h`.
+    int leader_of(int h) const noexcept { return first_.empty() ? 0 : first_[h]; }
+    /// The leader of every host, in host order (ascending ranks).
+    std::span<const int> leaders() const noexcept { return first_; }
+    /// True when the group spans several hosts and some host holds more than one rank: where
+    /// the hierarchical algorithms (intra-host, then among leaders, then intra-host) save
+    /// traffic between hosts.
+    bool hierarchical() const noexcept;
+    /// "2 hosts: ranks 0,1 | 2,3" (for logs and errors).
+    std::string describe() const;
+
+private:
+    std::vector<int> host_of_;  // per rank; empty: one host
+    std::vector<int> first_;    // per host: its lowest rank
+    std::vector<int> members_;  // ranks grouped by host, ascending within a host
+    std::vector<int> offset_;   // per host + 1: where its ranks start in members_
+};
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL topology::topology(std::span<const int> host_of_rank) {
+    std::size_t n = host_of_rank.size();
+    host_of_.assign(n, -1);
+    // Renumber by lowest rank: the first rank seen with a given number opens a host.
+    std::vector<int> seen;  // given number of each host, in host order
+    for (std::size_t r = 0; r < n; ++r) {
+        int h = 0;
+        while (h < static_cast<int>(seen.size()) &&
+               seen[static_cast<std::size_t>(h)] != host_of_rank[r])
+            ++h;
+        if (h == static_cast<int>(seen.size())) {
+            seen.push_back(host_of_rank[r]);
+            first_.push_back(static_cast<int>(r));
+        }
+        host_of_[r] = h;
+    }
+    offset_.assign(first_.size() + 1, 0);
+    for (int h : host_of_) ++offset_[static_cast<std::size_t>(h) + 1];
+    for (std::size_t h = 1; h < offset_.size(); ++h) offset_[h] += offset_[h - 1];
+    members_.assign(n, 0);
+    std::vector<int> fill(offset_.begin(), offset_.end() - 1);
+    for (std::size_t r = 0; r < n; ++r) {
+        members_[static_cast<std::size_t>(fill[static_cast<std::size_t>(host_of_[r])]++)] =
+            static_cast<int>(r);
+    }
+}
+
+COROCOLL_DECL topology topology::from_keys(std::span<const std::string> keys) {
+    std::vector<int> number(keys.size());
+    for (std::size_t r = 0; r < keys.size(); ++r) {
+        std::size_t same = 0;
+        while (keys[same] != keys[r]) ++same;
+        number[r] = static_cast<int>(same);
+    }
+    return topology(number);
+}
+
+COROCOLL_DECL std::span<const int> topology::ranks_on(int h) const noexcept {
+    if (members_.empty()) return {};
+    auto from = static_cast<std::size_t>(offset_[static_cast<std::size_t>(h)]);
+    auto to = static_cast<std::size_t>(offset_[static_cast<std::size_t>(h) + 1]);
+    return std::span<const int>(members_).subspan(from, to - from);
+}
+
+COROCOLL_DECL bool topology::hierarchical() const noexcept {
+    if (hosts() < 2) return false;
+    for (int h = 0; h < hosts(); ++h) {
+        if (ranks_on(h).size() > 1) return true;
+    }
+    return false;
+}
+
+COROCOLL_DECL std::string topology::describe() const {
+    if (host_of_.empty()) return "1 host";
+    std::string s = std::to_string(hosts()) + (hosts() == 1 ? " host: ranks " : " hosts: ranks ");
+    for (int h = 0; h < hosts(); ++h) {
+        if (h > 0) s += " | ";
+        bool first = true;
+        for (int r : ranks_on(h)) {
+            s += (first ? "" : ",") + std::to_string(r);
+            first = false;
+        }
+    }
+    return s;
+}
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES
