@@ -123,10 +123,16 @@ std::optional<cc::collectives::collective_kind> kind_of(const std::string& op) {
     return std::nullopt;
 }
 
+// Every algorithm --algo can force.
+constexpr cc::collectives::algorithm forcible_algorithms[] = {
+    cc::collectives::algorithm::ring,        cc::collectives::algorithm::recursive_doubling,
+    cc::collectives::algorithm::binomial,    cc::collectives::algorithm::chain,
+    cc::collectives::algorithm::bruck,       cc::collectives::algorithm::linear,
+    cc::collectives::algorithm::pairwise,    cc::collectives::algorithm::dissemination,
+    cc::collectives::algorithm::hierarchical};
+
 cc::collectives::algorithm algorithm_of(const std::string& s) {
-    using a = cc::collectives::algorithm;
-    for (a x : {a::ring, a::recursive_doubling, a::binomial, a::chain, a::bruck, a::linear,
-                a::pairwise, a::dissemination}) {
+    for (auto x : forcible_algorithms) {
         if (s == cc::collectives::algorithm_name(x)) return x;
     }
     throw perf::usage_error("--algo " + s + ": not an algorithm corocoll has");
@@ -582,11 +588,7 @@ cc::task<> benchmark(cc::process_group& pg, const config& c) {
 config parse(int argc, char** argv) {
     config c;
     std::vector<std::string> algorithms;
-    for (auto a :
-         {cc::collectives::algorithm::ring, cc::collectives::algorithm::recursive_doubling,
-          cc::collectives::algorithm::binomial, cc::collectives::algorithm::chain,
-          cc::collectives::algorithm::bruck, cc::collectives::algorithm::linear,
-          cc::collectives::algorithm::pairwise, cc::collectives::algorithm::dissemination}) {
+    for (auto a : forcible_algorithms) {
         algorithms.emplace_back(cc::collectives::algorithm_name(a));
     }
     perf::args a("coll_perf",

@@ -2,6 +2,7 @@
 
 #include <corocoll/collectives/dtype.hpp>
 #include <corocoll/collectives/reduce_op.hpp>
+#include <corocoll/collectives/topology.hpp>
 #include <corocoll/transport/frame.hpp>
 #include <corocoll/version.hpp>
 
@@ -50,6 +51,7 @@ enum class algorithm : std::uint8_t {
     linear,              ///< gather, scatter
     pairwise,            ///< all_to_all
     dissemination,       ///< barrier
+    hierarchical,        ///< all_reduce, broadcast, all_gather across hosts (see topology.hpp)
 };
 
 COROCOLL_DECL const char* algorithm_name(algorithm a) noexcept;
@@ -97,9 +99,12 @@ private:
 };
 
 /// The algorithm collective `k` uses for `bytes` (of one rank's buffer, or of the gathered
-/// total for all_gather, or of one block for gather/scatter) on `n` ranks.
+/// total for all_gather, or of one block for gather/scatter) on `n` ranks whose hosts `hosts`
+/// describes (null: one host). A group that `topology::hierarchical` calls so gets the
+/// hierarchical algorithm wherever the collective has one, at every size.
 COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
-                               const algorithm_choice& choice, const thresholds& t = {});
+                               const algorithm_choice& choice, const thresholds& t = {},
+                               const topology* hosts = nullptr);
 
 /// How a collective call reads in errors: "all_reduce(sum, float32 x 100, ring)".
 COROCOLL_DECL std::string describe(const transport::collective_meta& m);
@@ -170,6 +175,8 @@ COROCOLL_DECL const char* algorithm_name(algorithm a) noexcept {
             return "pairwise";
         case algorithm::dissemination:
             return "dissemination";
+        case algorithm::hierarchical:
+            return "hierarchical";
     }
     return "unknown";
 }
@@ -177,13 +184,15 @@ COROCOLL_DECL const char* algorithm_name(algorithm a) noexcept {
 COROCOLL_DECL bool supports(collective_kind k, algorithm a) noexcept {
     switch (k) {
         case collective_kind::all_reduce:
-            return a == algorithm::ring || a == algorithm::recursive_doubling;
+            return a == algorithm::ring || a == algorithm::recursive_doubling ||
+                   a == algorithm::hierarchical;
         case collective_kind::broadcast:
-            return a == algorithm::binomial || a == algorithm::chain;
+            return a == algorithm::binomial || a == algorithm::chain ||
+                   a == algorithm::hierarchical;
         case collective_kind::reduce:
             return a == algorithm::binomial;
         case collective_kind::all_gather:
-            return a == algorithm::ring || a == algorithm::bruck;
+            return a == algorithm::ring || a == algorithm::bruck || a == algorithm::hierarchical;
         case collective_kind::gather:
         case collective_kind::scatter:
             return a == algorithm::binomial || a == algorithm::linear;
@@ -251,7 +260,7 @@ COROCOLL_DECL algorithm_choice algorithm_choice::parse_spec(std::string_view spe
 }
 
 COROCOLL_DECL std::optional<algorithm> algorithm_choice::find_algorithm(std::string_view name) {
-    for (int i = 0; i <= static_cast<int>(algorithm::dissemination); ++i) {
+    for (int i = 0; i <= static_cast<int>(algorithm::hierarchical); ++i) {
         if (name == algorithm_name(static_cast<algorithm>(i))) return static_cast<algorithm>(i);
     }
     return std::nullopt;
@@ -267,7 +276,7 @@ COROCOLL_DECL std::optional<collective_kind> algorithm_choice::find_kind(std::st
 
 COROCOLL_DECL std::string algorithm_choice::names_of(std::optional<collective_kind> k) {
     std::string out = k ? "it has: auto" : "known: auto";
-    for (int i = 1; i <= static_cast<int>(algorithm::dissemination); ++i) {
+    for (int i = 1; i <= static_cast<int>(algorithm::hierarchical); ++i) {
         auto a = static_cast<algorithm>(i);
         if (!k || supports(*k, a)) out += std::string(", ") + algorithm_name(a);
     }
@@ -275,8 +284,12 @@ COROCOLL_DECL std::string algorithm_choice::names_of(std::optional<collective_ki
 }
 
 COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
-                               const algorithm_choice& choice, const thresholds& t) {
+                               const algorithm_choice& choice, const thresholds& t,
+                               const topology* hosts) {
     if (algorithm forced = choice.forced(k); forced != algorithm::automatic) return forced;
+    if (hosts != nullptr && hosts->hierarchical() && supports(k, algorithm::hierarchical)) {
+        return algorithm::hierarchical;
+    }
     switch (k) {
         case collective_kind::all_reduce:
             return bytes >= t.all_reduce_ring_bytes ? algorithm::ring

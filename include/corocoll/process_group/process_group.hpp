@@ -1,13 +1,16 @@
 #pragma once
 
 #include <corocoll/collectives/all_gather_bruck.hpp>
+#include <corocoll/collectives/all_gather_hierarchical.hpp>
 #include <corocoll/collectives/all_gather_ring.hpp>
+#include <corocoll/collectives/all_reduce_hierarchical.hpp>
 #include <corocoll/collectives/all_reduce_recursive_doubling.hpp>
 #include <corocoll/collectives/all_reduce_ring.hpp>
 #include <corocoll/collectives/all_to_all_pairwise.hpp>
 #include <corocoll/collectives/barrier_dissemination.hpp>
 #include <corocoll/collectives/broadcast_binomial.hpp>
 #include <corocoll/collectives/broadcast_chain.hpp>
+#include <corocoll/collectives/broadcast_hierarchical.hpp>
 #include <corocoll/collectives/broadcast_object_binomial.hpp>
 #include <corocoll/collectives/checks.hpp>
 #include <corocoll/collectives/context.hpp>
@@ -25,6 +28,7 @@
 #include <corocoll/collectives/scatter_linear.hpp>
 #include <corocoll/collectives/scatter_object_direct.hpp>
 #include <corocoll/collectives/select.hpp>
+#include <corocoll/collectives/topology.hpp>
 #include <corocoll/core/async_mutex.hpp>
 #include <corocoll/core/error.hpp>
 #include <corocoll/core/task.hpp>
@@ -102,8 +106,8 @@ public:
                   std::shared_ptr<rendezvous::store> store,
                   std::vector<std::unique_ptr<transport::channel>> peers,
                   transport::engine_options limits,
-                  std::shared_ptr<rendezvous::tcp_store_server> hosted,
-                  io::endpoint listen_on = {});
+                  std::shared_ptr<rendezvous::tcp_store_server> hosted, io::endpoint listen_on = {},
+                  collectives::topology hosts = {});
     process_group(const process_group&) = delete;
     process_group& operator=(const process_group&) = delete;
     /// Closes the group if `close()` was not awaited, blocking on this thread's reactor. Groups
@@ -124,6 +128,11 @@ public:
     /// memory, on this host) or "tcp"; empty for this rank itself or a rank outside the group.
     /// COROCOLL_DEBUG=INFO logs each pair's choice and the reason at set-up.
     const char* channel_to(int peer) const noexcept { return engine_.channel_kind(peer); }
+    /// Which ranks of the group share a host (learnt at set-up from each rank's boot id,
+    /// network namespace and `engine_options::host_tag`). A group that spans hosts with more
+    /// than one rank on some host runs all_reduce, broadcast and all_gather hierarchically
+    /// (within hosts, then among one leader per host, then within hosts).
+    const collectives::topology& topology() const noexcept { return topology_; }
     /// The group's namespace in the rendezvous store.
     rendezvous::store& store() const noexcept { return *store_; }
     /// The same, shared: another group (the GPU layer's NCCL group) may rendezvous through it.
@@ -206,10 +215,14 @@ public:
         auto bytes = detail::writable_bytes_of(data);
         check_root("broadcast", src);
         auto kind = collectives::collective_kind::broadcast;
-        auto algo = collectives::select(kind, bytes.size(), size(), algorithms_);
+        auto algo = choose(kind, bytes.size());
         return call("broadcast", collective(
                                      kind, element_of<R>(), std::ranges::size(data), 0, src,
-                                     [bytes, src, algo](collectives::context& c) -> task<> {
+                                     [bytes, src, algo, this](collectives::context& c) -> task<> {
+                                         if (algo == collectives::algorithm::hierarchical) {
+                                             return collectives::broadcast_hierarchical(
+                                                 c, topology_, bytes, src);
+                                         }
                                          if (algo == collectives::algorithm::chain) {
                                              return collectives::broadcast_chain(c, bytes, src);
                                          }
@@ -225,11 +238,15 @@ public:
         collectives::reduction red{op, element_of<R>()};
         check_op("all_reduce", red);
         auto kind = collectives::collective_kind::all_reduce;
-        auto algo = collectives::select(kind, bytes.size(), size(), algorithms_);
+        auto algo = choose(kind, bytes.size());
         return call("all_reduce",
                     collective(
                         kind, red.type, std::ranges::size(data), static_cast<std::uint8_t>(op), 0,
-                        [bytes, red, algo](collectives::context& c) -> task<> {
+                        [bytes, red, algo, this](collectives::context& c) -> task<> {
+                            if (algo == collectives::algorithm::hierarchical) {
+                                return collectives::all_reduce_hierarchical(c, topology_, bytes,
+                                                                            red);
+                            }
                             if (algo == collectives::algorithm::ring) {
                                 return collectives::all_reduce_ring(c, bytes, red);
                             }
@@ -265,12 +282,16 @@ public:
         auto in_bytes = detail::bytes_of(in);
         check_size("all_gather", "output", std::ranges::size(out), std::ranges::size(in) * size());
         auto kind = collectives::collective_kind::all_gather;
-        auto algo = collectives::select(kind, out_bytes.size(), size(), algorithms_);
+        auto algo = choose(kind, out_bytes.size());
         std::size_t elem = sizeof(std::ranges::range_value_t<I>);
         return call("all_gather_into",
                     collective(
                         kind, element_of<I>(), std::ranges::size(in), 0, 0,
-                        [out_bytes, in_bytes, algo, elem](collectives::context& c) -> task<> {
+                        [out_bytes, in_bytes, algo, elem, this](collectives::context& c) -> task<> {
+                            if (algo == collectives::algorithm::hierarchical) {
+                                return collectives::all_gather_hierarchical(c, topology_, out_bytes,
+                                                                            in_bytes);
+                            }
                             if (algo == collectives::algorithm::bruck) {
                                 return collectives::all_gather_bruck(c, out_bytes, in_bytes);
                             }
@@ -617,6 +638,10 @@ private:
     }
 
     std::string prefix(const char* what) const { return collectives::error_prefix(rank(), what); }
+    // The algorithm of collective `k` for `bytes`: forced, hierarchical across hosts, or by size.
+    collectives::algorithm choose(collectives::collective_kind k, std::size_t bytes) const {
+        return collectives::select(k, bytes, size(), algorithms_, {}, &topology_);
+    }
     void check_root(const char* what, int root) const {
         collectives::check_root(rank(), size(), what, root);
     }
@@ -705,6 +730,7 @@ private:
     std::uint64_t collective_seq_ = 0;
     std::size_t chunk_bytes_ = std::size_t{1} << 20;
     collectives::scratch_buffers scratch_;
+    collectives::topology topology_;
 };
 
 inline void detail::group_disposer::operator()(process_group* g) const noexcept {
@@ -728,7 +754,7 @@ COROCOLL_DECL process_group::process_group(io::reactor& r, int rank, int size, s
                                            std::vector<std::unique_ptr<transport::channel>> peers,
                                            transport::engine_options limits,
                                            std::shared_ptr<rendezvous::tcp_store_server> hosted,
-                                           io::endpoint listen_on)
+                                           io::endpoint listen_on, collectives::topology hosts)
     : reactor_(r),
       name_(std::move(name)),
       timeout_(timeout),
@@ -736,7 +762,8 @@ COROCOLL_DECL process_group::process_group(io::reactor& r, int rank, int size, s
       hosted_(std::move(hosted)),
       listen_on_(listen_on),
       limits_(limits),
-      engine_(r, rank, size, std::move(peers), limits) {
+      engine_(r, rank, size, std::move(peers), limits),
+      topology_(std::move(hosts)) {
     engine_.set_describer(&collectives::describe);
     unlock_item_.lock = &collective_lock_;
     unlock_item_.run_ = [](corocoll::detail::work_item* item) noexcept {

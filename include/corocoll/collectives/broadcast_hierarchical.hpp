@@ -1,0 +1,58 @@
+#pragma once
+
+// Broadcast in two phases for a group that spans hosts: one rank per host (the root on its
+// own host, the leader on every other) receives the buffer across hosts (binomial tree, or a
+// chain for large buffers), then each of them broadcasts it within its host.
+// Cost: the root's host and every other host each receive bytes once across hosts (H - 1
+// transfers between hosts in all, against up to n - 1 for a tree over every rank); then
+// ceil(log2 L) rounds within a host of L ranks.
+// Chosen: for broadcast of any size when the group spans several hosts and some host holds
+// more than one rank (`topology::hierarchical`).
+
+#include <corocoll/collectives/all_reduce_hierarchical.hpp>
+#include <corocoll/collectives/topology.hpp>
+#include <corocoll/version.hpp>
+
+#include <vector>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+/// `c` is a call on the whole group whose hosts `t` describes.
+COROCOLL_DECL task<> broadcast_hierarchical(context& c, const topology& t,
+                                            std::span<std::byte> data, int root,
+                                            thresholds th = {});
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL task<> broadcast_hierarchical(context& c, const topology& t,
+                                            std::span<std::byte> data, int root, thresholds th) {
+    int me = c.rank();
+    int host = t.host_of(me), root_host = t.host_of(root);
+    // Each host's representative: the root on its host, the leader elsewhere.
+    std::vector<int> reps(t.leaders().begin(), t.leaders().end());
+    reps[static_cast<std::size_t>(root_host)] = root;
+    int my_rep = reps[static_cast<std::size_t>(host)];
+    if (me == my_rep) co_await broadcast_among(c, reps, data, root_host, 0, th);
+    std::span<const int> local = t.ranks_on(host);
+    int local_root = 0;
+    while (local[static_cast<std::size_t>(local_root)] != my_rep) ++local_root;
+    co_await broadcast_among(c, local, data, local_root, 1, th);
+}
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES
