@@ -11,6 +11,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <complex>
 #include <cstdint>
 #include <cstdlib>
@@ -515,4 +516,143 @@ TEST_CASE("barrier: nobody leaves before everyone arrived") {
         if (left < last[0])
             throw std::runtime_error("left the barrier before the last rank arrived");
     });
+}
+
+// Hosts laid out by host tags (engine_options::host_tag): one letter per rank, the rank's
+// host. Ranks of one host share memory, ranks of different hosts talk over TCP, and the group's
+// topology says so; hosts need not hold consecutive ranks nor as many ranks each.
+TEST_CASE("hierarchical: all_reduce, broadcast and all_gather on ranks laid out over hosts") {
+    std::vector<std::string> layouts{"aab", "ababa"};
+    if (!thin) {
+        layouts.push_back("aabb");
+        layouts.push_back("abcabca");
+    }
+    // Forced on layouts where the automatic choice would not pick it: one host, and hosts of
+    // one rank each.
+    std::vector<std::string> forced_layouts{"aaa", "ab"};
+    auto run_layout = [](const std::string& layout, bool forced) {
+        CAPTURE(layout);
+        thread_ranks_options o;
+        o.timeout = 60s;
+        for (char h : layout) o.host_tags.emplace_back(1, h);
+        auto body = [&layout, forced](cc::process_group& pg) -> cc::task<> {
+            int n = pg.size(), r = pg.rank();
+            const auto& t = pg.topology();
+            std::string letters = layout;
+            std::sort(letters.begin(), letters.end());
+            auto distinct = std::unique(letters.begin(), letters.end()) - letters.begin();
+            if (t.hosts() != distinct) {
+                throw std::runtime_error("topology: " + t.describe() + " for layout " + layout);
+            }
+            for (int p = 0; p < n; ++p) {
+                bool same =
+                    layout[static_cast<std::size_t>(p)] == layout[static_cast<std::size_t>(r)];
+                if ((t.host_of(p) == t.host_of(r)) != same) {
+                    throw std::runtime_error("topology: rank " + std::to_string(p) +
+                                             " misplaced: " + t.describe());
+                }
+                if (p != r && !same && std::string_view(pg.channel_to(p)) != "tcp") {
+                    throw std::runtime_error("rank " + std::to_string(p) +
+                                             " on another host: " + pg.channel_to(p));
+                }
+            }
+            for (auto k : {coll::collective_kind::all_reduce, coll::collective_kind::broadcast,
+                           coll::collective_kind::all_gather}) {
+                auto chosen = coll::select(k, 1 << 20, n, {}, {}, &t);
+                if ((chosen == coll::algorithm::hierarchical) != t.hierarchical()) {
+                    throw std::runtime_error(std::string("automatic choice for ") +
+                                             coll::kind_name(k) + ": " +
+                                             coll::algorithm_name(chosen));
+                }
+                if (forced) pg.set_algorithm(k, coll::algorithm::hierarchical);
+            }
+            auto algo = coll::algorithm::hierarchical;
+            auto per_type = [&](auto tag) -> cc::task<> {
+                using T = decltype(tag);
+                for (auto op : {cc::reduce_op::sum, cc::reduce_op::max, cc::reduce_op::avg}) {
+                    if (!cc::op_supported(op, cc::dtype_of<T>)) continue;
+                    co_await over_counts<T>(
+                        pg, op == cc::reduce_op::sum, [&](std::size_t count) -> cc::task<> {
+                            auto data =
+                                filled<T>(count, [&](std::size_t i) { return value(op, r, i); });
+                            co_await pg.all_reduce(data, op);
+                            expect_equal(
+                                data,
+                                filled<T>(count,
+                                          [&](std::size_t i) { return expected<T>(op, n, i); }),
+                                label("all_reduce", algo, cc::dtype_of<T>, cc::op_name(op), count,
+                                      n));
+                        });
+                }
+                for (int root : {0, n / 2, n - 1}) {
+                    co_await over_counts<T>(
+                        pg, root == n / 2, [&](std::size_t count) -> cc::task<> {
+                            auto data = filled<T>(count, [&](std::size_t i) {
+                                return value(cc::reduce_op::sum, r, i);
+                            });
+                            co_await pg.broadcast(data, root);
+                            expect_equal(data,
+                                         filled<T>(count,
+                                                   [&](std::size_t i) {
+                                                       return value(cc::reduce_op::sum, root, i);
+                                                   }),
+                                         label("broadcast", algo, cc::dtype_of<T>, "-", count, n) +
+                                             " root " + std::to_string(root));
+                        });
+                }
+                co_await over_counts<T>(pg, true, [&](std::size_t count) -> cc::task<> {
+                    auto in = filled<T>(
+                        count, [&](std::size_t i) { return value(cc::reduce_op::sum, r, i); });
+                    vector_of<T> out(count * n);
+                    co_await pg.all_gather_into(out, in);
+                    std::size_t per = std::max<std::size_t>(count, 1);
+                    expect_equal(out,
+                                 filled<T>(count * n,
+                                           [&](std::size_t i) {
+                                               return value(cc::reduce_op::sum,
+                                                            static_cast<int>(i / per), i % per);
+                                           }),
+                                 label("all_gather", algo, cc::dtype_of<T>, "-", count, n));
+                });
+            };
+            // The phases run the algorithms that the matrix above proves on every type; these
+            // types cover integer, float and 16-bit float kernels.
+            co_await per_type(std::int32_t{});
+            co_await per_type(float{});
+            if (!thin) co_await per_type(cc::bfloat16{});
+        };
+        check_every_rank_ok(run_threads(static_cast<int>(layout.size()), body, o));
+    };
+    for (const auto& layout : layouts) run_layout(layout, false);
+    for (const auto& layout : forced_layouts) run_layout(layout, true);
+}
+
+TEST_CASE(
+    "hierarchical: a topology numbers hosts by their lowest rank and is chosen only "
+    "across hosts with a host of several ranks") {
+    std::vector<std::string> keys{"x", "y", "x", "z", "y"};
+    auto t = coll::topology::from_keys(keys);
+    CHECK(t.hosts() == 3);
+    CHECK(std::vector<int>{t.host_of(0), t.host_of(1), t.host_of(2), t.host_of(3), t.host_of(4)} ==
+          std::vector<int>{0, 1, 0, 2, 1});
+    CHECK(std::vector<int>(t.ranks_on(1).begin(), t.ranks_on(1).end()) == std::vector<int>{1, 4});
+    CHECK(std::vector<int>(t.leaders().begin(), t.leaders().end()) == std::vector<int>{0, 1, 3});
+    CHECK(t.describe() == "3 hosts: ranks 0,2 | 1,4 | 3");
+    CHECK(t.hierarchical());
+    auto k = coll::collective_kind::all_reduce;
+    CHECK(coll::select(k, 4, 5, {}, {}, &t) == coll::algorithm::hierarchical);
+    CHECK(coll::select(coll::collective_kind::reduce, 4, 5, {}, {}, &t) ==
+          coll::algorithm::binomial);
+    coll::algorithm_choice ring;
+    ring.force(k, coll::algorithm::ring);
+    CHECK(coll::select(k, 4, 5, ring, {}, &t) == coll::algorithm::ring);  // forced wins
+
+    std::vector<std::string> apart{"a", "b", "c"}, together{"a", "a", "a"};
+    CHECK_FALSE(coll::topology::from_keys(apart).hierarchical());
+    CHECK_FALSE(coll::topology::from_keys(together).hierarchical());
+    CHECK(coll::topology::from_keys(together).describe() == "1 host: ranks 0,1,2");
+    CHECK(coll::topology{}.hosts() == 1);
+    CHECK(coll::select(k, 4, 3, {}, {}, nullptr) == coll::algorithm::recursive_doubling);
+    CHECK_THROWS_AS(ring.force(coll::collective_kind::reduce, coll::algorithm::hierarchical),
+                    std::invalid_argument);
 }

@@ -15,6 +15,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -96,6 +98,32 @@ int main(int argc, char** argv) {
                 if (x != 42) throw std::runtime_error("broadcast: wrong value");
             std::printf("broadcast ok: %d (world %d, node %s)\n", b[0], pg.size(),
                         std::getenv("GROUP_RANK"));
+            // Across hosts with two ranks on each, these three run hierarchically: large
+            // enough for the ring among the leaders and chunks within a host.
+            std::printf("topology: %s%s\n", pg.topology().describe().c_str(),
+                        pg.topology().hierarchical() ? ", hierarchical" : "");
+            std::vector<float> big((std::size_t{1} << 18) + 3);
+            for (std::size_t i = 0; i < big.size(); ++i)
+                big[i] = static_cast<float>((i + static_cast<std::size_t>(pg.rank())) % 5);
+            co_await pg.all_reduce(big);
+            for (std::size_t i = 0; i < big.size(); ++i) {
+                float want = 0;
+                for (int q = 0; q < pg.size(); ++q)
+                    want += static_cast<float>((i + static_cast<std::size_t>(q)) % 5);
+                if (big[i] != want) throw std::runtime_error("large all_reduce: wrong sum");
+            }
+            std::vector<std::int32_t> mine{pg.rank() * 10, pg.rank() * 10 + 1};
+            std::vector<std::int32_t> all(mine.size() * static_cast<std::size_t>(pg.size()));
+            co_await pg.all_gather_into(all, mine);
+            for (std::size_t i = 0; i < all.size(); ++i)
+                if (all[i] != static_cast<std::int32_t>((i / 2) * 10 + i % 2))
+                    throw std::runtime_error("all_gather: wrong block");
+            int last = pg.size() - 1;
+            std::vector<std::int32_t> from_last(1000, pg.rank() == last ? 7 : 0);
+            co_await pg.broadcast(from_last, last);
+            for (auto x : from_last)
+                if (x != 7) throw std::runtime_error("broadcast from the last rank: wrong value");
+            std::printf("hierarchical ok\n");
         });
     }
     if (mode == "fail-first-attempt") {

@@ -4,7 +4,9 @@ the benchmarking range 198.18.0.0/15), with 2 ms of delay added by tc netem wher
 has it, and a 1 Gbit/s token bucket (tc tbf) where it has not.
 One corocollrun per host, --nnodes=2, two ranks each:
 
-  1. an all_reduce and a broadcast across the 4 ranks, checked by every rank;
+  1. an all_reduce and a broadcast across the 4 ranks, checked by every rank; every rank sees
+     the same two hosts, and large and small all_reduce, all_gather and broadcast run
+     hierarchically (shared memory within a host, TCP between the leaders);
   2. a rank on host 2 fails: both launchers stop every worker and exit 1, and host 1's launcher
      names the failed rank and its node.
 
@@ -139,8 +141,12 @@ def main():
                     if not re.search(rf"rank {r} - rank {other}: {kind} \(", out + err):
                         failures.append(f"host {i + 1}: rank {r} does not log {kind} to rank {other}")
             for r in (2 * i, 2 * i + 1):
+                # Every rank sees the same two hosts, and all_reduce, broadcast and all_gather
+                # run hierarchically (shm within a host, TCP between the two leaders).
                 for want in (f"[rank {r}] all_reduce ok: 10",
-                             f"[rank {r}] broadcast ok: 42 (world 4, node {i})"):
+                             f"[rank {r}] broadcast ok: 42 (world 4, node {i})",
+                             f"[rank {r}] topology: 2 hosts: ranks 0,1 | 2,3, hierarchical",
+                             f"[rank {r}] hierarchical ok"):
                     if want not in out:
                         failures.append(f"host {i + 1}: missing '{want}'")
 
