@@ -271,27 +271,67 @@ cc::task<> over_counts(cc::process_group& pg, bool big, F f) {
     }
 }
 
+// all_reduce with `op` on every count (the multi-MiB one for sum), checked exactly.
+template <class T>
+cc::task<> check_all_reduce(cc::process_group& pg, coll::algorithm algo, cc::reduce_op op) {
+    int n = pg.size(), r = pg.rank();
+    co_await over_counts<T>(pg, op == cc::reduce_op::sum, [&](std::size_t count) -> cc::task<> {
+        auto data = filled<T>(count, [&](std::size_t i) { return value(op, r, i); });
+        co_await pg.all_reduce(data, op);
+        expect_equal(data, filled<T>(count, [&](std::size_t i) { return expected<T>(op, n, i); }),
+                     label("all_reduce", algo, cc::dtype_of<T>, cc::op_name(op), count, n));
+    });
+}
+
+// broadcast from the first, middle and last rank on every count (the multi-MiB one from the
+// middle), checked exactly.
+template <class T>
+cc::task<> check_broadcast(cc::process_group& pg, coll::algorithm algo) {
+    int n = pg.size(), r = pg.rank();
+    for (int root : {0, n / 2, n - 1}) {
+        co_await over_counts<T>(pg, root == n / 2, [&](std::size_t count) -> cc::task<> {
+            auto data =
+                filled<T>(count, [&](std::size_t i) { return value(cc::reduce_op::sum, r, i); });
+            co_await pg.broadcast(data, root);
+            expect_equal(
+                data,
+                filled<T>(count, [&](std::size_t i) { return value(cc::reduce_op::sum, root, i); }),
+                label("broadcast", algo, cc::dtype_of<T>, "-", count, n) + " root " +
+                    std::to_string(root));
+        });
+    }
+}
+
+// all_gather_into on every count, checked exactly.
+template <class T>
+cc::task<> check_all_gather(cc::process_group& pg, coll::algorithm algo) {
+    int n = pg.size(), r = pg.rank();
+    co_await over_counts<T>(pg, true, [&](std::size_t count) -> cc::task<> {
+        auto in = filled<T>(count, [&](std::size_t i) { return value(cc::reduce_op::sum, r, i); });
+        vector_of<T> out(count * n);
+        co_await pg.all_gather_into(out, in);
+        std::size_t per = std::max<std::size_t>(count, 1);
+        expect_equal(out,
+                     filled<T>(count * n,
+                               [&](std::size_t i) {
+                                   return value(cc::reduce_op::sum, static_cast<int>(i / per),
+                                                i % per);
+                               }),
+                     label("all_gather", algo, cc::dtype_of<T>, "-", count, n));
+    });
+}
+
 }  // namespace
 
 TEST_CASE("all_reduce: every type, op, world size and count, with each algorithm") {
     on_every_world([](cc::process_group& pg) -> cc::task<> {
-        int n = pg.size(), r = pg.rank();
         for (auto algo : {coll::algorithm::ring, coll::algorithm::recursive_doubling}) {
             pg.set_algorithm(coll::collective_kind::all_reduce, algo);
             auto per_type = [&](auto tag) -> cc::task<> {
                 using T = decltype(tag);
                 for (auto op : all_ops) {
-                    if (!cc::op_supported(op, cc::dtype_of<T>)) continue;
-                    bool big = op == cc::reduce_op::sum;  // the multi-MiB size, for every type
-                    co_await over_counts<T>(pg, big, [&](std::size_t count) -> cc::task<> {
-                        auto data =
-                            filled<T>(count, [&](std::size_t i) { return value(op, r, i); });
-                        co_await pg.all_reduce(data, op);
-                        expect_equal(
-                            data,
-                            filled<T>(count, [&](std::size_t i) { return expected<T>(op, n, i); }),
-                            label("all_reduce", algo, cc::dtype_of<T>, cc::op_name(op), count, n));
-                    });
+                    if (cc::op_supported(op, cc::dtype_of<T>))
+                        co_await check_all_reduce<T>(pg, algo, op);
                 }
             };
             co_await each_type(per_type);
@@ -362,27 +402,10 @@ TEST_CASE("reduce_scatter: every type, op, world size and count") {
 
 TEST_CASE("broadcast: every type, world size, count and root, with each algorithm") {
     on_every_world([](cc::process_group& pg) -> cc::task<> {
-        int n = pg.size(), r = pg.rank();
         for (auto algo : {coll::algorithm::binomial, coll::algorithm::chain}) {
             pg.set_algorithm(coll::collective_kind::broadcast, algo);
             auto per_type = [&](auto tag) -> cc::task<> {
-                using T = decltype(tag);
-                for (int root : {0, n / 2, n - 1}) {
-                    co_await over_counts<T>(
-                        pg, root == n / 2, [&](std::size_t count) -> cc::task<> {
-                            auto data = filled<T>(count, [&](std::size_t i) {
-                                return value(cc::reduce_op::sum, r, i);
-                            });
-                            co_await pg.broadcast(data, root);
-                            expect_equal(data,
-                                         filled<T>(count,
-                                                   [&](std::size_t i) {
-                                                       return value(cc::reduce_op::sum, root, i);
-                                                   }),
-                                         label("broadcast", algo, cc::dtype_of<T>, "-", count, n) +
-                                             " root " + std::to_string(root));
-                        });
-                }
+                co_await check_broadcast<decltype(tag)>(pg, algo);
             };
             co_await each_type(per_type);
         }
@@ -391,27 +414,10 @@ TEST_CASE("broadcast: every type, world size, count and root, with each algorith
 
 TEST_CASE("all_gather: every type, world size and count, with each algorithm") {
     on_every_world([](cc::process_group& pg) -> cc::task<> {
-        int n = pg.size(), r = pg.rank();
         for (auto algo : {coll::algorithm::ring, coll::algorithm::bruck}) {
             pg.set_algorithm(coll::collective_kind::all_gather, algo);
             auto per_type = [&](auto tag) -> cc::task<> {
-                using T = decltype(tag);
-                co_await over_counts<T>(pg, true, [&](std::size_t count) -> cc::task<> {
-                    auto in = filled<T>(
-                        count, [&](std::size_t i) { return value(cc::reduce_op::sum, r, i); });
-                    vector_of<T> out(count * n);
-                    co_await pg.all_gather_into(out, in);
-                    expect_equal(
-                        out,
-                        filled<T>(count * n,
-                                  [&](std::size_t i) {
-                                      return value(
-                                          cc::reduce_op::sum,
-                                          static_cast<int>(i / std::max<std::size_t>(count, 1)),
-                                          i % std::max<std::size_t>(count, 1));
-                                  }),
-                        label("all_gather", algo, cc::dtype_of<T>, "-", count, n));
-                });
+                co_await check_all_gather<decltype(tag)>(pg, algo);
             };
             co_await each_type(per_type);
         }
@@ -570,50 +576,11 @@ TEST_CASE("hierarchical: all_reduce, broadcast and all_gather on ranks laid out 
             auto per_type = [&](auto tag) -> cc::task<> {
                 using T = decltype(tag);
                 for (auto op : {cc::reduce_op::sum, cc::reduce_op::max, cc::reduce_op::avg}) {
-                    if (!cc::op_supported(op, cc::dtype_of<T>)) continue;
-                    co_await over_counts<T>(
-                        pg, op == cc::reduce_op::sum, [&](std::size_t count) -> cc::task<> {
-                            auto data =
-                                filled<T>(count, [&](std::size_t i) { return value(op, r, i); });
-                            co_await pg.all_reduce(data, op);
-                            expect_equal(
-                                data,
-                                filled<T>(count,
-                                          [&](std::size_t i) { return expected<T>(op, n, i); }),
-                                label("all_reduce", algo, cc::dtype_of<T>, cc::op_name(op), count,
-                                      n));
-                        });
+                    if (cc::op_supported(op, cc::dtype_of<T>))
+                        co_await check_all_reduce<T>(pg, algo, op);
                 }
-                for (int root : {0, n / 2, n - 1}) {
-                    co_await over_counts<T>(
-                        pg, root == n / 2, [&](std::size_t count) -> cc::task<> {
-                            auto data = filled<T>(count, [&](std::size_t i) {
-                                return value(cc::reduce_op::sum, r, i);
-                            });
-                            co_await pg.broadcast(data, root);
-                            expect_equal(data,
-                                         filled<T>(count,
-                                                   [&](std::size_t i) {
-                                                       return value(cc::reduce_op::sum, root, i);
-                                                   }),
-                                         label("broadcast", algo, cc::dtype_of<T>, "-", count, n) +
-                                             " root " + std::to_string(root));
-                        });
-                }
-                co_await over_counts<T>(pg, true, [&](std::size_t count) -> cc::task<> {
-                    auto in = filled<T>(
-                        count, [&](std::size_t i) { return value(cc::reduce_op::sum, r, i); });
-                    vector_of<T> out(count * n);
-                    co_await pg.all_gather_into(out, in);
-                    std::size_t per = std::max<std::size_t>(count, 1);
-                    expect_equal(out,
-                                 filled<T>(count * n,
-                                           [&](std::size_t i) {
-                                               return value(cc::reduce_op::sum,
-                                                            static_cast<int>(i / per), i % per);
-                                           }),
-                                 label("all_gather", algo, cc::dtype_of<T>, "-", count, n));
-                });
+                co_await check_broadcast<T>(pg, algo);
+                co_await check_all_gather<T>(pg, algo);
             };
             // The phases run the algorithms that the matrix above proves on every type; these
             // types cover integer, float and 16-bit float kernels.

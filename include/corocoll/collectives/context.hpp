@@ -106,7 +106,7 @@ struct context {
     int group_rank(int r) const noexcept {
         return members.empty() ? r : members[static_cast<std::size_t>(r)];
     }
-    /// The same call, restricted to `ranks` (group ranks, ascending, this rank among them),
+    /// The same call, restricted to `ranks` (distinct group ranks, this rank among them),
     /// its rounds starting at `first_round`: what a phase of a hierarchical algorithm runs an
     /// ordinary algorithm on. The scratch buffers stay shared (phases run one at a time).
     context among(std::span<const int> ranks, std::uint32_t first_round);
