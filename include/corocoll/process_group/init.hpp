@@ -309,7 +309,7 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
     channels.shm_single_copy_bytes = limits.shm_single_copy_bytes;
     channels.shm_futex_wait = limits.shm_futex_wait;
     channels.same_host_send_buffer = limits.same_host_send_buffer;
-    channels.host_tag = limits.host_tag;
+    channels.host_tag = std::string(limits.host_tag.view());
     co_await roll_call(*group_store, rank, size, name, deadline, hosted != nullptr);
     std::vector<std::string> host_keys;
     auto peers = co_await transport::connect_channels(r, *group_store, rank, size, mesh, channels,

@@ -36,7 +36,9 @@
 #include <stdexcept>
 #include <stop_token>
 #include <string>
+#include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -44,7 +46,41 @@ COROCOLL_BEGIN_NAMESPACE
 
 namespace transport {
 
-/// Limits of the point-to-point engine.
+/// A short name held inline (at most `capacity` bytes): what `engine_options::host_tag` holds,
+/// so that engine_options stays trivially copyable. g++ 12 copies an aggregate made in a
+/// `co_await` expression (`co_await build_group(..., {}, ...)`) into the coroutine's frame
+/// bit for bit, which a std::string member does not survive (its buffer pointer still points
+/// at the temporary): see docs/architecture.md, "Compiler workarounds".
+class inline_name {
+public:
+    /// The longest name it holds.
+    static constexpr std::size_t capacity = 63;
+    /// Empty.
+    constexpr inline_name() noexcept = default;
+    /// Holds `name`; a longer one than `capacity` throws `std::invalid_argument`.
+    inline_name(std::string_view name) {  // NOLINT(google-explicit-constructor): a string stands in
+        if (name.size() > capacity) {
+            throw std::invalid_argument("corocoll: the name '" + std::string(name) +
+                                        "' is longer than " + std::to_string(capacity) + " bytes");
+        }
+        std::memcpy(text_, name.data(), name.size());
+        size_ = static_cast<unsigned char>(name.size());
+    }
+    /// Holds `name` (see the string_view form).
+    inline_name(const char* name) : inline_name(std::string_view(name)) {}  // NOLINT: as above
+    /// Holds `name` (see the string_view form).
+    inline_name(const std::string& name) : inline_name(std::string_view(name)) {}  // NOLINT
+    /// The name.
+    std::string_view view() const noexcept { return {text_, size_}; }
+    /// True when no name is held.
+    bool empty() const noexcept { return size_ == 0; }
+
+private:
+    char text_[capacity] = {};
+    unsigned char size_ = 0;
+};
+
+/// Limits of the point-to-point engine. Trivially copyable (see `inline_name`).
 struct engine_options {
     /// The largest message a peer may announce; a larger header fails the group (1 TiB).
     std::uint64_t max_message_bytes = std::uint64_t{1} << 40;
@@ -99,8 +135,10 @@ struct engine_options {
     /// alone. For tests that lay out several hosts on one machine, and for jobs that want
     /// ranks kept apart (one tag per NUMA node). Empty: the boot id and network namespace
     /// decide. Blanks in it are read as '_'.
-    std::string host_tag;
+    inline_name host_tag;
 };
+static_assert(std::is_trivially_copyable_v<engine_options>,
+              "engine_options must stay trivially copyable (see inline_name)");
 
 /// The stall interval that a COROCOLL_STALL_S value `v` asks for (seconds, a number >= 0;
 /// 0: no stall checks), 60 s for null or empty. A value that is not such a number is refused,
