@@ -623,3 +623,45 @@ TEST_CASE(
     CHECK_THROWS_AS(ring.force(coll::collective_kind::reduce, coll::algorithm::hierarchical),
                     std::invalid_argument);
 }
+
+TEST_CASE(
+    "hierarchical: a group across hosts runs it without being told, as a rank that forces "
+    "another algorithm finds out") {
+    // Ranks 0 and 2 choose by themselves; rank 1 forces the ring. If the group picked the ring
+    // too, the call would succeed: every rank fails only because the others ran hierarchical.
+    thread_ranks_options o;
+    o.host_tags = {"a", "a", "b"};
+    auto errors = run_threads(
+        3,
+        [](cc::process_group& pg) -> cc::task<> {
+            if (pg.rank() == 1) {
+                pg.set_algorithm(coll::collective_kind::all_reduce, coll::algorithm::ring);
+            }
+            std::vector<std::int32_t> t(1 << 16, 1);
+            co_await pg.all_reduce(t);
+            co_await pg.barrier();  // a rank whose all_reduce ended learns the failure here
+        },
+        o);
+    for (std::size_t r = 0; r < errors.size(); ++r) {
+        CAPTURE(r);
+        std::string e = what(errors[r]);
+        CAPTURE(e);
+        CHECK(e.find("all_reduce(sum, int32 x 65536, hierarchical)") != std::string::npos);
+        CHECK(e.find("all_reduce(sum, int32 x 65536, ring)") != std::string::npos);
+    }
+}
+
+TEST_CASE("hierarchical: a host tag longer than 63 bytes is refused, naming the option") {
+    cc::transport::engine_options o;
+    o.host_tag = std::string(63, 'x');
+    CHECK(o.host_tag.view().size() == 63);
+    std::string refused;
+    try {
+        o.host_tag = std::string(64, 'y');
+    } catch (const std::invalid_argument& e) {
+        refused = e.what();
+    }
+    CHECK(refused.find("engine_options::host_tag") != std::string::npos);
+    CHECK(refused.find("longer than 63 bytes") != std::string::npos);
+    CHECK(o.host_tag.view() == std::string(63, 'x'));  // unchanged
+}

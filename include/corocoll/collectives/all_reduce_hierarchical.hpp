@@ -32,8 +32,8 @@ COROCOLL_DECL task<> all_reduce_hierarchical(context& c, const topology& t,
                                              std::span<std::byte> data, const reduction& red,
                                              thresholds th = {});
 
-/// The broadcast of a hierarchical phase among `ranks` (group ranks) from `ranks[root]`:
-/// binomial, or the chain for large buffers on more than two ranks (as select.hpp picks).
+/// The broadcast of a hierarchical phase among `ranks` (group ranks) from `ranks[root]`, with
+/// the algorithm `select` picks for that many ranks and bytes.
 COROCOLL_DECL task<> broadcast_among(context& c, std::span<const int> ranks,
                                      std::span<std::byte> data, int root, std::uint32_t phase,
                                      thresholds th);
@@ -55,7 +55,7 @@ COROCOLL_DECL task<> broadcast_among(context& c, std::span<const int> ranks,
                                      thresholds th) {
     if (ranks.size() < 2) co_return;
     context sub = c.among(ranks, phase * hierarchical_phase_rounds);
-    if (data.size() >= th.broadcast_chain_bytes && ranks.size() > 2) {
+    if (select(collective_kind::broadcast, data.size(), sub.size(), {}, th) == algorithm::chain) {
         co_await broadcast_chain(sub, data, root);
     } else {
         co_await broadcast_binomial(sub, data, root);
@@ -79,7 +79,8 @@ COROCOLL_DECL task<> all_reduce_hierarchical(context& c, const topology& t,
     if (me == leader) {
         if (t.hosts() > 1) {
             context sub = c.among(t.leaders(), hierarchical_phase_rounds);
-            if (data.size() >= th.all_reduce_ring_bytes) {
+            if (select(collective_kind::all_reduce, data.size(), sub.size(), {}, th) ==
+                algorithm::ring) {
                 co_await all_reduce_ring(sub, data, sum);
             } else {
                 co_await all_reduce_recursive_doubling(sub, data, sum);

@@ -46,15 +46,16 @@ public:
     /// True when the group spans several hosts and some host holds more than one rank: where
     /// the hierarchical algorithms (intra-host, then among leaders, then intra-host) save
     /// traffic between hosts.
-    bool hierarchical() const noexcept;
+    bool hierarchical() const noexcept { return hierarchical_; }
     /// "2 hosts: ranks 0,1 | 2,3" (for logs and errors).
     std::string describe() const;
 
 private:
-    std::vector<int> host_of_;  // per rank; empty: one host
-    std::vector<int> first_;    // per host: its lowest rank
-    std::vector<int> members_;  // ranks grouped by host, ascending within a host
-    std::vector<int> offset_;   // per host + 1: where its ranks start in members_
+    std::vector<int> host_of_;   // per rank; empty: one host
+    std::vector<int> first_;     // per host: its lowest rank
+    std::vector<int> members_;   // ranks grouped by host, ascending within a host
+    std::vector<int> offset_;    // per host + 1: where its ranks start in members_
+    bool hierarchical_ = false;  // asked at every collective: found once
 };
 
 }  // namespace collectives
@@ -94,6 +95,7 @@ COROCOLL_DECL topology::topology(std::span<const int> host_of_rank) {
         members_[static_cast<std::size_t>(fill[static_cast<std::size_t>(host_of_[r])]++)] =
             static_cast<int>(r);
     }
+    hierarchical_ = first_.size() > 1 && first_.size() < n;  // some host holds several ranks
 }
 
 COROCOLL_DECL topology topology::from_keys(std::span<const std::string> keys) {
@@ -111,14 +113,6 @@ COROCOLL_DECL std::span<const int> topology::ranks_on(int h) const noexcept {
     auto from = static_cast<std::size_t>(offset_[static_cast<std::size_t>(h)]);
     auto to = static_cast<std::size_t>(offset_[static_cast<std::size_t>(h) + 1]);
     return std::span<const int>(members_).subspan(from, to - from);
-}
-
-COROCOLL_DECL bool topology::hierarchical() const noexcept {
-    if (hosts() < 2) return false;
-    for (int h = 0; h < hosts(); ++h) {
-        if (ranks_on(h).size() > 1) return true;
-    }
-    return false;
 }
 
 COROCOLL_DECL std::string topology::describe() const {

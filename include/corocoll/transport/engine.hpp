@@ -60,7 +60,7 @@ public:
     /// Holds `name`; a longer one than `capacity` throws `std::invalid_argument`.
     inline_name(std::string_view name) {  // NOLINT(google-explicit-constructor): a string stands in
         if (name.size() > capacity) {
-            throw std::invalid_argument("corocoll: the name '" + std::string(name) +
+            throw std::invalid_argument("corocoll: engine_options::host_tag '" + std::string(name) +
                                         "' is longer than " + std::to_string(capacity) + " bytes");
         }
         std::memcpy(text_, name.data(), name.size());
