@@ -129,7 +129,7 @@ constexpr cc::collectives::algorithm forcible_algorithms[] = {
     cc::collectives::algorithm::binomial,    cc::collectives::algorithm::chain,
     cc::collectives::algorithm::bruck,       cc::collectives::algorithm::linear,
     cc::collectives::algorithm::pairwise,    cc::collectives::algorithm::dissemination,
-    cc::collectives::algorithm::hierarchical};
+    cc::collectives::algorithm::hierarchical, cc::collectives::algorithm::shm};
 
 cc::collectives::algorithm algorithm_of(const std::string& s) {
     for (auto x : forcible_algorithms) {

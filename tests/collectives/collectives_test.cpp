@@ -243,12 +243,26 @@ std::string label(const char* coll, coll::algorithm a, cc::dtype t, const char* 
            " count " + std::to_string(count) + " on " + std::to_string(n) + " ranks";
 }
 
+// The shared-memory arena of the matrix's groups: small, so that the shm algorithms cut even
+// the small counts into many pieces (a slot of 8 ranks is 2 KiB).
+constexpr std::size_t matrix_arena_bytes = std::size_t{16} << 10;
+
+// `algos`, and the shared-memory algorithm where the group has an arena (its ranks share this
+// host and the transport is shm: not on the TCP rerun, nor on one rank).
+std::vector<coll::algorithm> with_shm(const cc::process_group& pg,
+                                      std::initializer_list<coll::algorithm> algos) {
+    std::vector<coll::algorithm> out(algos);
+    if (pg.has_arena()) out.push_back(coll::algorithm::shm);
+    return out;
+}
+
 // Runs `body(pg)` on every world size; every rank must finish without an exception.
 void on_every_world(const std::function<cc::task<>(cc::process_group&)>& body) {
     for (int n : world_sizes()) {
         CAPTURE(n);
         thread_ranks_options o;
         o.timeout = 60s;
+        o.limits.shm_arena_bytes = matrix_arena_bytes;
         check_every_rank_ok(run_threads(n, body, o));
     }
 }
@@ -325,7 +339,7 @@ cc::task<> check_all_gather(cc::process_group& pg, coll::algorithm algo) {
 
 TEST_CASE("all_reduce: every type, op, world size and count, with each algorithm") {
     on_every_world([](cc::process_group& pg) -> cc::task<> {
-        for (auto algo : {coll::algorithm::ring, coll::algorithm::recursive_doubling}) {
+        for (auto algo : with_shm(pg, {coll::algorithm::ring, coll::algorithm::recursive_doubling})) {
             pg.set_algorithm(coll::collective_kind::all_reduce, algo);
             auto per_type = [&](auto tag) -> cc::task<> {
                 using T = decltype(tag);
@@ -402,7 +416,7 @@ TEST_CASE("reduce_scatter: every type, op, world size and count") {
 
 TEST_CASE("broadcast: every type, world size, count and root, with each algorithm") {
     on_every_world([](cc::process_group& pg) -> cc::task<> {
-        for (auto algo : {coll::algorithm::binomial, coll::algorithm::chain}) {
+        for (auto algo : with_shm(pg, {coll::algorithm::binomial, coll::algorithm::chain})) {
             pg.set_algorithm(coll::collective_kind::broadcast, algo);
             auto per_type = [&](auto tag) -> cc::task<> {
                 co_await check_broadcast<decltype(tag)>(pg, algo);
@@ -414,7 +428,7 @@ TEST_CASE("broadcast: every type, world size, count and root, with each algorith
 
 TEST_CASE("all_gather: every type, world size and count, with each algorithm") {
     on_every_world([](cc::process_group& pg) -> cc::task<> {
-        for (auto algo : {coll::algorithm::ring, coll::algorithm::bruck}) {
+        for (auto algo : with_shm(pg, {coll::algorithm::ring, coll::algorithm::bruck})) {
             pg.set_algorithm(coll::collective_kind::all_gather, algo);
             auto per_type = [&](auto tag) -> cc::task<> {
                 co_await check_all_gather<decltype(tag)>(pg, algo);

@@ -17,6 +17,10 @@
 
 COROCOLL_BEGIN_NAMESPACE
 
+namespace transport {
+class shm_arena;
+}  // namespace transport
+
 namespace collectives {
 
 /// Buffers that the collectives of one group reuse from call to call (they run one at a
@@ -95,6 +99,9 @@ struct context {
     /// Added to every round this call addresses, so that the phases of one collective that
     /// run algorithms one after the other use steps of their own.
     std::uint32_t round_base = 0;
+    /// The group's shared arena, where its ranks all share one host (null elsewhere): what
+    /// the shared-memory algorithms work in. Never set on a call `among` part of the group.
+    transport::shm_arena* arena = nullptr;
 
     /// This rank in the call (in the group, unless `members` says otherwise).
     int rank() const noexcept { return members.empty() ? net.rank() : member_rank; }
@@ -189,6 +196,7 @@ COROCOLL_DECL context context::among(std::span<const int> ranks, std::uint32_t f
     // both use one pool.
     if (scratch_pool == nullptr) scratch(ring_slot, 0);
     context sub = *this;
+    sub.arena = nullptr;
     int me = group_rank(rank());
     sub.members = ranks;
     sub.member_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), me) - ranks.begin());

@@ -52,7 +52,10 @@ enum class algorithm : std::uint8_t {
     pairwise,            ///< all_to_all
     dissemination,       ///< barrier
     hierarchical,        ///< all_reduce, broadcast, all_gather across hosts (see topology.hpp)
+    shm,  ///< all_reduce, broadcast, all_gather through a one-host group's shared arena
 };
+/// The last algorithm of the enumeration.
+inline constexpr algorithm last_algorithm = algorithm::shm;
 
 COROCOLL_DECL const char* algorithm_name(algorithm a) noexcept;
 
@@ -67,6 +70,11 @@ struct thresholds {
     std::size_t broadcast_chain_bytes = std::size_t{512} << 10;
     std::size_t all_gather_ring_bytes = std::size_t{256} << 10;  ///< of the gathered total
     std::size_t linear_block_bytes = std::size_t{64} << 10;      ///< gather/scatter, per block
+    /// On a group with a shared arena: all_reduce, broadcast and all_gather (of the gathered
+    /// total) go through it up to these sizes, through the channels above them.
+    std::size_t shm_all_reduce_bytes = ~std::size_t{0};
+    std::size_t shm_broadcast_bytes = ~std::size_t{0};  ///< see `shm_all_reduce_bytes`
+    std::size_t shm_all_gather_bytes = ~std::size_t{0};  ///< see `shm_all_reduce_bytes`
 };
 
 /// Algorithms forced per collective; `automatic` leaves the choice to size and world size.
@@ -101,10 +109,12 @@ private:
 /// The algorithm collective `k` uses for `bytes` (of one rank's buffer, or of the gathered
 /// total for all_gather, or of one block for gather/scatter) on `n` ranks whose hosts `hosts`
 /// describes (null: one host). A group that `topology::hierarchical` calls so gets the
-/// hierarchical algorithm wherever the collective has one, at every size.
+/// hierarchical algorithm wherever the collective has one, at every size. A group with a
+/// shared arena (`arena`: all its ranks share one host's memory) gets the shared-memory
+/// algorithms up to `thresholds`' sizes.
 COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
                                const algorithm_choice& choice, const thresholds& t = {},
-                               const topology* hosts = nullptr);
+                               const topology* hosts = nullptr, bool arena = false);
 
 /// How a collective call reads in errors: "all_reduce(sum, float32 x 100, ring)".
 COROCOLL_DECL std::string describe(const transport::collective_meta& m);
@@ -177,6 +187,8 @@ COROCOLL_DECL const char* algorithm_name(algorithm a) noexcept {
             return "dissemination";
         case algorithm::hierarchical:
             return "hierarchical";
+        case algorithm::shm:
+            return "shm";
     }
     return "unknown";
 }
@@ -185,14 +197,15 @@ COROCOLL_DECL bool supports(collective_kind k, algorithm a) noexcept {
     switch (k) {
         case collective_kind::all_reduce:
             return a == algorithm::ring || a == algorithm::recursive_doubling ||
-                   a == algorithm::hierarchical;
+                   a == algorithm::hierarchical || a == algorithm::shm;
         case collective_kind::broadcast:
             return a == algorithm::binomial || a == algorithm::chain ||
-                   a == algorithm::hierarchical;
+                   a == algorithm::hierarchical || a == algorithm::shm;
         case collective_kind::reduce:
             return a == algorithm::binomial;
         case collective_kind::all_gather:
-            return a == algorithm::ring || a == algorithm::bruck || a == algorithm::hierarchical;
+            return a == algorithm::ring || a == algorithm::bruck ||
+                   a == algorithm::hierarchical || a == algorithm::shm;
         case collective_kind::gather:
         case collective_kind::scatter:
             return a == algorithm::binomial || a == algorithm::linear;
@@ -260,7 +273,7 @@ COROCOLL_DECL algorithm_choice algorithm_choice::parse_spec(std::string_view spe
 }
 
 COROCOLL_DECL std::optional<algorithm> algorithm_choice::find_algorithm(std::string_view name) {
-    for (int i = 0; i <= static_cast<int>(algorithm::hierarchical); ++i) {
+    for (int i = 0; i <= static_cast<int>(last_algorithm); ++i) {
         if (name == algorithm_name(static_cast<algorithm>(i))) return static_cast<algorithm>(i);
     }
     return std::nullopt;
@@ -276,7 +289,7 @@ COROCOLL_DECL std::optional<collective_kind> algorithm_choice::find_kind(std::st
 
 COROCOLL_DECL std::string algorithm_choice::names_of(std::optional<collective_kind> k) {
     std::string out = k ? "it has: auto" : "known: auto";
-    for (int i = 1; i <= static_cast<int>(algorithm::hierarchical); ++i) {
+    for (int i = 1; i <= static_cast<int>(last_algorithm); ++i) {
         auto a = static_cast<algorithm>(i);
         if (!k || supports(*k, a)) out += std::string(", ") + algorithm_name(a);
     }
@@ -285,8 +298,16 @@ COROCOLL_DECL std::string algorithm_choice::names_of(std::optional<collective_ki
 
 COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
                                const algorithm_choice& choice, const thresholds& t,
-                               const topology* hosts) {
+                               const topology* hosts, bool arena) {
     if (algorithm forced = choice.forced(k); forced != algorithm::automatic) return forced;
+    if (arena) {
+        if (k == collective_kind::all_reduce && bytes <= t.shm_all_reduce_bytes)
+            return algorithm::shm;
+        if (k == collective_kind::broadcast && bytes <= t.shm_broadcast_bytes)
+            return algorithm::shm;
+        if (k == collective_kind::all_gather && bytes <= t.shm_all_gather_bytes)
+            return algorithm::shm;
+    }
     if (hosts != nullptr && hosts->hierarchical() && supports(k, algorithm::hierarchical)) {
         return algorithm::hierarchical;
     }

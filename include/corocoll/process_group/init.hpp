@@ -310,10 +310,12 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
     channels.shm_futex_wait = limits.shm_futex_wait;
     channels.same_host_send_buffer = limits.same_host_send_buffer;
     channels.host_tag = std::string(limits.host_tag.view());
+    channels.shm_arena_bytes = limits.shm_arena_bytes;
     co_await roll_call(*group_store, rank, size, name, deadline, hosted != nullptr);
     std::vector<std::string> host_keys;
+    std::unique_ptr<transport::shm_arena> arena;
     auto peers = co_await transport::connect_channels(r, *group_store, rank, size, mesh, channels,
-                                                      &host_keys);
+                                                      &host_keys, &arena);
     auto hosts = collectives::topology::from_keys(host_keys);
     if (co_await group_store->add("init/arrived", 1) == size) {
         co_await group_store->set("init/complete", "1");
@@ -330,13 +332,24 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
                                  "' connected, but not every rank finished set-up in time: " +
                                  corocoll::detail::context_of(e)));
     }
+    // Every rank that took the arena counted itself before it arrived: the count is final.
+    if (arena && co_await group_store->add("mesh/arena", 0) != size) {
+        COROCOLL_LOG(info, "INIT", "group '", name,
+                     "': no shared-memory arena (not every rank could map it)");
+        arena.reset();
+    } else if (arena) {
+        COROCOLL_LOG(info, "INIT", "group '", name, "': a shared-memory arena of 2 x ",
+                     arena->set_bytes() >> 10,
+                     " KiB (all_reduce, broadcast, all_gather through shared memory)");
+    }
     COROCOLL_LOG(info, "INIT", "group '", name, "' ready: rank ", rank, " of ", size);
     COROCOLL_LOG(info, "INIT", "group '", name, "': ", hosts.describe(),
                  hosts.hierarchical() ? " (all_reduce, broadcast, all_gather hierarchical)" : "");
     // The disposer closes a group whose last reference goes, wherever that happens.
     co_return std::shared_ptr<process_group>(
         new process_group(r, rank, size, std::move(name), timeout, std::move(group_store),
-                          std::move(peers), limits, std::move(hosted), listen_on, std::move(hosts)),
+                          std::move(peers), limits, std::move(hosted), listen_on, std::move(hosts),
+                          std::move(arena)),
         group_disposer{});
 }
 

@@ -11,6 +11,10 @@
 #include <corocoll/collectives/broadcast_binomial.hpp>
 #include <corocoll/collectives/broadcast_chain.hpp>
 #include <corocoll/collectives/broadcast_hierarchical.hpp>
+#include <corocoll/collectives/broadcast_shm.hpp>
+#include <corocoll/collectives/all_reduce_shm.hpp>
+#include <corocoll/collectives/all_gather_shm.hpp>
+#include <corocoll/transport/shm_arena.hpp>
 #include <corocoll/collectives/broadcast_object_binomial.hpp>
 #include <corocoll/collectives/checks.hpp>
 #include <corocoll/collectives/context.hpp>
@@ -107,7 +111,8 @@ public:
                   std::vector<std::unique_ptr<transport::channel>> peers,
                   transport::engine_options limits,
                   std::shared_ptr<rendezvous::tcp_store_server> hosted, io::endpoint listen_on = {},
-                  collectives::topology hosts = {});
+                  collectives::topology hosts = {},
+                  std::unique_ptr<transport::shm_arena> arena = nullptr);
     process_group(const process_group&) = delete;
     process_group& operator=(const process_group&) = delete;
     /// Closes the group if `close()` was not awaited, blocking on this thread's reactor. Groups
@@ -133,6 +138,10 @@ public:
     /// than one rank on some host runs all_reduce, broadcast and all_gather hierarchically
     /// (within hosts, then among one leader per host, then within hosts).
     const collectives::topology& topology() const noexcept { return topology_; }
+    /// Whether the group has a shared-memory arena: its ranks all share one host and every
+    /// pair talks through shared memory, so all_reduce, broadcast and all_gather may run the
+    /// shared-memory algorithms (`collectives::algorithm::shm`; see transport/shm_arena.hpp).
+    bool has_arena() const noexcept { return arena_ != nullptr; }
     /// The group's namespace in the rendezvous store.
     rendezvous::store& store() const noexcept { return *store_; }
     /// The same, shared: another group (the GPU layer's NCCL group) may rendezvous through it.
@@ -219,6 +228,9 @@ public:
         return call("broadcast", collective(
                                      kind, element_of<R>(), std::ranges::size(data), 0, src,
                                      [bytes, src, algo, this](collectives::context& c) -> task<> {
+                                         if (algo == collectives::algorithm::shm) {
+                                             return collectives::broadcast_shm(c, bytes, src);
+                                         }
                                          if (algo == collectives::algorithm::hierarchical) {
                                              return collectives::broadcast_hierarchical(
                                                  c, topology_, bytes, src);
@@ -243,6 +255,9 @@ public:
                     collective(
                         kind, red.type, std::ranges::size(data), static_cast<std::uint8_t>(op), 0,
                         [bytes, red, algo, this](collectives::context& c) -> task<> {
+                            if (algo == collectives::algorithm::shm) {
+                                return collectives::all_reduce_shm(c, bytes, red);
+                            }
                             if (algo == collectives::algorithm::hierarchical) {
                                 return collectives::all_reduce_hierarchical(c, topology_, bytes,
                                                                             red);
@@ -288,6 +303,9 @@ public:
                     collective(
                         kind, element_of<I>(), std::ranges::size(in), 0, 0,
                         [out_bytes, in_bytes, algo, elem, this](collectives::context& c) -> task<> {
+                            if (algo == collectives::algorithm::shm) {
+                                return collectives::all_gather_shm(c, out_bytes, in_bytes);
+                            }
                             if (algo == collectives::algorithm::hierarchical) {
                                 return collectives::all_gather_hierarchical(c, topology_, out_bytes,
                                                                             in_bytes);
@@ -640,7 +658,15 @@ private:
     std::string prefix(const char* what) const { return collectives::error_prefix(rank(), what); }
     // The algorithm of collective `k` for `bytes`: forced, hierarchical across hosts, or by size.
     collectives::algorithm choose(collectives::collective_kind k, std::size_t bytes) const {
-        return collectives::select(k, bytes, size(), algorithms_, {}, &topology_);
+        auto a = collectives::select(k, bytes, size(), algorithms_, {}, &topology_, has_arena());
+        if (a == collectives::algorithm::shm && !has_arena()) {
+            throw std::invalid_argument(
+                prefix(collectives::kind_name(k)) +
+                "the shm algorithm needs a group whose ranks all share one host's memory, and "
+                "group '" +
+                name_ + "' has no shared-memory arena (COROCOLL_DEBUG=INFO says why at set-up)");
+        }
+        return a;
     }
     void check_root(const char* what, int root) const {
         collectives::check_root(rank(), size(), what, root);
@@ -687,6 +713,7 @@ private:
         meta.seq = ++collective_seq_;
         engine_.begin_collective(meta);
         collectives::context c{engine_, meta, deadline(), chunk_bytes_, &scratch_};
+        c.arena = arena_.get();
         co_await body(c);
         scratch_.trim();
         // A call whose last message arrived after the group failed (a rank that was stopped
@@ -731,6 +758,7 @@ private:
     std::size_t chunk_bytes_ = std::size_t{1} << 20;
     collectives::scratch_buffers scratch_;
     collectives::topology topology_;
+    std::unique_ptr<transport::shm_arena> arena_;
 };
 
 inline void detail::group_disposer::operator()(process_group* g) const noexcept {
@@ -754,7 +782,8 @@ COROCOLL_DECL process_group::process_group(io::reactor& r, int rank, int size, s
                                            std::vector<std::unique_ptr<transport::channel>> peers,
                                            transport::engine_options limits,
                                            std::shared_ptr<rendezvous::tcp_store_server> hosted,
-                                           io::endpoint listen_on, collectives::topology hosts)
+                                           io::endpoint listen_on, collectives::topology hosts,
+                                           std::unique_ptr<transport::shm_arena> arena)
     : reactor_(r),
       name_(std::move(name)),
       timeout_(timeout),
@@ -763,7 +792,8 @@ COROCOLL_DECL process_group::process_group(io::reactor& r, int rank, int size, s
       listen_on_(listen_on),
       limits_(limits),
       engine_(r, rank, size, std::move(peers), limits),
-      topology_(std::move(hosts)) {
+      topology_(std::move(hosts)),
+      arena_(std::move(arena)) {
     engine_.set_describer(&collectives::describe);
     unlock_item_.lock = &collective_lock_;
     unlock_item_.run_ = [](corocoll::detail::work_item* item) noexcept {

@@ -108,6 +108,11 @@ struct engine_options {
     /// 3-4 GB/s and the ring at 8-20 GB/s (ping-pong of 1 MiB: 103 µs against 52; all_reduce
     /// of 64 MiB: 37 ms against 11).
     std::size_t shm_single_copy_bytes = 0;
+    /// Bytes of each of the two data sets of the arena that a group whose ranks all share
+    /// one host maps (transport/shm_arena.hpp), where its shared-memory collectives put their
+    /// data; the arena maps twice this plus a page or two. 0: no arena (no shared-memory
+    /// collectives).
+    std::size_t shm_arena_bytes = std::size_t{1} << 20;
     /// A rank that waits on a shared-memory channel and has polled for its busy-poll time
     /// sleeps in its ring on an io_uring futex wait, which the peer ends with one FUTEX_WAKE,
     /// where the kernel has IORING_OP_FUTEX_WAIT (Linux 6.7, probed at run time); false, or
@@ -245,6 +250,31 @@ public:
     /// call that completes after its group failed does not count as done.
     void raise_if_failed(const collective_meta& meta) const;
 
+    /// A wait outside the message stream (a shared-memory collective waiting for ranks to
+    /// reach a step of a shared arena) begins: until `end_shared_wait`, the stall checks count
+    /// it as waiting, and status answers say this rank waits for `ranks` (the ranks it has not
+    /// seen yet, kept by the caller while the wait lasts).
+    void begin_shared_wait(std::span<const int> ranks) noexcept {
+        shared_waiting_ = ranks;
+        shared_wait_ = true;
+    }
+    /// The shared wait is over; `progressed` counts as a frame for the stall checks.
+    void end_shared_wait(bool progressed) noexcept {
+        shared_wait_ = false;
+        shared_waiting_ = {};
+        if (progressed) ++frames_in_;
+    }
+    /// The shared wait reached its deadline while waiting for `culprit` (in `what`): the
+    /// ranks are asked who to blame, as for a receive past its deadline, and the group fails.
+    void shared_wait_expired(int culprit, std::string what);
+    /// Checks what rank `p` declared for the running collective (read from a shared arena)
+    /// against this rank's call: false, and the group failed naming both calls, when they
+    /// differ.
+    bool check_call(int p, const collective_meta& theirs) {
+        if (!has_active_ || theirs == active_) return true;
+        return mismatch(p, active_, theirs);
+    }
+
     /// How long a stall lasts before the ranks compare notes (0: never), and how long they
     /// wait for each other's answers.
     std::chrono::milliseconds stall_interval() const noexcept { return *options_.stall; }
@@ -256,6 +286,8 @@ public:
     using describer = detail::describer;
     /// Installs `d` to describe collective metadata in error messages.
     void set_describer(describer d) noexcept { describe_ = d; }
+    /// `m` as error messages describe it.
+    std::string describe(const collective_meta& m) const { return describe_(m); }
 
     /// The kind of channel to rank `p` ("tcp", "shm"); empty for this rank.
     const char* channel_kind(int p) const noexcept {
@@ -491,6 +523,12 @@ private:
     // Progress, for the stall checks: frames that arrived, sends that wait for room, and when
     // the count last moved (or nothing waited).
     std::uint64_t frames_in_ = 0;
+    // A shared wait (see `begin_shared_wait`), and one that reached its deadline.
+    bool shared_wait_ = false;
+    std::span<const int> shared_waiting_{};
+    bool shared_expired_ = false;
+    int shared_culprit_ = -1;
+    std::string shared_what_;
     std::uint64_t frames_at_check_ = 0;
     int sends_waiting_ = 0;
     time_point progress_at_ = std::chrono::steady_clock::now();
@@ -1255,11 +1293,17 @@ COROCOLL_DECL detail::rank_status engine::my_status() const {
     }
     note(matching_.any_source_queue());
     note(matching_.expired_queue());
+    if (shared_wait_) {
+        for (int q : shared_waiting_) {
+            if (std::find(s.waiting_for.begin(), s.waiting_for.end(), q) == s.waiting_for.end())
+                s.waiting_for.push_back(q);
+        }
+    }
     return s;
 }
 
 COROCOLL_DECL bool engine::anything_waits() {
-    if (sends_waiting_ > 0 || !matching_.any_source_queue().empty()) return true;
+    if (shared_wait_ || sends_waiting_ > 0 || !matching_.any_source_queue().empty()) return true;
     for (const auto& p : peers_) {
         if (!p.posted.empty()) return true;
     }
@@ -1350,14 +1394,25 @@ COROCOLL_DECL task<> engine::run_status_round() {
     rd.running = false;
     if (failure_ || closing_) co_return;
     const posted_recv* expired = matching_.expired_queue().front();
-    auto why =
-        expired != nullptr ? detail::status_reason::deadline : detail::status_reason::stalled;
+    const bool shared = expired == nullptr && shared_expired_;
+    auto why = expired != nullptr || shared ? detail::status_reason::deadline
+                                            : detail::status_reason::stalled;
     std::string waiting = expired != nullptr ? describe_wait(*expired)
+                          : shared           ? shared_what_
                                              : "its receives, with no progress for " +
                                                    std::to_string(stall_interval().count()) + " ms";
+    int src = expired != nullptr ? expired->src : shared ? shared_culprit_ : any_source;
     auto verdict =
-        detail::judge_status(rd.answers, rank_, why, expired != nullptr ? expired->src : any_source,
-                             waiting, answer_window(), describe_);
+        detail::judge_status(rd.answers, rank_, why, src, waiting, answer_window(), describe_);
+    if (shared && !verdict.fail) {
+        // Every rank answered and none disagrees, yet the step never came: blame the rank
+        // waited for, as a receive past its deadline does.
+        verdict.fail = true;
+        verdict.timed_out = true;
+        verdict.culprit = shared_culprit_;
+        verdict.text = "rank " + std::to_string(rank_) + " timed out waiting in " + shared_what_ +
+                       "; " + verdict.text;
+    }
     if (verdict.fail) {
         fail_verbatim(verdict.culprit,
                       verdict.timed_out ? std::make_error_code(std::errc::timed_out)
@@ -1368,6 +1423,14 @@ COROCOLL_DECL task<> engine::run_status_round() {
                      stall_interval().count(), " ms: ", verdict.text);
         progress_at_ = std::chrono::steady_clock::now();
     }
+}
+
+COROCOLL_DECL void engine::shared_wait_expired(int culprit, std::string what) {
+    if (failure_ || closing_) return;
+    shared_expired_ = true;
+    shared_culprit_ = culprit;
+    shared_what_ = std::move(what);
+    start_status_round();
 }
 
 COROCOLL_DECL void engine::start_status_round() noexcept {

@@ -23,6 +23,7 @@
 #include <corocoll/transport/channel.hpp>
 #include <corocoll/transport/frame.hpp>
 #include <corocoll/transport/mesh.hpp>
+#include <corocoll/transport/shm_arena.hpp>
 #include <corocoll/transport/shm_channel.hpp>
 #include <corocoll/transport/tcp_channel.hpp>
 #include <corocoll/version.hpp>
@@ -72,6 +73,8 @@ struct channel_options {
     std::size_t same_host_send_buffer = std::size_t{256} << 10;
     /// See `engine_options::host_tag`.
     std::string host_tag;
+    /// See `engine_options::shm_arena_bytes`.
+    std::size_t shm_arena_bytes = std::size_t{1} << 20;
 };
 
 /// A COROCOLL_TRANSPORT value (`automatic` when empty); anything but auto, tcp and shm is an
@@ -160,6 +163,13 @@ COROCOLL_DECL bool can_read(int pid, std::uint64_t address, std::uint64_t nonce)
 // A fresh segment of two rings of `ring_bytes`, with `nonce` in it.
 COROCOLL_DECL mapping create_segment(std::size_t ring_bytes, std::uint64_t nonce, fd_guard& memfd);
 
+// A fresh arena for `ranks` ranks with data sets of `set_bytes`, with `nonce` in it.
+COROCOLL_DECL mapping create_arena(int ranks, std::size_t set_bytes, std::uint64_t nonce,
+                                   fd_guard& memfd);
+
+// Maps the arena rank 0 passed; empty with `why` when it is not what `intro` says.
+COROCOLL_DECL mapping map_arena(int fd, const shm_intro& intro, int ranks, std::string& why);
+
 // Maps the segment the lower rank passed; empty with `why` when it is not what it should be.
 COROCOLL_DECL mapping map_segment(int fd, const shm_intro& intro, std::uint64_t nonce,
                                   std::string& why);
@@ -174,6 +184,7 @@ struct intro_message {
     intro_message& operator=(const intro_message&) = delete;
 };
 
+// Sends `intro` with `memfd` beside it (none when -1).
 COROCOLL_DECL void send_intro(int sock, int memfd, shm_intro intro);
 
 // Reads an intro and the descriptor that came with it (-1 when none did); false when what
@@ -216,10 +227,14 @@ struct pair_plan {
 /// reason. Returns one channel per rank, indexed by rank (null for this rank). When `hosts` is
 /// not null it receives every rank's host identity (boot id, network namespace and host tag,
 /// as every rank published them: the same on every rank), from which the group's topology is
-/// made.
+/// made. When `arena` is not null and every rank is on this host with every pair of this
+/// rank on shared memory, it receives the group's arena (see shm_arena.hpp; rank 0 creates it
+/// and hands it to the others over their pairs' unix sockets), and "mesh/arena" in `store` is
+/// incremented: the group may use the arena only once that count is the group's size.
 COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(
     io::reactor& r, rendezvous::store& store, int rank, int size, mesh_options mo,
-    channel_options co, std::vector<std::string>* hosts = nullptr);
+    channel_options co, std::vector<std::string>* hosts = nullptr,
+    std::unique_ptr<shm_arena>* arena = nullptr);
 
 }  // namespace transport
 
@@ -355,6 +370,51 @@ COROCOLL_DECL mapping create_segment(std::size_t ring_bytes, std::uint64_t nonce
     return m;
 }
 
+COROCOLL_DECL mapping create_arena(int ranks, std::size_t set_bytes, std::uint64_t nonce,
+                                   fd_guard& memfd) {
+    memfd = fd_guard(::memfd_create("corocoll-arena", MFD_CLOEXEC));
+    if (memfd.fd < 0) corocoll::detail::throw_errno(errno, "memfd_create");
+    std::size_t bytes = shm_arena::bytes_for(ranks, set_bytes);
+    if (::ftruncate(memfd.fd, static_cast<off_t>(bytes)) != 0) {
+        corocoll::detail::throw_errno(errno, "ftruncate of the arena");
+    }
+    void* addr =
+        ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, memfd.fd, 0);
+    if (addr == MAP_FAILED) corocoll::detail::throw_errno(errno, "mmap of the arena");
+    mapping m(addr, bytes);
+    auto* h = new (addr) arena_header;
+    h->probe = nonce;
+    h->ranks = static_cast<std::uint64_t>(ranks);
+    h->set_bytes = set_bytes;
+    auto* lines = reinterpret_cast<arena_line*>(static_cast<std::byte*>(addr) + 128);
+    for (int k = 0; k < ranks; ++k) new (&lines[k]) arena_line;
+    return m;
+}
+
+COROCOLL_DECL mapping map_arena(int fd, const shm_intro& intro, int ranks, std::string& why) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != intro.map_bytes ||
+        intro.map_bytes < shm_arena::data_offset(ranks)) {
+        why = "the arena's size is not what rank 0 announced";
+        return {};
+    }
+    void* addr =
+        ::mmap(nullptr, intro.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (addr == MAP_FAILED) {
+        why = std::string("mmap of the arena: ") + std::strerror(errno);
+        return {};
+    }
+    mapping m(addr, intro.map_bytes);
+    const auto* h = static_cast<const arena_header*>(addr);
+    if (h->magic != arena_magic || h->probe != intro.nonce ||
+        h->ranks != static_cast<std::uint64_t>(ranks) ||
+        shm_arena::bytes_for(ranks, h->set_bytes) != intro.map_bytes) {
+        why = "the mapped arena does not hold what rank 0 sent (not the same memory)";
+        return {};
+    }
+    return m;
+}
+
 COROCOLL_DECL mapping map_segment(int fd, const shm_intro& intro, std::uint64_t nonce,
                                   std::string& why) {
     struct stat st {};
@@ -390,11 +450,16 @@ COROCOLL_DECL intro_message::intro_message(shm_intro& intro) : iov{&intro, sizeo
 COROCOLL_DECL void send_intro(int sock, int memfd, shm_intro intro) {
     intro_message m(intro);
     msghdr& msg = m.msg;
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &memfd, sizeof(int));
+    if (memfd >= 0) {
+        cmsghdr* c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        std::memcpy(CMSG_DATA(c), &memfd, sizeof(int));
+    } else {
+        msg.msg_control = nullptr;
+        msg.msg_controllen = 0;
+    }
     if (::sendmsg(sock, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(intro))) {
         corocoll::detail::throw_errno(errno, "sending the segment over the unix socket");
     }
@@ -457,10 +522,74 @@ COROCOLL_DECL task<bool> unix_exchange(io::reactor& r, int fd, void* data, std::
 }  // namespace transport
 
 namespace transport {
+namespace detail {
+
+// The arena's hand-over, on the pairs' unix sockets before the channels take them: rank 0
+// offers it to every rank (or says it has none) when every rank is on this host and all its
+// pairs share memory; a rank takes it when all its own pairs do too.
+COROCOLL_DECL task<> share_arena(io::reactor& r, rendezvous::store& store, int rank, int size,
+                                 const mesh_options& mo, const channel_options& co,
+                                 const std::vector<std::string>* hosts,
+                                 std::vector<pair_plan>& plan, std::uint64_t group,
+                                 std::unique_ptr<shm_arena>& arena) {
+    auto at = [](int p) { return static_cast<std::size_t>(p); };
+    bool one_host = hosts != nullptr && co.shm_arena_bytes > 0;
+    bool all_shm = true;
+    for (int p = 0; p < size; ++p) {
+        if (hosts != nullptr && (*hosts)[at(p)] != (*hosts)[0]) one_host = false;
+        if (p != rank && !plan[at(p)].shm) all_shm = false;
+    }
+    if (!one_host) co_return;
+    std::string why;
+    mapping map;
+    if (rank == 0) {
+        fd_guard memfd;
+        shm_intro intro;
+        intro.group = group;
+        intro.rank = 0;
+        if (all_shm) {
+            intro.nonce = fresh_nonce();
+            std::size_t set = (co.shm_arena_bytes + 4095) & ~std::size_t{4095};
+            try {
+                map = create_arena(size, set, intro.nonce, memfd);
+                intro.map_bytes = map.bytes;
+            } catch (const std::system_error& e) {
+                why = e.what();
+            }
+        }
+        for (int q = 1; q < size; ++q) {
+            if (plan[at(q)].shm) send_intro(plan[at(q)].sock.fd, memfd.fd, intro);
+        }
+    } else if (plan[0].shm) {
+        shm_intro intro;
+        fd_guard memfd;
+        co_await r.poll(plan[0].sock.fd, POLLIN, io::op_options(mo.deadline));
+        if (!recv_intro(plan[0].sock.fd, intro, memfd)) {
+            why = intro.map_bytes == 0 ? "rank 0 has no arena to share"
+                                       : "rank 0's arena came without its descriptor";
+        } else if (intro.group != group) {
+            why = "rank 0's arena is another group's";
+        } else {
+            map = map_arena(memfd.fd, intro, size, why);
+        }
+    } else {
+        why = "no shared memory with rank 0";
+    }
+    if (map.addr == nullptr || !all_shm) {
+        COROCOLL_LOG(info, "INIT", "rank ", rank, ": no shared-memory arena (",
+                     !all_shm ? std::string("not every pair shares memory") : why, ")");
+        co_return;
+    }
+    arena = std::make_unique<shm_arena>(map.addr, map.bytes, rank);
+    map.addr = nullptr;  // the arena owns it now
+    co_await store.add("mesh/arena", 1);
+}
+
+}  // namespace detail
 
 COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(
     io::reactor& r, rendezvous::store& store, int rank, int size, mesh_options mo,
-    channel_options co, std::vector<std::string>* hosts) {
+    channel_options co, std::vector<std::string>* hosts, std::unique_ptr<shm_arena>* arena) {
     std::vector<io::socket> socks = co_await connect_mesh(r, store, rank, size, mo);
     std::vector<std::unique_ptr<channel>> out(static_cast<std::size_t>(size));
     auto at = [](int p) { return static_cast<std::size_t>(p); };
@@ -651,6 +780,9 @@ COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(
         pl.shm = true;
     }
     listener.reset();
+    if (arena != nullptr) {
+        co_await share_arena(r, store, rank, size, mo, co, hosts, plan, group, *arena);
+    }
 
     for (int p = 0; p < size; ++p) {
         if (p == rank) continue;

@@ -1,0 +1,282 @@
+#pragma once
+
+// The arena of a group whose ranks all share one host: one segment that every rank of the
+// group maps (a memfd that the lowest rank creates and hands to the others over their pairs'
+// unix sockets at set-up; see shm_setup.hpp), where the shared-memory collectives
+// (collectives/*_shm.hpp) put their data and meet.
+//
+// The ranks move through numbered steps together. Each rank has a line of its own in the arena
+// with a counter, `arrived`, that only it stores: the last step it reached. A step is a
+// barrier: a rank writes what it brings to the step, stores the step's number (release), and
+// goes on once every rank's counter shows it (acquire). Everything in the arena is indexed by
+// the parity of the step it belongs to: what step s carries is written between passing step
+// s - 1 and arriving at s, and read between passing s and arriving at s + 1. A rank that
+// writes for step s + 2 has passed s + 1, so every rank has arrived at s + 1 and is done
+// reading step s: two copies of everything (two data sets, two small buffers and two call
+// records per rank) make every step's writes safe without a second barrier.
+//
+// A rank's line also carries the metadata of the collective it runs (written with the first
+// step of each call), so that ranks compare their calls as they meet, as they do on every
+// frame; and a few bytes of data, so that a small all_reduce moves one line per peer.
+//
+// Waiting belongs to the reactor: a step that is not complete watches a `poll_entry` (busy
+// polling, then pauses; yielding where ranks outnumber processors). It ends when the step is
+// complete or the group fails (a peer's channel ended: the engine knows). It counts as a wait
+// for the engine's stall checks and status answers, and its deadline asks the ranks who to
+// blame, as a receive's does. The segment is a memfd: nothing is named in /dev/shm, and it is
+// gone once every rank has unmapped it or died.
+
+#include <corocoll/core/error.hpp>
+#include <corocoll/io/reactor.hpp>
+#include <corocoll/transport/engine.hpp>
+#include <corocoll/transport/frame.hpp>
+#include <corocoll/version.hpp>
+
+#include <sys/mman.h>
+
+#include <atomic>
+#include <chrono>
+#include <coroutine>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport {
+
+namespace detail {
+
+/// "CCARENA1": the first word of an arena.
+inline constexpr std::uint64_t arena_magic = 0x31414e4552414343ull;
+
+// The start of an arena; the ranks' lines follow at 128, the data sets at `data_offset`.
+struct arena_header {
+    std::uint64_t magic = arena_magic;
+    std::uint64_t probe = 0;  // the creator's nonce: proves that a rank maps this memory
+    std::uint64_t ranks = 0;
+    std::uint64_t set_bytes = 0;  // bytes of each of the two data sets
+};
+
+// One rank's line (two cache lines, which the adjacent-line prefetcher moves together).
+struct alignas(128) arena_line {
+    std::atomic<std::uint64_t> arrived{0};
+    std::uint64_t reserved = 0;
+    collective_meta meta[2];
+    std::byte small[2][24];
+};
+static_assert(sizeof(arena_line) == 128);
+static_assert(sizeof(arena_header) <= 128);
+
+}  // namespace detail
+
+/// A process's view of its group's arena (see the top of this file). Owns the mapping. Only
+/// the reactor's thread uses it; its collectives run one at a time.
+class shm_arena {
+public:
+    /// Bytes of data a rank's line carries for each step (`small`).
+    static constexpr std::size_t small_bytes = 24;
+
+    /// Where the data sets start in an arena of `ranks` ranks.
+    static constexpr std::size_t data_offset(int ranks) noexcept {
+        return (128 + 128 * static_cast<std::size_t>(ranks) + 4095) & ~std::size_t{4095};
+    }
+    /// Bytes of an arena of `ranks` ranks whose data sets are `set_bytes` each.
+    static constexpr std::size_t bytes_for(int ranks, std::size_t set_bytes) noexcept {
+        return data_offset(ranks) + 2 * set_bytes;
+    }
+
+    /// Takes over `mapping` (`bytes` long, initialised by its creator) as rank `rank`'s view.
+    COROCOLL_DECL shm_arena(void* mapping, std::size_t bytes, int rank);
+    shm_arena(const shm_arena&) = delete;
+    shm_arena& operator=(const shm_arena&) = delete;
+    ~shm_arena() { ::munmap(base_, bytes_); }
+
+    int rank() const noexcept { return rank_; }
+    int size() const noexcept { return size_; }
+    /// Bytes of each data set.
+    std::size_t set_bytes() const noexcept { return set_bytes_; }
+
+    /// The step the next `arrive` publishes.
+    std::uint64_t next_step() const noexcept { return step_ + 1; }
+
+    /// The data set of step `s`.
+    std::byte* set(std::uint64_t s) const noexcept {
+        return data_ + static_cast<std::size_t>(s & 1) * set_bytes_;
+    }
+    /// Rank `r`'s small buffer for step `s`.
+    std::byte* small(int r, std::uint64_t s) const noexcept {
+        return line(r).small[s & 1];
+    }
+    /// What rank `r` declared with step `s` (see `declare`).
+    const collective_meta& meta(int r, std::uint64_t s) const noexcept {
+        return line(r).meta[s & 1];
+    }
+    /// Declares this rank's call with the next step; the ranks compare it when they meet
+    /// there (`arrive` with `check`).
+    void declare(const collective_meta& m) noexcept { line(rank_).meta[next_step() & 1] = m; }
+
+    class step_wait;
+
+    /// Publishes this rank's arrival at the next step; awaiting the result waits until every
+    /// rank is there, within `deadline`, and throws the group's failure if it failed
+    /// meanwhile (a peer gone, a deadline past, calls that differ). With `check`, every rank's
+    /// declared call must be `meta` (see `declare`).
+    COROCOLL_DECL step_wait arrive(engine& e, const collective_meta& meta,
+                                   std::chrono::steady_clock::time_point deadline,
+                                   bool check = false);
+
+    /// The step is complete when every rank has arrived at it; waits in the reactor.
+    class step_wait : io::poll_entry {
+    public:
+        step_wait(shm_arena& a, engine& e, const collective_meta& meta, std::uint64_t step,
+                  std::chrono::steady_clock::time_point deadline, bool check) noexcept
+            : a_(a), e_(e), meta_(meta), step_(step), deadline_(deadline), check_(check) {}
+        step_wait(const step_wait&) = delete;
+        step_wait& operator=(const step_wait&) = delete;
+        step_wait(step_wait&&) = delete;
+
+        bool await_ready() noexcept { return complete(); }
+        COROCOLL_DECL void await_suspend(std::coroutine_handle<> h);
+        COROCOLL_DECL void await_resume();
+
+    private:
+        // Whether every rank has reached the step (from the first not seen yet) or the
+        // group failed.
+        COROCOLL_DECL bool complete() noexcept;
+        COROCOLL_DECL void finish() noexcept;
+        static bool poll_fn(io::poll_entry& e) noexcept;
+        static void on_deadline(io::timer_entry& t) noexcept;
+
+        struct deadline_hook : io::timer_entry {
+            step_wait* w = nullptr;
+        };
+
+        shm_arena& a_;
+        engine& e_;
+        const collective_meta& meta_;
+        std::uint64_t step_;
+        std::chrono::steady_clock::time_point deadline_;
+        bool check_;
+        int seen_ = 0;  // ranks below this one (in order, skipping ours) have arrived
+        bool waited_ = false;
+        std::coroutine_handle<> handle_;
+        deadline_hook timer_;
+    };
+
+private:
+    detail::arena_line& line(int r) const noexcept {
+        return reinterpret_cast<detail::arena_line*>(base_ + 128)[r];
+    }
+
+    std::byte* base_;
+    std::size_t bytes_;
+    int rank_;
+    int size_;
+    std::size_t set_bytes_;
+    std::byte* data_;
+    std::uint64_t step_;
+    // The ranks a suspended step still waits for (what a status answer lists); sized once.
+    std::vector<int> missing_;
+};
+
+}  // namespace transport
+
+COROCOLL_END_NAMESPACE
+
+// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
+
+#if COROCOLL_DEFINE_BODIES
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport {
+
+COROCOLL_DECL shm_arena::shm_arena(void* mapping, std::size_t bytes, int rank)
+    : base_(static_cast<std::byte*>(mapping)), bytes_(bytes), rank_(rank) {
+    const auto* h = reinterpret_cast<const detail::arena_header*>(base_);
+    size_ = static_cast<int>(h->ranks);
+    set_bytes_ = static_cast<std::size_t>(h->set_bytes);
+    data_ = base_ + data_offset(size_);
+    step_ = line(rank_).arrived.load(std::memory_order_relaxed);
+    missing_.reserve(static_cast<std::size_t>(size_));
+}
+
+COROCOLL_DECL shm_arena::step_wait shm_arena::arrive(engine& e, const collective_meta& meta,
+                                                     std::chrono::steady_clock::time_point deadline,
+                                                     bool check) {
+    ++step_;
+    line(rank_).arrived.store(step_, std::memory_order_release);
+    return {*this, e, meta, step_, deadline, check};
+}
+
+COROCOLL_DECL bool shm_arena::step_wait::complete() noexcept {
+    if (e_.failed()) return true;
+    for (; seen_ < a_.size_; ++seen_) {
+        if (seen_ == a_.rank_) continue;
+        if (a_.line(seen_).arrived.load(std::memory_order_acquire) < step_) return false;
+    }
+    return true;
+}
+
+COROCOLL_DECL void shm_arena::step_wait::await_suspend(std::coroutine_handle<> h) {
+    handle_ = h;
+    waited_ = true;
+    poll = &poll_fn;
+    a_.missing_.clear();
+    for (int r = seen_; r < a_.size_; ++r) {
+        if (r != a_.rank_ && a_.line(r).arrived.load(std::memory_order_relaxed) < step_)
+            a_.missing_.push_back(r);
+    }
+    e_.begin_shared_wait(a_.missing_);
+    timer_.w = this;
+    timer_.when = deadline_;
+    timer_.fire = &on_deadline;
+    e_.reactor().arm(timer_);
+    e_.reactor().watch(*this);
+}
+
+COROCOLL_DECL void shm_arena::step_wait::finish() noexcept {
+    e_.reactor().unwatch(*this);
+    e_.reactor().disarm(timer_);
+    e_.end_shared_wait(!e_.failed());
+    std::exchange(handle_, {}).resume();
+}
+
+bool shm_arena::step_wait::poll_fn(io::poll_entry& e) noexcept {
+    auto& w = static_cast<step_wait&>(e);
+    if (!w.complete()) return false;
+    w.finish();
+    return true;
+}
+
+void shm_arena::step_wait::on_deadline(io::timer_entry& t) noexcept {
+    step_wait& w = *static_cast<deadline_hook&>(t).w;
+    int culprit = w.seen_ < w.a_.size_ ? w.seen_ : 0;
+    try {
+        w.e_.shared_wait_expired(culprit, "collective #" + std::to_string(w.meta_.seq) + " " +
+                                              w.e_.describe(w.meta_) + " (shared memory, step " +
+                                              std::to_string(w.step_) + "), waiting for rank " +
+                                              std::to_string(culprit));
+    } catch (const std::exception&) {
+        w.e_.abandon("rank " + std::to_string(w.a_.rank_) +
+                     " timed out in a shared-memory collective");
+    }
+}
+
+COROCOLL_DECL void shm_arena::step_wait::await_resume() {
+    if (e_.failed()) e_.raise_if_failed(meta_);
+    if (!check_) return;
+    for (int r = 0; r < a_.size_; ++r) {
+        if (r == a_.rank_) continue;
+        if (!e_.check_call(r, a_.meta(r, step_))) e_.raise_if_failed(meta_);
+    }
+}
+
+}  // namespace transport
+
+COROCOLL_END_NAMESPACE
+
+#endif  // COROCOLL_DEFINE_BODIES
