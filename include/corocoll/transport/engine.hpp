@@ -238,7 +238,7 @@ public:
     /// Whether a collective that just ended must first let the readers catch up
     /// (`catch_up`): true when this rank's reactor did not run for a while (stopped, or its
     /// thread held elsewhere), so messages and, behind them, abort notices may wait unread.
-    bool must_catch_up() const noexcept { return !failure_ && paused(); }
+    bool must_catch_up() const noexcept { return !failure_ && (paused() || was_paused_); }
     /// Lets the readers go through what has arrived: short waits in the reactor (5 ms each)
     /// until two in a row bring no frame, or the group failed; at most 20 (100 ms). One wait
     /// was not always enough: a loaded or instrumented (TSan) process woken from SIGSTOP
@@ -248,7 +248,8 @@ public:
 
     /// Throws the group's failure, as an error of collective `meta`, if the group failed: a
     /// call that completes after its group failed does not count as done.
-    void raise_if_failed(const collective_meta& meta) const;
+    /// `place` says where the call waited when not on a message ("shared-memory step").
+    void raise_if_failed(const collective_meta& meta, const char* place = nullptr) const;
 
     /// A wait outside the message stream (a shared-memory collective waiting for ranks to
     /// reach a step of a shared arena) begins: until `end_shared_wait`, the stall checks count
@@ -523,6 +524,12 @@ private:
     // Progress, for the stall checks: frames that arrived, sends that wait for room, and when
     // the count last moved (or nothing waited).
     std::uint64_t frames_in_ = 0;
+    // The stall timer fired late (the reactor did not run for a while) since the last
+    // `catch_up`: a collective that ends now must first read what arrived meanwhile, even
+    // though the timer, having fired, no longer looks overdue. A shared-memory step, which
+    // needs no message, completed on a rank woken from SIGSTOP before it read the abort
+    // notices that the others had sent while it slept.
+    bool was_paused_ = false;
     // A shared wait (see `begin_shared_wait`), and one that reached its deadline.
     bool shared_wait_ = false;
     std::span<const int> shared_waiting_{};
@@ -697,13 +704,15 @@ COROCOLL_DECL task<> engine::catch_up() {
         co_await reactor_.sleep_for(std::chrono::milliseconds(5));
         quiet = frames_in_ == before ? quiet + 1 : 0;
     }
+    was_paused_ = false;
 }
 
-COROCOLL_DECL void engine::raise_if_failed(const collective_meta& meta) const {
+COROCOLL_DECL void engine::raise_if_failed(const collective_meta& meta, const char* place) const {
     if (!failure_) return;
     op_label what;
     what.collective = true;
     what.meta = meta;
+    what.place = place;
     check_usable(what);
 }
 
@@ -1339,7 +1348,12 @@ COROCOLL_DECL task<> engine::send_status_frame(int p, frame_header h, std::strin
                                io::op_options(until, stop_.get_token()));
     } catch (const std::system_error& e) {
         ps.stream_cut = true;
-        if (!failure_) fail(p, e.code(), "a status frame could not be sent");
+        // A peer that is gone (its end closed) is judged by its reader, which reads to the end
+        // of its stream: a goodbye there is a clean departure (a rank that a shared-memory
+        // step had released may finish and leave before this rank's reactor next looks at the
+        // step, while a status round of this rank still runs), its absence a failure.
+        bool gone = e.code() == std::errc::broken_pipe || e.code() == std::errc::connection_reset;
+        if (!failure_ && !gone) fail(p, e.code(), "a status frame could not be sent");
     }
 }
 
@@ -1446,6 +1460,7 @@ COROCOLL_DECL void engine::on_stall_timer(io::timer_entry& t) noexcept {
     engine& e = *static_cast<stall_timer_entry&>(t).owner;
     if (e.failure_ || e.closing_) return;
     auto now = std::chrono::steady_clock::now();
+    if (now > t.when + std::chrono::milliseconds(10)) e.was_paused_ = true;
     if (e.frames_in_ != e.frames_at_check_ || !e.anything_waits()) {
         e.frames_at_check_ = e.frames_in_;
         e.progress_at_ = now;

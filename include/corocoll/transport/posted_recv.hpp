@@ -48,6 +48,8 @@ struct op_label {
     std::size_t bytes = 0;
     bool collective = false;
     collective_meta meta{};
+    // Where a collective waited, when not on a message ("shared-memory step").
+    const char* place = nullptr;
 
     std::string spell(describer describe) const;
 };
@@ -133,6 +135,7 @@ COROCOLL_DECL std::string describe_raw(const collective_meta& m) {
 
 COROCOLL_DECL std::string op_label::spell(describer describe) const {
     std::string who = peer == any_source ? std::string("any rank") : "rank " + std::to_string(peer);
+    if (collective && place != nullptr) return describe(meta) + ": " + place;
     if (collective) return describe(meta) + (sending ? ": send to " : ": recv from ") + who;
     if (sending) {
         return "send to " + who + " (tag " + std::to_string(tag) + ", " + std::to_string(bytes) +

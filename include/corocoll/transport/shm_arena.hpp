@@ -147,6 +147,8 @@ public:
         // group failed.
         COROCOLL_DECL bool complete() noexcept;
         COROCOLL_DECL void finish() noexcept;
+        // Lists the ranks not arrived yet in the arena's `missing_` (the engine's view).
+        COROCOLL_DECL void list_missing() noexcept;
         static bool poll_fn(io::poll_entry& e) noexcept;
         static void on_deadline(io::timer_entry& t) noexcept;
 
@@ -161,6 +163,7 @@ public:
         std::chrono::steady_clock::time_point deadline_;
         bool check_;
         int seen_ = 0;  // ranks below this one (in order, skipping ours) have arrived
+        int listed_from_ = 0;
         bool waited_ = false;
         std::coroutine_handle<> handle_;
         deadline_hook timer_;
@@ -225,11 +228,7 @@ COROCOLL_DECL void shm_arena::step_wait::await_suspend(std::coroutine_handle<> h
     handle_ = h;
     waited_ = true;
     poll = &poll_fn;
-    a_.missing_.clear();
-    for (int r = seen_; r < a_.size_; ++r) {
-        if (r != a_.rank_ && a_.line(r).arrived.load(std::memory_order_relaxed) < step_)
-            a_.missing_.push_back(r);
-    }
+    list_missing();
     e_.begin_shared_wait(a_.missing_);
     timer_.w = this;
     timer_.when = deadline_;
@@ -245,9 +244,22 @@ COROCOLL_DECL void shm_arena::step_wait::finish() noexcept {
     std::exchange(handle_, {}).resume();
 }
 
+COROCOLL_DECL void shm_arena::step_wait::list_missing() noexcept {
+    listed_from_ = seen_;
+    a_.missing_.clear();
+    for (int r = seen_; r < a_.size_; ++r) {
+        if (r != a_.rank_ && a_.line(r).arrived.load(std::memory_order_relaxed) < step_)
+            a_.missing_.push_back(r);
+    }
+}
+
 bool shm_arena::step_wait::poll_fn(io::poll_entry& e) noexcept {
     auto& w = static_cast<step_wait&>(e);
-    if (!w.complete()) return false;
+    if (!w.complete()) {
+        // What a status answer says this rank waits for follows the arrivals.
+        if (w.seen_ != w.listed_from_) w.list_missing();
+        return false;
+    }
     w.finish();
     return true;
 }
@@ -267,11 +279,12 @@ void shm_arena::step_wait::on_deadline(io::timer_entry& t) noexcept {
 }
 
 COROCOLL_DECL void shm_arena::step_wait::await_resume() {
-    if (e_.failed()) e_.raise_if_failed(meta_);
+    static constexpr const char* place = "waiting at a shared-memory step";
+    if (e_.failed()) e_.raise_if_failed(meta_, place);
     if (!check_) return;
     for (int r = 0; r < a_.size_; ++r) {
         if (r == a_.rank_) continue;
-        if (!e_.check_call(r, a_.meta(r, step_))) e_.raise_if_failed(meta_);
+        if (!e_.check_call(r, a_.meta(r, step_))) e_.raise_if_failed(meta_, place);
     }
 }
 
