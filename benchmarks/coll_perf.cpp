@@ -125,10 +125,10 @@ std::optional<cc::collectives::collective_kind> kind_of(const std::string& op) {
 
 // Every algorithm --algo can force.
 constexpr cc::collectives::algorithm forcible_algorithms[] = {
-    cc::collectives::algorithm::ring,        cc::collectives::algorithm::recursive_doubling,
-    cc::collectives::algorithm::binomial,    cc::collectives::algorithm::chain,
-    cc::collectives::algorithm::bruck,       cc::collectives::algorithm::linear,
-    cc::collectives::algorithm::pairwise,    cc::collectives::algorithm::dissemination,
+    cc::collectives::algorithm::ring,         cc::collectives::algorithm::recursive_doubling,
+    cc::collectives::algorithm::binomial,     cc::collectives::algorithm::chain,
+    cc::collectives::algorithm::bruck,        cc::collectives::algorithm::linear,
+    cc::collectives::algorithm::pairwise,     cc::collectives::algorithm::dissemination,
     cc::collectives::algorithm::hierarchical, cc::collectives::algorithm::shm};
 
 cc::collectives::algorithm algorithm_of(const std::string& s) {

@@ -339,7 +339,8 @@ cc::task<> check_all_gather(cc::process_group& pg, coll::algorithm algo) {
 
 TEST_CASE("all_reduce: every type, op, world size and count, with each algorithm") {
     on_every_world([](cc::process_group& pg) -> cc::task<> {
-        for (auto algo : with_shm(pg, {coll::algorithm::ring, coll::algorithm::recursive_doubling})) {
+        for (auto algo :
+             with_shm(pg, {coll::algorithm::ring, coll::algorithm::recursive_doubling})) {
             pg.set_algorithm(coll::collective_kind::all_reduce, algo);
             auto per_type = [&](auto tag) -> cc::task<> {
                 using T = decltype(tag);
@@ -678,4 +679,135 @@ TEST_CASE("hierarchical: a host tag longer than 63 bytes is refused, naming the 
     CHECK(refused.find("engine_options::host_tag") != std::string::npos);
     CHECK(refused.find("longer than 63 bytes") != std::string::npos);
     CHECK(o.host_tag.view() == std::string(63, 'x'));  // unchanged
+}
+
+TEST_CASE(
+    "shm arena: one-host groups and their subgroups get one; tcp, split hosts and 0 bytes do not") {
+    auto arena_of = [](int n, thread_ranks_options o) {
+        std::vector<int> has(static_cast<std::size_t>(n), -1), sub(has);
+        check_every_rank_ok(run_threads(
+            n,
+            [&](cc::process_group& pg) -> cc::task<> {
+                has[static_cast<std::size_t>(pg.rank())] = pg.has_arena() ? 1 : 0;
+                auto g = co_await pg.new_group({0, 1});
+                if (g) sub[static_cast<std::size_t>(pg.rank())] = g->has_arena() ? 1 : 0;
+                // The group works whatever it has.
+                std::vector<std::int32_t> v(3, pg.rank() + 1);
+                co_await pg.all_reduce(v);
+                if (v[0] != n * (n + 1) / 2) throw std::runtime_error("wrong sum");
+            },
+            o));
+        return std::pair{has, sub};
+    };
+    thread_ranks_options o;
+    auto [has, sub] = arena_of(3, o);
+    CHECK(has == std::vector<int>{1, 1, 1});
+    CHECK(sub == std::vector<int>{1, 1, -1});
+    o.limits.transport = cc::transport::transport_choice::tcp;
+    CHECK(arena_of(3, o).first == std::vector<int>{0, 0, 0});
+    o = {};
+    o.host_tags = {"a", "a", "b"};
+    CHECK(arena_of(3, o) == std::pair{std::vector<int>{0, 0, 0}, std::vector<int>{1, 1, -1}});
+    o = {};
+    o.limits.shm_arena_bytes = 0;
+    CHECK(arena_of(3, o).first == std::vector<int>{0, 0, 0});
+}
+
+TEST_CASE(
+    "shm arena: the group chooses it without being told, as a rank that forces another finds out") {
+    // Ranks 0 and 2 choose by themselves; rank 1 forces recursive doubling. If the group picked
+    // it too, the call would succeed.
+    auto errors = run_threads(3, [](cc::process_group& pg) -> cc::task<> {
+        if (pg.rank() == 1) {
+            pg.set_algorithm(coll::collective_kind::all_reduce,
+                             coll::algorithm::recursive_doubling);
+        }
+        std::vector<std::int32_t> t(1000, 1);
+        co_await pg.all_reduce(t);
+        co_await pg.barrier();  // a rank whose all_reduce ended learns the failure here
+    });
+    for (std::size_t r = 0; r < errors.size(); ++r) {
+        CAPTURE(r);
+        std::string e = what(errors[r]);
+        CAPTURE(e);
+        CHECK(e.find("all_reduce(sum, int32 x 1000, shm)") != std::string::npos);
+        CHECK(e.find("all_reduce(sum, int32 x 1000, recursive_doubling)") != std::string::npos);
+    }
+    // What the choice is, size by size (docs/architecture.md, "The shared arena").
+    using k = coll::collective_kind;
+    auto pick = [](k kind, std::size_t bytes, int n) {
+        return coll::select(kind, bytes, n, {}, {}, nullptr, true);
+    };
+    CHECK(pick(k::all_reduce, 4, 2) == coll::algorithm::shm);
+    CHECK(pick(k::all_reduce, std::size_t{1} << 20, 2) == coll::algorithm::ring);
+    CHECK(pick(k::all_reduce, std::size_t{64} << 20, 2) == coll::algorithm::shm);
+    CHECK(pick(k::all_reduce, std::size_t{1} << 20, 4) == coll::algorithm::shm);
+    CHECK(pick(k::broadcast, 4, 2) == coll::algorithm::shm);
+    CHECK(pick(k::broadcast, 4, 4) == coll::algorithm::binomial);
+    CHECK(pick(k::broadcast, std::size_t{1} << 20, 4) == coll::algorithm::shm);
+    CHECK(pick(k::all_gather, 4, 8) == coll::algorithm::shm);
+    CHECK(pick(k::reduce, 4, 2) == coll::algorithm::binomial);
+    CHECK(coll::select(k::all_reduce, 4, 2, {}, {}, nullptr, false) ==
+          coll::algorithm::recursive_doubling);
+}
+
+TEST_CASE("shm arena: forcing it on a group without one is refused, naming the reason") {
+    thread_ranks_options o;
+    o.limits.transport = cc::transport::transport_choice::tcp;
+    auto errors = run_threads(
+        2,
+        [](cc::process_group& pg) -> cc::task<> {
+            pg.set_algorithm(coll::collective_kind::broadcast, coll::algorithm::shm);
+            std::vector<float> v(4, 1.0f);
+            co_await pg.broadcast(v, 0);
+        },
+        o);
+    for (std::size_t r = 0; r < errors.size(); ++r) {
+        CAPTURE(r);
+        std::string e = what(errors[r]);
+        CAPTURE(e);
+        CHECK(e.find("broadcast") != std::string::npos);
+        CHECK(e.find("no shared-memory arena") != std::string::npos);
+    }
+}
+
+TEST_CASE(
+    "shm arena: broadcasts from changing roots, mixed with all_reduce and all_gather, in a loop") {
+    // The root goes on without waiting and the others wait for the root alone (broadcast_shm):
+    // what any rank writes next must still wait for every rank. Sizes cross the small lines
+    // (24 bytes), a slot and the 16 KiB data set.
+    thread_ranks_options o;
+    o.limits.shm_arena_bytes = matrix_arena_bytes;
+    for (int n : {2, 3, 5}) {
+        CAPTURE(n);
+        check_every_rank_ok(run_threads(
+            n,
+            [](cc::process_group& pg) -> cc::task<> {
+                int n = pg.size(), r = pg.rank();
+                for (auto k : {coll::collective_kind::all_reduce, coll::collective_kind::broadcast,
+                               coll::collective_kind::all_gather}) {
+                    pg.set_algorithm(k, coll::algorithm::shm);
+                }
+                const std::size_t sizes[] = {1, 6, 7, 100, 4096, 5000, 40000};
+                for (int it = 0; it < 60; ++it) {
+                    std::size_t count = sizes[static_cast<std::size_t>(it) % std::size(sizes)];
+                    int root = (it * 7) % n;
+                    std::vector<std::int32_t> b(count, r == root ? it + 1 : -1);
+                    co_await pg.broadcast(b, root);
+                    if (it % 3 == 0) continue;  // broadcasts back to back too
+                    std::vector<std::int32_t> s(count, r + it);
+                    co_await pg.all_reduce(s);
+                    std::vector<std::int32_t> g(count * static_cast<std::size_t>(n));
+                    co_await pg.all_gather_into(g, b);
+                    for (std::size_t i = 0; i < g.size(); ++i) {
+                        std::size_t j = i % count;
+                        if (b[j] != it + 1 || s[j] != n * it + n * (n - 1) / 2 || g[i] != it + 1) {
+                            throw std::runtime_error("iteration " + std::to_string(it) +
+                                                     ": wrong value at " + std::to_string(j));
+                        }
+                    }
+                }
+            },
+            o));
+    }
 }

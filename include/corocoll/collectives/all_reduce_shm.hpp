@@ -46,6 +46,7 @@ COROCOLL_DECL task<> all_reduce_shm(context& c, std::span<std::byte> data, const
     const int n = a.size(), me = a.rank();
     const std::size_t elem = red.elem();
     const std::size_t slot = a.set_bytes() / static_cast<std::size_t>(n) / 64 * 64;
+    co_await a.settle(c.net, c.deadline);
     a.declare(c.meta);
     if (data.size() * static_cast<std::size_t>(n) <= all_reduce_shm_whole_bytes &&
         data.size() <= slot) {
@@ -72,8 +73,8 @@ COROCOLL_DECL task<> all_reduce_shm(context& c, std::span<std::byte> data, const
         std::memcpy(copies + static_cast<std::size_t>(me) * slot, data.data() + off, len);
         co_await a.arrive(c.net, c.meta, c.deadline, std::exchange(check, false));
         // This rank's slice of the chunk, reduced over every rank's copy in rank order.
-        auto [first, last] = block_range(len / elem, static_cast<std::size_t>(n),
-                                         static_cast<std::size_t>(me));
+        auto [first, last] =
+            block_range(len / elem, static_cast<std::size_t>(n), static_cast<std::size_t>(me));
         std::byte* result = a.set(s + 1);
         if (last > first) {
             std::byte* out = result + first * elem;

@@ -2,9 +2,12 @@
 
 // Broadcast through the group's shared arena (transport/shm_arena.hpp), for a group whose
 // ranks all share one host: the root copies the buffer into the arena once, in pieces, and
-// every other rank copies each piece out after the step that follows it. The root writes
-// piece k + 1 (in the other data set) while the others copy piece k out, and a loop of
-// broadcasts pipelines the same way from one call to the next. Up to 24 bytes go in the
+// every other rank copies each piece out once the root has reached the piece's step (it waits
+// for the root alone). The root does not wait at its steps (`arrive_and_go`): before it writes
+// piece k + 1 (in the other data set) it waits for every rank to reach piece k's step, which
+// they do once they have copied piece k - 1 out; so it writes piece k + 1 while the others copy
+// piece k, and returns after writing the last, as a send returns once its bytes are handed
+// over: a loop of broadcasts pipelines from one call to the next. Up to 24 bytes go in the
 // root's own line (one line moved per rank).
 // Cost: one step per piece; the root writes bytes once, whatever n; every other rank reads
 // bytes once: n copies in all against 2 (n - 1) through the channels, with no message.
@@ -40,23 +43,28 @@ namespace collectives {
 COROCOLL_DECL task<> broadcast_shm(context& c, std::span<std::byte> data, int root) {
     transport::shm_arena& a = *c.arena;
     const bool is_root = a.rank() == root;
+    co_await a.settle(c.net, c.deadline);
     a.declare(c.meta);
-    if (data.size() <= transport::shm_arena::small_bytes) {
-        const std::uint64_t s = a.next_step();
-        if (is_root && !data.empty()) std::memcpy(a.small(root, s), data.data(), data.size());
-        co_await a.arrive(c.net, c.meta, c.deadline, true);
-        if (!is_root && !data.empty()) std::memcpy(data.data(), a.small(root, s), data.size());
-        co_return;
-    }
-    const std::size_t piece = std::min(broadcast_shm_piece_bytes, a.set_bytes());
+    const bool small = data.size() <= transport::shm_arena::small_bytes;
+    const std::size_t piece =
+        small ? data.size() : std::min(broadcast_shm_piece_bytes, a.set_bytes());
     bool check = true;
-    for (std::size_t off = 0; off < data.size(); off += piece) {
+    std::size_t off = 0;
+    do {
         const std::size_t len = std::min(piece, data.size() - off);
         const std::uint64_t s = a.next_step();
-        if (is_root) std::memcpy(a.set(s), data.data() + off, len);
-        co_await a.arrive(c.net, c.meta, c.deadline, std::exchange(check, false));
-        if (!is_root) std::memcpy(data.data() + off, a.set(s), len);
-    }
+        std::byte* at = small ? a.small(root, s) : a.set(s);
+        if (is_root) {
+            // Every rank reached the step before this one: the set is free again.
+            if (off > 0) co_await a.settle(c.net, c.deadline);
+            if (len > 0) std::memcpy(at, data.data() + off, len);
+            a.arrive_and_go(c.net, c.meta, std::exchange(check, false));
+        } else {
+            co_await a.arrive(c.net, c.meta, c.deadline, std::exchange(check, false), root);
+            if (len > 0) std::memcpy(data.data() + off, at, len);
+        }
+        off += len;
+    } while (off < data.size());
 }
 
 }  // namespace collectives

@@ -70,11 +70,17 @@ struct thresholds {
     std::size_t broadcast_chain_bytes = std::size_t{512} << 10;
     std::size_t all_gather_ring_bytes = std::size_t{256} << 10;  ///< of the gathered total
     std::size_t linear_block_bytes = std::size_t{64} << 10;      ///< gather/scatter, per block
-    /// On a group with a shared arena: all_reduce, broadcast and all_gather (of the gathered
-    /// total) go through it up to these sizes, through the channels above them.
-    std::size_t shm_all_reduce_bytes = ~std::size_t{0};
-    std::size_t shm_broadcast_bytes = ~std::size_t{0};  ///< see `shm_all_reduce_bytes`
-    std::size_t shm_all_gather_bytes = ~std::size_t{0};  ///< see `shm_all_reduce_bytes`
+    /// On a group with a shared arena, all_reduce, broadcast and all_gather go through it
+    /// (the shm algorithms) at every size but these (measured with coll_perf on 2 and 4 ranks,
+    /// docs/architecture.md, "The shared arena"). On 2 ranks the ring's all_reduce, which
+    /// streams both directions in 64 KiB pieces, stays ahead from this size ...
+    std::size_t shm_pair_ring_from = std::size_t{512} << 10;
+    /// ... up to (not including) this one.
+    std::size_t shm_pair_ring_below = std::size_t{4} << 20;
+    /// On more than 2 ranks a broadcast below this size goes by the binomial tree, whose root
+    /// hands its message to two children and returns (with 4 ranks on 2 cores it came out at
+    /// 1.2 µs against 1.5 for the arena at 4 B).
+    std::size_t shm_broadcast_tree_below = std::size_t{4} << 10;
 };
 
 /// Algorithms forced per collective; `automatic` leaves the choice to size and world size.
@@ -111,7 +117,7 @@ private:
 /// describes (null: one host). A group that `topology::hierarchical` calls so gets the
 /// hierarchical algorithm wherever the collective has one, at every size. A group with a
 /// shared arena (`arena`: all its ranks share one host's memory) gets the shared-memory
-/// algorithms up to `thresholds`' sizes.
+/// algorithms, but where `thresholds` says otherwise.
 COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
                                const algorithm_choice& choice, const thresholds& t = {},
                                const topology* hosts = nullptr, bool arena = false);
@@ -204,8 +210,8 @@ COROCOLL_DECL bool supports(collective_kind k, algorithm a) noexcept {
         case collective_kind::reduce:
             return a == algorithm::binomial;
         case collective_kind::all_gather:
-            return a == algorithm::ring || a == algorithm::bruck ||
-                   a == algorithm::hierarchical || a == algorithm::shm;
+            return a == algorithm::ring || a == algorithm::bruck || a == algorithm::hierarchical ||
+                   a == algorithm::shm;
         case collective_kind::gather:
         case collective_kind::scatter:
             return a == algorithm::binomial || a == algorithm::linear;
@@ -301,12 +307,16 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
                                const topology* hosts, bool arena) {
     if (algorithm forced = choice.forced(k); forced != algorithm::automatic) return forced;
     if (arena) {
-        if (k == collective_kind::all_reduce && bytes <= t.shm_all_reduce_bytes)
-            return algorithm::shm;
-        if (k == collective_kind::broadcast && bytes <= t.shm_broadcast_bytes)
-            return algorithm::shm;
-        if (k == collective_kind::all_gather && bytes <= t.shm_all_gather_bytes)
-            return algorithm::shm;
+        if (k == collective_kind::all_reduce) {
+            bool pair_ring =
+                n == 2 && bytes >= t.shm_pair_ring_from && bytes < t.shm_pair_ring_below;
+            return pair_ring ? algorithm::ring : algorithm::shm;
+        }
+        if (k == collective_kind::broadcast) {
+            return n > 2 && bytes < t.shm_broadcast_tree_below ? algorithm::binomial
+                                                               : algorithm::shm;
+        }
+        if (k == collective_kind::all_gather) return algorithm::shm;
     }
     if (hosts != nullptr && hosts->hierarchical() && supports(k, algorithm::hierarchical)) {
         return algorithm::hierarchical;

@@ -3,19 +3,18 @@
 #include <corocoll/collectives/all_gather_bruck.hpp>
 #include <corocoll/collectives/all_gather_hierarchical.hpp>
 #include <corocoll/collectives/all_gather_ring.hpp>
+#include <corocoll/collectives/all_gather_shm.hpp>
 #include <corocoll/collectives/all_reduce_hierarchical.hpp>
 #include <corocoll/collectives/all_reduce_recursive_doubling.hpp>
 #include <corocoll/collectives/all_reduce_ring.hpp>
+#include <corocoll/collectives/all_reduce_shm.hpp>
 #include <corocoll/collectives/all_to_all_pairwise.hpp>
 #include <corocoll/collectives/barrier_dissemination.hpp>
 #include <corocoll/collectives/broadcast_binomial.hpp>
 #include <corocoll/collectives/broadcast_chain.hpp>
 #include <corocoll/collectives/broadcast_hierarchical.hpp>
-#include <corocoll/collectives/broadcast_shm.hpp>
-#include <corocoll/collectives/all_reduce_shm.hpp>
-#include <corocoll/collectives/all_gather_shm.hpp>
-#include <corocoll/transport/shm_arena.hpp>
 #include <corocoll/collectives/broadcast_object_binomial.hpp>
+#include <corocoll/collectives/broadcast_shm.hpp>
 #include <corocoll/collectives/checks.hpp>
 #include <corocoll/collectives/context.hpp>
 #include <corocoll/collectives/dtype.hpp>
@@ -44,6 +43,7 @@
 #include <corocoll/rendezvous/store.hpp>
 #include <corocoll/rendezvous/tcp_store.hpp>
 #include <corocoll/transport/engine.hpp>
+#include <corocoll/transport/shm_arena.hpp>
 #include <corocoll/version.hpp>
 
 #include <algorithm>

@@ -268,12 +268,11 @@ public:
     /// The shared wait reached its deadline while waiting for `culprit` (in `what`): the
     /// ranks are asked who to blame, as for a receive past its deadline, and the group fails.
     void shared_wait_expired(int culprit, std::string what);
-    /// Checks what rank `p` declared for the running collective (read from a shared arena)
-    /// against this rank's call: false, and the group failed naming both calls, when they
-    /// differ.
-    bool check_call(int p, const collective_meta& theirs) {
-        if (!has_active_ || theirs == active_) return true;
-        return mismatch(p, active_, theirs);
+    /// Checks what rank `p` declared for a collective (read from a shared arena) against this
+    /// rank's call `mine`: false, and the group failed naming both calls, when they differ.
+    bool check_call(int p, const collective_meta& mine, const collective_meta& theirs) {
+        if (theirs == mine) return true;
+        return mismatch(p, mine, theirs);
     }
 
     /// How long a stall lasts before the ranks compare notes (0: never), and how long they
@@ -1414,7 +1413,7 @@ COROCOLL_DECL task<> engine::run_status_round() {
     std::string waiting = expired != nullptr ? describe_wait(*expired)
                           : shared           ? shared_what_
                                              : "its receives, with no progress for " +
-                                                   std::to_string(stall_interval().count()) + " ms";
+                                         std::to_string(stall_interval().count()) + " ms";
     int src = expired != nullptr ? expired->src : shared ? shared_culprit_ : any_source;
     auto verdict =
         detail::judge_status(rd.answers, rank_, why, src, waiting, answer_window(), describe_);

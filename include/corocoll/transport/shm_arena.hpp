@@ -19,6 +19,11 @@
 // step of each call), so that ranks compare their calls as they meet, as they do on every
 // frame; and a few bytes of data, so that a small all_reduce moves one line per peer.
 //
+// A rank may go past a step without waiting there (a broadcast's root, which only writes;
+// `arrive_and_go`), or wait there for one rank only (the others, which read only the root's
+// data): it then waits for every rank at that step before it next writes or declares
+// anything (`settle`), which keeps the rule above.
+//
 // Waiting belongs to the reactor: a step that is not complete watches a `poll_entry` (busy
 // polling, then pauses; yielding where ranks outnumber processors). It ends when the step is
 // complete or the group fails (a peer's channel ended: the engine knows). It counts as a wait
@@ -107,9 +112,7 @@ public:
         return data_ + static_cast<std::size_t>(s & 1) * set_bytes_;
     }
     /// Rank `r`'s small buffer for step `s`.
-    std::byte* small(int r, std::uint64_t s) const noexcept {
-        return line(r).small[s & 1];
-    }
+    std::byte* small(int r, std::uint64_t s) const noexcept { return line(r).small[s & 1]; }
     /// What rank `r` declared with step `s` (see `declare`).
     const collective_meta& meta(int r, std::uint64_t s) const noexcept {
         return line(r).meta[s & 1];
@@ -121,19 +124,37 @@ public:
     class step_wait;
 
     /// Publishes this rank's arrival at the next step; awaiting the result waits until every
-    /// rank is there, within `deadline`, and throws the group's failure if it failed
-    /// meanwhile (a peer gone, a deadline past, calls that differ). With `check`, every rank's
-    /// declared call must be `meta` (see `declare`).
+    /// rank is there (only rank `only`, when given: then the rest of the wait is left to
+    /// `settle`), within `deadline`, and throws the group's failure if it failed meanwhile (a
+    /// peer gone, a deadline past, calls that differ). With `check`, the declared calls of the
+    /// ranks waited for must be `meta` (see `declare`).
     COROCOLL_DECL step_wait arrive(engine& e, const collective_meta& meta,
                                    std::chrono::steady_clock::time_point deadline,
-                                   bool check = false);
+                                   bool check = false, int only = -1);
+
+    /// Publishes this rank's arrival at the next step and goes on without waiting: a rank
+    /// that only wrote for the step (a broadcast's root) may run ahead by one step. Whatever
+    /// it does next in the arena starts with `settle`. With `check`, the calls of the ranks
+    /// already there are compared now (of two ranks that both go on, one sees the other), the
+    /// rest at `settle`: a mismatch fails the group through `e`.
+    COROCOLL_DECL void arrive_and_go(engine& e, const collective_meta& meta, bool check = false);
+
+    /// Waits for the step this rank went past without waiting (`arrive_and_go`), if any, as
+    /// `arrive` would have: every write for a later step, and every `declare`, comes after it.
+    COROCOLL_DECL step_wait settle(engine& e, std::chrono::steady_clock::time_point deadline);
 
     /// The step is complete when every rank has arrived at it; waits in the reactor.
     class step_wait : io::poll_entry {
     public:
         step_wait(shm_arena& a, engine& e, const collective_meta& meta, std::uint64_t step,
-                  std::chrono::steady_clock::time_point deadline, bool check) noexcept
-            : a_(a), e_(e), meta_(meta), step_(step), deadline_(deadline), check_(check) {}
+                  std::chrono::steady_clock::time_point deadline, bool check, int only) noexcept
+            : a_(a),
+              e_(e),
+              meta_(meta),
+              step_(step),
+              deadline_(deadline),
+              check_(check),
+              only_(only) {}
         step_wait(const step_wait&) = delete;
         step_wait& operator=(const step_wait&) = delete;
         step_wait(step_wait&&) = delete;
@@ -162,6 +183,7 @@ public:
         std::uint64_t step_;
         std::chrono::steady_clock::time_point deadline_;
         bool check_;
+        int only_;
         int seen_ = 0;  // ranks below this one (in order, skipping ours) have arrived
         int listed_from_ = 0;
         bool waited_ = false;
@@ -181,6 +203,10 @@ private:
     std::size_t set_bytes_;
     std::byte* data_;
     std::uint64_t step_;
+    // The step `arrive_and_go` went past (0: none), and what `settle` checks there.
+    std::uint64_t pending_ = 0;
+    bool pending_check_ = false;
+    collective_meta pending_meta_{};
     // The ranks a suspended step still waits for (what a status answer lists); sized once.
     std::vector<int> missing_;
 };
@@ -209,14 +235,42 @@ COROCOLL_DECL shm_arena::shm_arena(void* mapping, std::size_t bytes, int rank)
 
 COROCOLL_DECL shm_arena::step_wait shm_arena::arrive(engine& e, const collective_meta& meta,
                                                      std::chrono::steady_clock::time_point deadline,
-                                                     bool check) {
+                                                     bool check, int only) {
     ++step_;
     line(rank_).arrived.store(step_, std::memory_order_release);
-    return {*this, e, meta, step_, deadline, check};
+    if (only >= 0) {
+        // Waiting for one rank says nothing of the others: what this rank writes next waits
+        // for them first (`settle`).
+        pending_ = step_;
+        pending_check_ = false;
+    }
+    return {*this, e, meta, step_, deadline, check, only};
+}
+
+COROCOLL_DECL void shm_arena::arrive_and_go(engine& e, const collective_meta& meta, bool check) {
+    ++step_;
+    // Sequentially consistent, as are the looks below: of two ranks that both go on, at
+    // least one sees the other's arrival (and its call).
+    line(rank_).arrived.store(step_, std::memory_order_seq_cst);
+    pending_ = step_;
+    pending_check_ = check;
+    pending_meta_ = meta;
+    for (int r = 0; check && r < size_; ++r) {
+        if (r == rank_ || line(r).arrived.load(std::memory_order_seq_cst) < step_) continue;
+        if (!e.check_call(r, meta, this->meta(r, step_))) return;
+    }
+}
+
+COROCOLL_DECL shm_arena::step_wait shm_arena::settle(
+    engine& e, std::chrono::steady_clock::time_point deadline) {
+    // Step 0 is complete from the start: nothing pending waits for nothing.
+    std::uint64_t s = std::exchange(pending_, 0);
+    return {*this, e, pending_meta_, s, deadline, s != 0 && pending_check_, -1};
 }
 
 COROCOLL_DECL bool shm_arena::step_wait::complete() noexcept {
     if (e_.failed()) return true;
+    if (only_ >= 0) return a_.line(only_).arrived.load(std::memory_order_acquire) >= step_;
     for (; seen_ < a_.size_; ++seen_) {
         if (seen_ == a_.rank_) continue;
         if (a_.line(seen_).arrived.load(std::memory_order_acquire) < step_) return false;
@@ -247,6 +301,10 @@ COROCOLL_DECL void shm_arena::step_wait::finish() noexcept {
 COROCOLL_DECL void shm_arena::step_wait::list_missing() noexcept {
     listed_from_ = seen_;
     a_.missing_.clear();
+    if (only_ >= 0) {
+        a_.missing_.push_back(only_);
+        return;
+    }
     for (int r = seen_; r < a_.size_; ++r) {
         if (r != a_.rank_ && a_.line(r).arrived.load(std::memory_order_relaxed) < step_)
             a_.missing_.push_back(r);
@@ -266,7 +324,7 @@ bool shm_arena::step_wait::poll_fn(io::poll_entry& e) noexcept {
 
 void shm_arena::step_wait::on_deadline(io::timer_entry& t) noexcept {
     step_wait& w = *static_cast<deadline_hook&>(t).w;
-    int culprit = w.seen_ < w.a_.size_ ? w.seen_ : 0;
+    int culprit = w.only_ >= 0 ? w.only_ : w.seen_ < w.a_.size_ ? w.seen_ : 0;
     try {
         w.e_.shared_wait_expired(culprit, "collective #" + std::to_string(w.meta_.seq) + " " +
                                               w.e_.describe(w.meta_) + " (shared memory, step " +
@@ -283,8 +341,8 @@ COROCOLL_DECL void shm_arena::step_wait::await_resume() {
     if (e_.failed()) e_.raise_if_failed(meta_, place);
     if (!check_) return;
     for (int r = 0; r < a_.size_; ++r) {
-        if (r == a_.rank_) continue;
-        if (!e_.check_call(r, a_.meta(r, step_))) e_.raise_if_failed(meta_, place);
+        if (r == a_.rank_ || (only_ >= 0 && r != only_)) continue;
+        if (!e_.check_call(r, meta_, a_.meta(r, step_))) e_.raise_if_failed(meta_, place);
     }
 }
 
