@@ -775,7 +775,7 @@ TEST_CASE(
     "shm arena: broadcasts from changing roots, mixed with all_reduce and all_gather, in a loop") {
     // The root goes on without waiting and the others wait for the root alone (broadcast_shm):
     // what any rank writes next must still wait for every rank. Sizes cross the small lines
-    // (24 bytes), a slot and the 16 KiB data set.
+    // (16 bytes), a slot and the 16 KiB data set.
     thread_ranks_options o;
     o.limits.shm_arena_bytes = matrix_arena_bytes;
     for (int n : {2, 3, 5}) {

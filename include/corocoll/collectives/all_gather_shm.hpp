@@ -2,7 +2,7 @@
 
 // All-gather through the group's shared arena (transport/shm_arena.hpp), for a group whose
 // ranks all share one host: every rank copies its block into its slot of the arena, meets the
-// others at one step, and copies every block out. A block of up to 24 bytes goes in the
+// others at one step, and copies every block out. A block of up to 16 bytes goes in the
 // rank's own line; a block larger than a slot (the arena's data set / n) goes in pieces of a
 // slot, one step each.
 // Cost: one step per piece; each rank writes its block once and reads the n blocks once: no

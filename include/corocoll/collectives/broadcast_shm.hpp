@@ -7,7 +7,7 @@
 // piece k + 1 (in the other data set) it waits for every rank to reach piece k's step, which
 // they do once they have copied piece k - 1 out; so it writes piece k + 1 while the others copy
 // piece k, and returns after writing the last, as a send returns once its bytes are handed
-// over: a loop of broadcasts pipelines from one call to the next. Up to 24 bytes go in the
+// over: a loop of broadcasts pipelines from one call to the next. Up to 16 bytes go in the
 // root's own line (one line moved per rank).
 // Cost: one step per piece; the root writes bytes once, whatever n; every other rank reads
 // bytes once: n copies in all against 2 (n - 1) through the channels, with no message.

@@ -712,6 +712,7 @@ private:
         meta.count = count;
         meta.seq = ++collective_seq_;
         engine_.begin_collective(meta);
+        if (arena_) arena_->announce(meta);
         collectives::context c{engine_, meta, deadline(), chunk_bytes_, &scratch_};
         c.arena = arena_.get();
         co_await body(c);

@@ -17,7 +17,10 @@
 //
 // A rank's line also carries the metadata of the collective it runs (written with the first
 // step of each call), so that ranks compare their calls as they meet, as they do on every
-// frame; and a few bytes of data, so that a small all_reduce moves one line per peer.
+// frame; and a few bytes of data, so that a small all_reduce moves one line per peer. Every
+// collective of the group, whatever its algorithm, also announces itself in the rank's line
+// (`announce`): a rank that waits at a step for a rank in another collective of the same
+// number (a broadcast that went by the tree, say) finds the mismatch there at once.
 //
 // A rank may go past a step without waiting there (a broadcast's root, which only writes;
 // `arrive_and_go`), or wait there for one rank only (the others, which read only the root's
@@ -65,14 +68,20 @@ struct arena_header {
     std::uint64_t set_bytes = 0;  // bytes of each of the two data sets
 };
 
-// One rank's line (two cache lines, which the adjacent-line prefetcher moves together).
+// One rank's lines: what its steps carry (two cache lines, which the adjacent-line
+// prefetcher moves together), then the collective it runs now, whatever its algorithm.
 struct alignas(128) arena_line {
     std::atomic<std::uint64_t> arrived{0};
     std::uint64_t reserved = 0;
     collective_meta meta[2];
-    std::byte small[2][24];
+    // 16-byte aligned (offsets 80 and 96), as the widest element type needs.
+    alignas(16) std::byte small[2][16];
+    // A sequence lock around `current`: odd while its owner writes it.
+    alignas(128) std::atomic<std::uint64_t> version{0};
+    collective_meta current{};
 };
-static_assert(sizeof(arena_line) == 128);
+static_assert(sizeof(arena_line) == 256);
+static_assert(offsetof(arena_line, small) % 16 == 0 && offsetof(arena_line, small[1]) % 16 == 0);
 static_assert(sizeof(arena_header) <= 128);
 
 }  // namespace detail
@@ -82,11 +91,12 @@ static_assert(sizeof(arena_header) <= 128);
 class shm_arena {
 public:
     /// Bytes of data a rank's line carries for each step (`small`).
-    static constexpr std::size_t small_bytes = 24;
+    static constexpr std::size_t small_bytes = 16;
 
     /// Where the data sets start in an arena of `ranks` ranks.
     static constexpr std::size_t data_offset(int ranks) noexcept {
-        return (128 + 128 * static_cast<std::size_t>(ranks) + 4095) & ~std::size_t{4095};
+        return (128 + sizeof(detail::arena_line) * static_cast<std::size_t>(ranks) + 4095) &
+               ~std::size_t{4095};
     }
     /// Bytes of an arena of `ranks` ranks whose data sets are `set_bytes` each.
     static constexpr std::size_t bytes_for(int ranks, std::size_t set_bytes) noexcept {
@@ -120,6 +130,14 @@ public:
     /// Declares this rank's call with the next step; the ranks compare it when they meet
     /// there (`arrive` with `check`).
     void declare(const collective_meta& m) noexcept { line(rank_).meta[next_step() & 1] = m; }
+
+    /// Says which collective this rank runs now, whatever its algorithm (every collective of
+    /// a group with an arena does, as it begins): a rank that waits at a step for a rank in
+    /// another collective of the same number finds the mismatch there, though no message
+    /// passes between them.
+    COROCOLL_DECL void announce(const collective_meta& m) noexcept;
+    /// What rank `r` announced last, when it was not rewriting it at that moment.
+    COROCOLL_DECL bool announced(int r, collective_meta& out) const noexcept;
 
     class step_wait;
 
@@ -170,6 +188,9 @@ public:
         COROCOLL_DECL void finish() noexcept;
         // Lists the ranks not arrived yet in the arena's `missing_` (the engine's view).
         COROCOLL_DECL void list_missing() noexcept;
+        // Fails the group if a rank not arrived yet announced another collective of this
+        // number (`announce`).
+        COROCOLL_DECL void look_for_other_calls() noexcept;
         static bool poll_fn(io::poll_entry& e) noexcept;
         static void on_deadline(io::timer_entry& t) noexcept;
 
@@ -186,6 +207,7 @@ public:
         int only_;
         int seen_ = 0;  // ranks below this one (in order, skipping ours) have arrived
         int listed_from_ = 0;
+        std::uint32_t polls_ = 0;
         bool waited_ = false;
         std::coroutine_handle<> handle_;
         deadline_hook timer_;
@@ -231,6 +253,24 @@ COROCOLL_DECL shm_arena::shm_arena(void* mapping, std::size_t bytes, int rank)
     data_ = base_ + data_offset(size_);
     step_ = line(rank_).arrived.load(std::memory_order_relaxed);
     missing_.reserve(static_cast<std::size_t>(size_));
+}
+
+COROCOLL_DECL void shm_arena::announce(const collective_meta& m) noexcept {
+    detail::arena_line& l = line(rank_);
+    std::uint64_t v = l.version.load(std::memory_order_relaxed);
+    l.version.store(v + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    l.current = m;
+    l.version.store(v + 2, std::memory_order_release);
+}
+
+COROCOLL_DECL bool shm_arena::announced(int r, collective_meta& out) const noexcept {
+    const detail::arena_line& l = line(r);
+    std::uint64_t before = l.version.load(std::memory_order_acquire);
+    if (before % 2 != 0) return false;
+    out = l.current;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return l.version.load(std::memory_order_relaxed) == before;
 }
 
 COROCOLL_DECL shm_arena::step_wait shm_arena::arrive(engine& e, const collective_meta& meta,
@@ -298,6 +338,19 @@ COROCOLL_DECL void shm_arena::step_wait::finish() noexcept {
     std::exchange(handle_, {}).resume();
 }
 
+COROCOLL_DECL void shm_arena::step_wait::look_for_other_calls() noexcept {
+    for (int r : a_.missing_) {
+        collective_meta theirs;
+        if (!a_.announced(r, theirs) || theirs.seq != meta_.seq || theirs == meta_) continue;
+        try {
+            e_.check_call(r, meta_, theirs);  // fails the group, naming both calls
+        } catch (const std::exception&) {
+            // Out of memory for the text: the deadline still ends the wait.
+        }
+        return;
+    }
+}
+
 COROCOLL_DECL void shm_arena::step_wait::list_missing() noexcept {
     listed_from_ = seen_;
     a_.missing_.clear();
@@ -311,18 +364,20 @@ COROCOLL_DECL void shm_arena::step_wait::list_missing() noexcept {
     }
 }
 
-bool shm_arena::step_wait::poll_fn(io::poll_entry& e) noexcept {
+COROCOLL_DECL bool shm_arena::step_wait::poll_fn(io::poll_entry& e) noexcept {
     auto& w = static_cast<step_wait&>(e);
     if (!w.complete()) {
         // What a status answer says this rank waits for follows the arrivals.
         if (w.seen_ != w.listed_from_) w.list_missing();
+        // Now and then: is a rank that has not come in another collective of this number?
+        if (++w.polls_ % 64 == 0) w.look_for_other_calls();
         return false;
     }
     w.finish();
     return true;
 }
 
-void shm_arena::step_wait::on_deadline(io::timer_entry& t) noexcept {
+COROCOLL_DECL void shm_arena::step_wait::on_deadline(io::timer_entry& t) noexcept {
     step_wait& w = *static_cast<deadline_hook&>(t).w;
     int culprit = w.only_ >= 0 ? w.only_ : w.seen_ < w.a_.size_ ? w.seen_ : 0;
     try {
