@@ -208,6 +208,11 @@ public:
     void unwatch(poll_entry& e) noexcept;
     /// Entries watched now.
     bool watching() const noexcept { return watched_ != nullptr; }
+    /// Counts as progress of the watched entries: the loop busy-polls again from now before
+    /// it pauses or sleeps. For an entry that starts a new wait while others were watched
+    /// through a quiet time (a shared-memory step after idle channels): without it the loop,
+    /// idle for long, would pause at once for up to 500 µs.
+    void note_progress() noexcept { progress_unstamped_ = true; }
 
     /// Awaitable: suspends for `d`. Throws `std::system_error` (operation_canceled) if `stop`
     /// is requested first.

@@ -329,6 +329,7 @@ COROCOLL_DECL void shm_arena::step_wait::await_suspend(std::coroutine_handle<> h
     timer_.fire = &on_deadline;
     e_.reactor().arm(timer_);
     e_.reactor().watch(*this);
+    e_.reactor().note_progress();
 }
 
 COROCOLL_DECL void shm_arena::step_wait::finish() noexcept {
