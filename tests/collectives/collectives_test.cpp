@@ -743,6 +743,8 @@ TEST_CASE(
     CHECK(pick(k::all_reduce, std::size_t{64} << 20, 2) == coll::algorithm::shm);
     CHECK(pick(k::all_reduce, std::size_t{1} << 20, 4) == coll::algorithm::shm);
     CHECK(pick(k::broadcast, 4, 2) == coll::algorithm::shm);
+    CHECK(pick(k::broadcast, std::size_t{1} << 20, 2) == coll::algorithm::binomial);
+    CHECK(pick(k::all_gather, std::size_t{1} << 20, 2) == coll::algorithm::ring);
     CHECK(pick(k::broadcast, 4, 4) == coll::algorithm::binomial);
     CHECK(pick(k::broadcast, std::size_t{1} << 20, 4) == coll::algorithm::shm);
     CHECK(pick(k::all_gather, 4, 8) == coll::algorithm::shm);

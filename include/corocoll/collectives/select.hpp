@@ -72,10 +72,12 @@ struct thresholds {
     std::size_t linear_block_bytes = std::size_t{64} << 10;      ///< gather/scatter, per block
     /// On a group with a shared arena, all_reduce, broadcast and all_gather go through it
     /// (the shm algorithms) at every size but these (measured with coll_perf on 2 and 4 ranks,
-    /// docs/architecture.md, "The shared arena"). On 2 ranks the ring's all_reduce, which
-    /// streams both directions in 64 KiB pieces, stays ahead from this size ...
+    /// docs/architecture.md, "The shared arena"). On 2 ranks the ring's all_reduce and
+    /// all_gather, which stream both directions in 64 KiB pieces, stay ahead from this size
+    /// ...
     std::size_t shm_pair_ring_from = std::size_t{512} << 10;
-    /// ... up to (not including) this one.
+    /// ... up to (not including) this one; and a broadcast, one message, goes by the tree
+    /// from `shm_pair_ring_from` on.
     std::size_t shm_pair_ring_below = std::size_t{4} << 20;
     /// On more than 2 ranks a broadcast below this size goes by the binomial tree, whose root
     /// hands its message to two children and returns (with 4 ranks on 2 cores it came out at
@@ -307,16 +309,15 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
                                const topology* hosts, bool arena) {
     if (algorithm forced = choice.forced(k); forced != algorithm::automatic) return forced;
     if (arena) {
-        if (k == collective_kind::all_reduce) {
-            bool pair_ring =
-                n == 2 && bytes >= t.shm_pair_ring_from && bytes < t.shm_pair_ring_below;
+        const bool pair_ring =
+            n == 2 && bytes >= t.shm_pair_ring_from && bytes < t.shm_pair_ring_below;
+        if (k == collective_kind::all_reduce || k == collective_kind::all_gather) {
             return pair_ring ? algorithm::ring : algorithm::shm;
         }
         if (k == collective_kind::broadcast) {
-            return n > 2 && bytes < t.shm_broadcast_tree_below ? algorithm::binomial
-                                                               : algorithm::shm;
+            bool tree = n > 2 ? bytes < t.shm_broadcast_tree_below : bytes >= t.shm_pair_ring_from;
+            return tree ? algorithm::binomial : algorithm::shm;
         }
-        if (k == collective_kind::all_gather) return algorithm::shm;
     }
     if (hosts != nullptr && hosts->hierarchical() && supports(k, algorithm::hierarchical)) {
         return algorithm::hierarchical;
