@@ -109,7 +109,9 @@ public:
     shm_arena& operator=(const shm_arena&) = delete;
     ~shm_arena() { ::munmap(base_, bytes_); }
 
+    /// This rank's index in the arena (its rank in the group).
     int rank() const noexcept { return rank_; }
+    /// Ranks that share the arena (the group's size).
     int size() const noexcept { return size_; }
     /// Bytes of each data set.
     std::size_t set_bytes() const noexcept { return set_bytes_; }
@@ -164,6 +166,7 @@ public:
     /// The step is complete when every rank has arrived at it; waits in the reactor.
     class step_wait : io::poll_entry {
     public:
+        /// A wait of `a`'s rank at `step` (made by `arrive` and `settle`).
         step_wait(shm_arena& a, engine& e, const collective_meta& meta, std::uint64_t step,
                   std::chrono::steady_clock::time_point deadline, bool check, int only) noexcept
             : a_(a),
