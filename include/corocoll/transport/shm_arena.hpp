@@ -47,8 +47,10 @@
 #include <coroutine>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 COROCOLL_BEGIN_NAMESPACE
@@ -76,10 +78,14 @@ struct alignas(128) arena_line {
     collective_meta meta[2];
     // 16-byte aligned (offsets 80 and 96), as the widest element type needs.
     alignas(16) std::byte small[2][16];
-    // A sequence lock around `current`: odd while its owner writes it.
+    // A sequence lock around `current` (a collective_meta, word by word): odd while its owner
+    // writes it. Atomic words with release stores and acquire loads, not fences: TSan does
+    // not take fences (g++ -Werror=tsan refuses them).
     alignas(128) std::atomic<std::uint64_t> version{0};
-    collective_meta current{};
+    std::atomic<std::uint64_t> current[4] = {};
 };
+static_assert(sizeof(collective_meta) == 4 * sizeof(std::uint64_t) &&
+              std::is_trivially_copyable_v<collective_meta>);
 static_assert(sizeof(arena_line) == 256);
 static_assert(offsetof(arena_line, small) % 16 == 0 && offsetof(arena_line, small[1]) % 16 == 0);
 static_assert(sizeof(arena_header) <= 128);
@@ -260,10 +266,12 @@ COROCOLL_DECL shm_arena::shm_arena(void* mapping, std::size_t bytes, int rank)
 
 COROCOLL_DECL void shm_arena::announce(const collective_meta& m) noexcept {
     detail::arena_line& l = line(rank_);
+    std::uint64_t words[4];
+    std::memcpy(words, &m, sizeof(words));
     std::uint64_t v = l.version.load(std::memory_order_relaxed);
     l.version.store(v + 1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_release);
-    l.current = m;
+    // Release: a reader that sees any new word sees the odd version too.
+    for (int i = 0; i < 4; ++i) l.current[i].store(words[i], std::memory_order_release);
     l.version.store(v + 2, std::memory_order_release);
 }
 
@@ -271,9 +279,12 @@ COROCOLL_DECL bool shm_arena::announced(int r, collective_meta& out) const noexc
     const detail::arena_line& l = line(r);
     std::uint64_t before = l.version.load(std::memory_order_acquire);
     if (before % 2 != 0) return false;
-    out = l.current;
-    std::atomic_thread_fence(std::memory_order_acquire);
-    return l.version.load(std::memory_order_relaxed) == before;
+    std::uint64_t words[4];
+    // Acquire: the second look at the version cannot come before these.
+    for (int i = 0; i < 4; ++i) words[i] = l.current[i].load(std::memory_order_acquire);
+    if (l.version.load(std::memory_order_relaxed) != before) return false;
+    std::memcpy(&out, words, sizeof(words));
+    return true;
 }
 
 COROCOLL_DECL shm_arena::step_wait shm_arena::arrive(engine& e, const collective_meta& meta,
