@@ -40,7 +40,7 @@ COROCOLL_DECL task<> all_gather_shm(context& c, std::span<std::byte> out,
     transport::shm_arena& a = *c.arena;
     const int n = a.size(), me = a.rank();
     const std::size_t block = in.size();
-    const std::size_t slot = a.set_bytes() / static_cast<std::size_t>(n) / 64 * 64;
+    const std::size_t slot = a.slot_bytes();
     co_await a.settle(c.net, c.deadline);
     a.declare(c.meta);
     auto at = [](int r) { return static_cast<std::size_t>(r); };

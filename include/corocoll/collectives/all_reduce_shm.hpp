@@ -45,7 +45,7 @@ COROCOLL_DECL task<> all_reduce_shm(context& c, std::span<std::byte> data, const
     transport::shm_arena& a = *c.arena;
     const int n = a.size(), me = a.rank();
     const std::size_t elem = red.elem();
-    const std::size_t slot = a.set_bytes() / static_cast<std::size_t>(n) / 64 * 64;
+    const std::size_t slot = a.slot_bytes();
     co_await a.settle(c.net, c.deadline);
     a.declare(c.meta);
     if (data.size() * static_cast<std::size_t>(n) <= all_reduce_shm_whole_bytes &&

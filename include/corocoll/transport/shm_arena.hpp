@@ -121,6 +121,10 @@ public:
     int size() const noexcept { return size_; }
     /// Bytes of each data set.
     std::size_t set_bytes() const noexcept { return set_bytes_; }
+    /// Bytes of one rank's slot of a data set (set / ranks, whole cache lines).
+    std::size_t slot_bytes() const noexcept {
+        return set_bytes_ / static_cast<std::size_t>(size_) / 64 * 64;
+    }
 
     /// The step the next `arrive` publishes.
     std::uint64_t next_step() const noexcept { return step_ + 1; }
@@ -217,7 +221,6 @@ public:
         int seen_ = 0;  // ranks below this one (in order, skipping ours) have arrived
         int listed_from_ = 0;
         std::uint32_t polls_ = 0;
-        bool waited_ = false;
         std::coroutine_handle<> handle_;
         deadline_hook timer_;
     };
@@ -334,7 +337,6 @@ COROCOLL_DECL bool shm_arena::step_wait::complete() noexcept {
 
 COROCOLL_DECL void shm_arena::step_wait::await_suspend(std::coroutine_handle<> h) {
     handle_ = h;
-    waited_ = true;
     poll = &poll_fn;
     list_missing();
     e_.begin_shared_wait(a_.missing_);

@@ -160,6 +160,16 @@ struct shm_reply {
 // `nonce` is mapped (process_vm_readv: ptrace access, the same pid namespace).
 COROCOLL_DECL bool can_read(int pid, std::uint64_t address, std::uint64_t nonce) noexcept;
 
+// A fresh memfd named `name` of `bytes`, mapped shared and populated (`memfd` keeps it open);
+// errors name `what` ("segment", "arena").
+COROCOLL_DECL mapping create_shared(const char* name, std::size_t bytes, const char* what,
+                                    fd_guard& memfd);
+
+// Maps `fd` whole when its size is `bytes` (and at least `least`); empty with `why` when it is
+// not, or when mmap refuses.
+COROCOLL_DECL mapping map_shared(int fd, std::uint64_t bytes, std::size_t least, const char* what,
+                                 std::string& why);
+
 // A fresh segment of two rings of `ring_bytes`, with `nonce` in it.
 COROCOLL_DECL mapping create_segment(std::size_t ring_bytes, std::uint64_t nonce, fd_guard& memfd);
 
@@ -352,18 +362,38 @@ COROCOLL_DECL bool can_read(int pid, std::uint64_t address, std::uint64_t nonce)
            seen == nonce;
 }
 
-COROCOLL_DECL mapping create_segment(std::size_t ring_bytes, std::uint64_t nonce, fd_guard& memfd) {
-    memfd = fd_guard(::memfd_create("corocoll-shm", MFD_CLOEXEC));
+COROCOLL_DECL mapping create_shared(const char* name, std::size_t bytes, const char* what,
+                                    fd_guard& memfd) {
+    memfd = fd_guard(::memfd_create(name, MFD_CLOEXEC));
     if (memfd.fd < 0) corocoll::detail::throw_errno(errno, "memfd_create");
-    std::size_t bytes = shm_segment::bytes_for(ring_bytes);
     if (::ftruncate(memfd.fd, static_cast<off_t>(bytes)) != 0) {
-        corocoll::detail::throw_errno(errno, "ftruncate of the segment");
+        corocoll::detail::throw_errno(errno, std::string("ftruncate of the ") + what);
     }
     void* addr =
         ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, memfd.fd, 0);
-    if (addr == MAP_FAILED) corocoll::detail::throw_errno(errno, "mmap of the segment");
-    mapping m(addr, bytes);
-    auto* seg = new (addr) shm_segment;
+    if (addr == MAP_FAILED)
+        corocoll::detail::throw_errno(errno, std::string("mmap of the ") + what);
+    return {addr, bytes};
+}
+
+COROCOLL_DECL mapping map_shared(int fd, std::uint64_t bytes, std::size_t least, const char* what,
+                                 std::string& why) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != bytes || bytes < least) {
+        why = std::string("the ") + what + "'s size is not what its creator announced";
+        return {};
+    }
+    void* addr = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (addr == MAP_FAILED) {
+        why = std::string("mmap of the ") + what + ": " + std::strerror(errno);
+        return {};
+    }
+    return {addr, bytes};
+}
+
+COROCOLL_DECL mapping create_segment(std::size_t ring_bytes, std::uint64_t nonce, fd_guard& memfd) {
+    mapping m = create_shared("corocoll-shm", shm_segment::bytes_for(ring_bytes), "segment", memfd);
+    auto* seg = new (m.addr) shm_segment;
     seg->ring_bytes = ring_bytes;
     seg->probe = nonce;
     seg->pid[0] = static_cast<std::int32_t>(::getpid());
@@ -372,40 +402,21 @@ COROCOLL_DECL mapping create_segment(std::size_t ring_bytes, std::uint64_t nonce
 
 COROCOLL_DECL mapping create_arena(int ranks, std::size_t set_bytes, std::uint64_t nonce,
                                    fd_guard& memfd) {
-    memfd = fd_guard(::memfd_create("corocoll-arena", MFD_CLOEXEC));
-    if (memfd.fd < 0) corocoll::detail::throw_errno(errno, "memfd_create");
-    std::size_t bytes = shm_arena::bytes_for(ranks, set_bytes);
-    if (::ftruncate(memfd.fd, static_cast<off_t>(bytes)) != 0) {
-        corocoll::detail::throw_errno(errno, "ftruncate of the arena");
-    }
-    void* addr =
-        ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, memfd.fd, 0);
-    if (addr == MAP_FAILED) corocoll::detail::throw_errno(errno, "mmap of the arena");
-    mapping m(addr, bytes);
-    auto* h = new (addr) arena_header;
+    mapping m =
+        create_shared("corocoll-arena", shm_arena::bytes_for(ranks, set_bytes), "arena", memfd);
+    auto* h = new (m.addr) arena_header;
     h->probe = nonce;
     h->ranks = static_cast<std::uint64_t>(ranks);
     h->set_bytes = set_bytes;
-    auto* lines = reinterpret_cast<arena_line*>(static_cast<std::byte*>(addr) + 128);
+    auto* lines = reinterpret_cast<arena_line*>(static_cast<std::byte*>(m.addr) + 128);
     for (int k = 0; k < ranks; ++k) new (&lines[k]) arena_line;
     return m;
 }
 
 COROCOLL_DECL mapping map_arena(int fd, const shm_intro& intro, int ranks, std::string& why) {
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != intro.map_bytes ||
-        intro.map_bytes < shm_arena::data_offset(ranks)) {
-        why = "the arena's size is not what rank 0 announced";
-        return {};
-    }
-    void* addr =
-        ::mmap(nullptr, intro.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (addr == MAP_FAILED) {
-        why = std::string("mmap of the arena: ") + std::strerror(errno);
-        return {};
-    }
-    mapping m(addr, intro.map_bytes);
-    const auto* h = static_cast<const arena_header*>(addr);
+    mapping m = map_shared(fd, intro.map_bytes, shm_arena::data_offset(ranks), "arena", why);
+    if (m.addr == nullptr) return m;
+    const auto* h = static_cast<const arena_header*>(m.addr);
     if (h->magic != arena_magic || h->probe != intro.nonce ||
         h->ranks != static_cast<std::uint64_t>(ranks) ||
         shm_arena::bytes_for(ranks, h->set_bytes) != intro.map_bytes) {
@@ -417,20 +428,9 @@ COROCOLL_DECL mapping map_arena(int fd, const shm_intro& intro, int ranks, std::
 
 COROCOLL_DECL mapping map_segment(int fd, const shm_intro& intro, std::uint64_t nonce,
                                   std::string& why) {
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != intro.map_bytes ||
-        intro.map_bytes < shm_segment::data_offset) {
-        why = "the segment's size is not what its creator announced";
-        return {};
-    }
-    void* addr =
-        ::mmap(nullptr, intro.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (addr == MAP_FAILED) {
-        why = std::string("mmap: ") + std::strerror(errno);
-        return {};
-    }
-    mapping m(addr, intro.map_bytes);
-    const auto* seg = static_cast<const shm_segment*>(addr);
+    mapping m = map_shared(fd, intro.map_bytes, shm_segment::data_offset, "segment", why);
+    if (m.addr == nullptr) return m;
+    const auto* seg = static_cast<const shm_segment*>(m.addr);
     std::uint64_t ring = seg->ring_bytes;
     if (seg->magic != shm_magic || seg->probe != nonce || ring == 0 || (ring & (ring - 1)) != 0 ||
         shm_segment::bytes_for(ring) != intro.map_bytes) {
