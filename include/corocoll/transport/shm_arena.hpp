@@ -327,6 +327,8 @@ COROCOLL_DECL shm_arena::step_wait shm_arena::settle(
 
 COROCOLL_DECL bool shm_arena::step_wait::complete() noexcept {
     if (e_.failed()) return true;
+    // `settle` with nothing pending: no other rank's line to read.
+    if (step_ == 0) return true;
     if (only_ >= 0) return a_.line(only_).arrived.load(std::memory_order_acquire) >= step_;
     for (; seen_ < a_.size_; ++seen_) {
         if (seen_ == a_.rank_) continue;
