@@ -777,39 +777,49 @@ TEST_CASE(
     "shm arena: broadcasts from changing roots, mixed with all_reduce and all_gather, in a loop") {
     // The root goes on without waiting and the others wait for the root alone (broadcast_shm):
     // what any rank writes next must still wait for every rank. Sizes cross the small lines
-    // (16 bytes), a slot and the 16 KiB data set.
+    // (16 bytes), a slot and the 16 KiB data set; with single copies from 16 KiB, the larger
+    // ones copy straight from the ranks' buffers, between calls that go through the arena.
     thread_ranks_options o;
     o.limits.shm_arena_bytes = matrix_arena_bytes;
-    for (int n : {2, 3, 5}) {
-        CAPTURE(n);
-        check_every_rank_ok(run_threads(
-            n,
-            [](cc::process_group& pg) -> cc::task<> {
-                int n = pg.size(), r = pg.rank();
-                for (auto k : {coll::collective_kind::all_reduce, coll::collective_kind::broadcast,
-                               coll::collective_kind::all_gather}) {
-                    pg.set_algorithm(k, coll::algorithm::shm);
-                }
-                const std::size_t sizes[] = {1, 6, 7, 100, 4096, 5000, 40000};
-                for (int it = 0; it < 60; ++it) {
-                    std::size_t count = sizes[static_cast<std::size_t>(it) % std::size(sizes)];
-                    int root = (it * 7) % n;
-                    std::vector<std::int32_t> b(count, r == root ? it + 1 : -1);
-                    co_await pg.broadcast(b, root);
-                    if (it % 3 == 0) continue;  // broadcasts back to back too
-                    std::vector<std::int32_t> s(count, r + it);
-                    co_await pg.all_reduce(s);
-                    std::vector<std::int32_t> g(count * static_cast<std::size_t>(n));
-                    co_await pg.all_gather_into(g, b);
-                    for (std::size_t i = 0; i < g.size(); ++i) {
-                        std::size_t j = i % count;
-                        if (b[j] != it + 1 || s[j] != n * it + n * (n - 1) / 2 || g[i] != it + 1) {
-                            throw std::runtime_error("iteration " + std::to_string(it) +
-                                                     ": wrong value at " + std::to_string(j));
+    for (std::size_t single : {std::size_t{0}, std::size_t{16} << 10})
+        for (int n : {2, 3, 5}) {
+            CAPTURE(n);
+            CAPTURE(single);
+            o.limits.shm_arena_single_copy_bytes = single;
+            check_every_rank_ok(run_threads(
+                n,
+                [single](cc::process_group& pg) -> cc::task<> {
+                    if (pg.arena_single_copy_from() != single) {
+                        throw std::runtime_error("single copies from " +
+                                                 std::to_string(pg.arena_single_copy_from()));
+                    }
+                    int n = pg.size(), r = pg.rank();
+                    for (auto k :
+                         {coll::collective_kind::all_reduce, coll::collective_kind::broadcast,
+                          coll::collective_kind::all_gather}) {
+                        pg.set_algorithm(k, coll::algorithm::shm);
+                    }
+                    const std::size_t sizes[] = {1, 6, 7, 100, 4096, 5000, 40000};
+                    for (int it = 0; it < 60; ++it) {
+                        std::size_t count = sizes[static_cast<std::size_t>(it) % std::size(sizes)];
+                        int root = (it * 7) % n;
+                        std::vector<std::int32_t> b(count, r == root ? it + 1 : -1);
+                        co_await pg.broadcast(b, root);
+                        if (it % 3 == 0) continue;  // broadcasts back to back too
+                        std::vector<std::int32_t> s(count, r + it);
+                        co_await pg.all_reduce(s);
+                        std::vector<std::int32_t> g(count * static_cast<std::size_t>(n));
+                        co_await pg.all_gather_into(g, b);
+                        for (std::size_t i = 0; i < g.size(); ++i) {
+                            std::size_t j = i % count;
+                            if (b[j] != it + 1 || s[j] != n * it + n * (n - 1) / 2 ||
+                                g[i] != it + 1) {
+                                throw std::runtime_error("iteration " + std::to_string(it) +
+                                                         ": wrong value at " + std::to_string(j));
+                            }
                         }
                     }
-                }
-            },
-            o));
-    }
+                },
+                o));
+        }
 }

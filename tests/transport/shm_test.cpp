@@ -220,9 +220,13 @@ TEST_CASE("without futex waits a sleeping rank is woken by a byte on the pair's 
     CHECK(counts.futex_sleeps == 0);
 }
 
-TEST_CASE(
-    "SIGKILL of a rank during a 64 MiB shm all_reduce fails every peer naming it, and "
-    "leaves /dev/shm as it was") {
+namespace {
+
+// Runs `call` in a loop on 3 ranks over shared memory (64 MiB of floats); rank 2 starts one
+// call and is killed with SIGKILL 200 ms later, or at once with `at_once` (its call then
+// still in its first step). Every other rank must fail naming rank 2, not by a timeout, and
+// /dev/shm must be as it was.
+void kill_rank_2_during(cc::task<> (*call)(cc::process_group&, std::vector<float>&), bool at_once) {
     auto shm_before = dev_shm_entries();
     char stamp_path[] = "/tmp/corocoll-shm-kill-XXXXXX";
     int fd = ::mkstemp(stamp_path);
@@ -235,19 +239,20 @@ TEST_CASE(
     o.timeout = 120s;
     auto result = cc::spawn_ranks(
         3,
-        [stamp](cc::process_group& pg) -> cc::task<> {
+        [stamp, call, at_once](cc::process_group& pg) -> cc::task<> {
             std::vector<float> v(16 << 20, 1.0f);
             if (pg.rank() == 2) {
-                // Dies in the middle of an all_reduce, after the others are well into theirs.
-                cc::work<> w = cc::start(pg.all_reduce(v));
-                co_await pg.reactor().sleep_for(200ms);
+                // Dies in the middle of a call, after the others are well into theirs (or
+                // while they copy from its buffer).
+                cc::work<> w = cc::start(call(pg, v));
+                if (!at_once) co_await pg.reactor().sleep_for(200ms);
                 auto now = std::chrono::steady_clock::now().time_since_epoch();
                 std::ofstream(stamp)
                     << std::chrono::duration_cast<std::chrono::microseconds>(now).count();
                 ::raise(SIGKILL);
             }
             try {
-                for (;;) co_await pg.all_reduce(v);
+                for (;;) co_await call(pg, v);
             } catch (const std::system_error& e) {
                 auto now = std::chrono::duration_cast<std::chrono::microseconds>(
                                std::chrono::steady_clock::now().time_since_epoch())
@@ -275,4 +280,29 @@ TEST_CASE(
         }
     }
     CHECK(dev_shm_entries() == shm_before);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "SIGKILL of a rank during a 64 MiB shm all_reduce fails every peer naming it, and "
+    "leaves /dev/shm as it was") {
+    kill_rank_2_during([](cc::process_group& pg,
+                          std::vector<float>& v) -> cc::task<> { co_await pg.all_reduce(v); },
+                       false);
+}
+
+TEST_CASE(
+    "SIGKILL of a broadcast's root while the others copy from its memory fails them naming it") {
+    // 64 MiB from rank 2 goes as single copies from its buffer (shm_arena::copy_from): the
+    // others find its process gone in the middle of a copy, or its channel closed.
+    kill_rank_2_during(
+        [](cc::process_group& pg, std::vector<float>& v) -> cc::task<> {
+            if (pg.arena_single_copy_from() == 0 ||
+                pg.arena_single_copy_from() > v.size() * sizeof(float)) {
+                throw std::logic_error("the broadcast would not copy straight from the root");
+            }
+            co_await pg.broadcast(v, 2);
+        },
+        true);
 }

@@ -5,8 +5,13 @@
 // others at one step, and copies every block out. A block of up to 16 bytes goes in the
 // rank's own line; a block larger than a slot (the arena's data set / n) goes in pieces of a
 // slot, one step each.
+// From the group's single-copy size (shm_arena::single_copy), where every rank may read every
+// other's memory, the arena carries only the blocks' addresses instead: each rank copies its
+// own block into place, then every other block straight from its rank's buffer
+// (process_vm_readv), and waits at a second step until every rank is done with its block.
 // Cost: one step per piece; each rank writes its block once and reads the n blocks once: no
-// block is copied more than once per reader, with no message.
+// block is copied more than once per reader, with no message. With single copies: two steps,
+// n copies of a block per rank (none into the arena).
 // Chosen: on a group with an arena, by size (see select.hpp).
 
 #include <corocoll/collectives/context.hpp>
@@ -44,6 +49,24 @@ COROCOLL_DECL task<> all_gather_shm(context& c, std::span<std::byte> out,
     co_await a.settle(c.net, c.deadline);
     a.declare(c.meta);
     auto at = [](int r) { return static_cast<std::size_t>(r); };
+    if (a.single_copy(block)) {
+        const std::uint64_t s = a.next_step();
+        std::span<std::byte> mine = out.subspan(at(me) * block, block);
+        if (mine.data() != in.data()) std::memcpy(mine.data(), in.data(), block);
+        a.offer(in.data(), block);
+        try {
+            co_await a.arrive(c.net, c.meta, c.deadline, true);
+            for (int k = 1; k < n; ++k) {
+                const int r = (me + k) % n;
+                a.copy_from(c.net, c.meta, r, s, 0, out.subspan(at(r) * block, block));
+            }
+            co_await a.arrive(c.net, c.meta, c.deadline);
+        } catch (...) {
+            a.withdraw();
+            throw;
+        }
+        co_return;
+    }
     if (block <= transport::shm_arena::small_bytes) {
         const std::uint64_t s = a.next_step();
         if (block > 0) std::memcpy(a.small(me, s), in.data(), block);

@@ -9,8 +9,13 @@
 // piece k, and returns after writing the last, as a send returns once its bytes are handed
 // over: a loop of broadcasts pipelines from one call to the next. Up to 16 bytes go in the
 // root's own line (one line moved per rank).
+// From the group's single-copy size (shm_arena::single_copy), where every rank may read every
+// other's memory, the arena carries only the root's address instead: every other rank copies
+// the root's buffer straight into its own (process_vm_readv), and the root waits at a second
+// step until they all have (its buffer is the user's again once it returns).
 // Cost: one step per piece; the root writes bytes once, whatever n; every other rank reads
-// bytes once: n copies in all against 2 (n - 1) through the channels, with no message.
+// bytes once: n copies in all against 2 (n - 1) through the channels, with no message. With
+// single copies: two steps, and n - 1 copies in all (none by the root).
 // Chosen: on a group with an arena, by size (see select.hpp).
 
 #include <corocoll/collectives/context.hpp>
@@ -45,6 +50,25 @@ COROCOLL_DECL task<> broadcast_shm(context& c, std::span<std::byte> data, int ro
     const bool is_root = a.rank() == root;
     co_await a.settle(c.net, c.deadline);
     a.declare(c.meta);
+    if (a.single_copy(data.size())) {
+        const std::uint64_t s = a.next_step();
+        if (!is_root) {
+            co_await a.arrive(c.net, c.meta, c.deadline, true, root);
+            a.copy_from(c.net, c.meta, root, s, 0, data);
+            // The root waits here for every rank; the next call here waits for them too.
+            a.arrive_and_go(c.net, c.meta);
+            co_return;
+        }
+        a.offer(data.data(), data.size());
+        try {
+            co_await a.arrive(c.net, c.meta, c.deadline, true);
+            co_await a.arrive(c.net, c.meta, c.deadline);
+        } catch (...) {
+            a.withdraw();
+            throw;
+        }
+        co_return;
+    }
     const bool small = data.size() <= transport::shm_arena::small_bytes;
     const std::size_t piece =
         small ? data.size() : std::min(broadcast_shm_piece_bytes, a.set_bytes());

@@ -311,6 +311,7 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
     channels.same_host_send_buffer = limits.same_host_send_buffer;
     channels.host_tag = std::string(limits.host_tag.view());
     channels.shm_arena_bytes = limits.shm_arena_bytes;
+    channels.shm_arena_single_copy_bytes = limits.shm_arena_single_copy_bytes;
     co_await roll_call(*group_store, rank, size, name, deadline, hosted != nullptr);
     std::vector<std::string> host_keys;
     std::unique_ptr<transport::shm_arena> arena;
@@ -338,9 +339,18 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
                      "': no shared-memory arena (not every rank could map it)");
         arena.reset();
     } else if (arena) {
+        // Counted before "mesh/arena" too: final as well.
+        if (co_await group_store->add("mesh/arena_reads", 0) == size) arena->allow_single_copy();
+        std::string copies =
+            !arena->single_copy(std::size_t(-1))
+                ? std::string(arena->single_copy_from() == 0
+                                  ? "; no single copies (off)"
+                                  : "; no single copies (process_vm_readv refused)")
+                : "; broadcast and all_gather copy straight from the ranks' buffers from " +
+                      std::to_string(arena->single_copy_from() >> 10) + " KiB";
         COROCOLL_LOG(info, "INIT", "group '", name, "': a shared-memory arena of 2 x ",
                      arena->set_bytes() >> 10,
-                     " KiB (all_reduce, broadcast, all_gather through shared memory)");
+                     " KiB (all_reduce, broadcast, all_gather through shared memory", copies, ")");
     }
     COROCOLL_LOG(info, "INIT", "group '", name, "' ready: rank ", rank, " of ", size);
     COROCOLL_LOG(info, "INIT", "group '", name, "': ", hosts.describe(),

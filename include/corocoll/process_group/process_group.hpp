@@ -142,6 +142,13 @@ public:
     /// pair talks through shared memory, so all_reduce, broadcast and all_gather may run the
     /// shared-memory algorithms (`collectives::algorithm::shm`; see transport/shm_arena.hpp).
     bool has_arena() const noexcept { return arena_ != nullptr; }
+    /// From how many bytes (a broadcast's buffer, an all_gather's block) this group's arena
+    /// copies straight between the ranks' buffers (process_vm_readv); 0: never (no arena,
+    /// single copies off, or some rank may not read another's memory). See
+    /// `transport::engine_options::shm_arena_single_copy_bytes`.
+    std::size_t arena_single_copy_from() const noexcept {
+        return arena_ && arena_->single_copy(std::size_t(-1)) ? arena_->single_copy_from() : 0;
+    }
     /// The group's namespace in the rendezvous store.
     rendezvous::store& store() const noexcept { return *store_; }
     /// The same, shared: another group (the GPU layer's NCCL group) may rendezvous through it.

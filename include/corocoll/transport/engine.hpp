@@ -113,6 +113,12 @@ struct engine_options {
     /// data; the arena maps twice this plus a page or two. 0: no arena (no shared-memory
     /// collectives).
     std::size_t shm_arena_bytes = std::size_t{1} << 20;
+    /// From this many bytes (of the buffer a rank brings: a broadcast's, one all_gather
+    /// block) the arena's broadcast and all_gather copy straight from the other ranks' buffers
+    /// (process_vm_readv, one copy instead of two through the arena), where every rank may
+    /// read every other's memory (probed at set-up). Rank 0's value holds for the group.
+    /// 0: never.
+    std::size_t shm_arena_single_copy_bytes = std::size_t{256} << 10;
     /// A rank that waits on a shared-memory channel and has polled for its busy-poll time
     /// sleeps in its ring on an io_uring futex wait, which the peer ends with one FUTEX_WAKE,
     /// where the kernel has IORING_OP_FUTEX_WAIT (Linux 6.7, probed at run time); false, or
@@ -209,6 +215,13 @@ public:
     /// do too (std::errc::operation_canceled). Nothing if the group failed already.
     void abandon(const std::string& text) {
         fail_verbatim(rank_, std::make_error_code(std::errc::operation_canceled), text);
+    }
+
+    /// Fails the group with peer `p` to blame, its connection closed (what its channel's end
+    /// does), because of `detail`: for a peer found gone outside its channel (a copy from its
+    /// memory that found no process). Nothing if the group failed already.
+    void peer_gone(int p, const std::string& detail) {
+        fail(p, make_error_code(corocoll::errc::connection_closed), detail);
     }
 
     /// Sends `data` to `dst` with `tag`; completes when the bytes are handed to the kernel.

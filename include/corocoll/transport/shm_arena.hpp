@@ -5,19 +5,20 @@
 // unix sockets at set-up; see shm_setup.hpp), where the shared-memory collectives
 // (collectives/*_shm.hpp) put their data and meet.
 //
-// The ranks move through numbered steps together. Each rank has a line of its own in the arena
-// with a counter, `arrived`, that only it stores: the last step it reached. A step is a
-// barrier: a rank writes what it brings to the step, stores the step's number (release), and
-// goes on once every rank's counter shows it (acquire). Everything in the arena is indexed by
-// the parity of the step it belongs to: what step s carries is written between passing step
-// s - 1 and arriving at s, and read between passing s and arriving at s + 1. A rank that
+// The ranks move through numbered steps together. Each rank has two cache lines of its own
+// in the arena, one per step parity, each with a counter, `arrived`, that only it stores: the
+// last step of that parity it reached. A step is a barrier: a rank writes what it brings to
+// the step (its call, up to 16 bytes of data: in the same line), stores the step's number
+// (release), and goes on once every rank's counter shows it (acquire). Everything in the arena is
+// indexed by the parity of the step it belongs to: what step s carries is written between passing
+// step s - 1 and arriving at s, and read between passing s and arriving at s + 1. A rank that
 // writes for step s + 2 has passed s + 1, so every rank has arrived at s + 1 and is done
 // reading step s: two copies of everything (two data sets, two small buffers and two call
 // records per rank) make every step's writes safe without a second barrier.
 //
-// A rank's line also carries the metadata of the collective it runs (written with the first
-// step of each call), so that ranks compare their calls as they meet, as they do on every
-// frame; and a few bytes of data, so that a small all_reduce moves one line per peer. Every
+// A rank's step line also carries the metadata of the collective it runs (written with the
+// first step of each call), so that ranks compare their calls as they meet, as they do on
+// every frame; and a few bytes of data, so that a small all_reduce moves one line per peer. Every
 // collective of the group, whatever its algorithm, also announces itself in the rank's line
 // (`announce`): a rank that waits at a step for a rank in another collective of the same
 // number (a broadcast that went by the tree, say) finds the mismatch there at once.
@@ -41,6 +42,8 @@
 #include <corocoll/version.hpp>
 
 #include <sys/mman.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -50,6 +53,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <system_error>
 #include <type_traits>
 #include <vector>
 
@@ -68,26 +72,42 @@ struct arena_header {
     std::uint64_t probe = 0;  // the creator's nonce: proves that a rank maps this memory
     std::uint64_t ranks = 0;
     std::uint64_t set_bytes = 0;  // bytes of each of the two data sets
+    // The creator's `single_copy_from` (see shm_arena::single_copy): one value for the group.
+    std::uint64_t single_copy_from = 0;
 };
 
-// One rank's lines: what its steps carry (two cache lines, which the adjacent-line
-// prefetcher moves together), then the collective it runs now, whatever its algorithm.
-struct alignas(128) arena_line {
+// What one rank brings to the steps of one parity (see `arena_line`): one cache line, so that
+// a peer that sees the rank arrive has its call and its small data in the same transfer.
+struct alignas(64) arena_step_line {
+    // The last step of this parity the rank reached: it reached step s once
+    // `steps[s & 1].arrived >= s`. Only the owner stores it (release, after what the step
+    // carries); the others load it (acquire) before they read the rest of the line.
     std::atomic<std::uint64_t> arrived{0};
-    std::uint64_t reserved = 0;
-    collective_meta meta[2];
-    // 16-byte aligned (offsets 80 and 96), as the widest element type needs.
-    alignas(16) std::byte small[2][16];
+    collective_meta meta;  // the call declared with this parity's step
+    // 16-byte aligned (offset 48), as the widest element type needs.
+    alignas(16) std::byte small[16];
+};
+static_assert(sizeof(arena_step_line) == 64 && offsetof(arena_step_line, small) % 16 == 0);
+
+// One rank's lines: one per step parity, then the collective it runs now, whatever its
+// algorithm, and what others need to copy from its memory.
+struct alignas(128) arena_line {
+    arena_step_line steps[2];
     // A sequence lock around `current` (a collective_meta, word by word): odd while its owner
     // writes it. Atomic words with release stores and acquire loads, not fences: TSan does
     // not take fences (g++ -Werror=tsan refuses them).
     alignas(128) std::atomic<std::uint64_t> version{0};
     std::atomic<std::uint64_t> current[4] = {};
+    // The owner's process (written once, before the group is ready): where the others copy
+    // its offered buffers from (shm_arena::offer).
+    std::int64_t pid = 0;
+    // The last step at which the owner left a call with an error while its offered buffer may
+    // still have been read (shm_arena::withdraw).
+    std::atomic<std::uint64_t> withdrawn{0};
 };
 static_assert(sizeof(collective_meta) == 4 * sizeof(std::uint64_t) &&
               std::is_trivially_copyable_v<collective_meta>);
 static_assert(sizeof(arena_line) == 256);
-static_assert(offsetof(arena_line, small) % 16 == 0 && offsetof(arena_line, small[1]) % 16 == 0);
 static_assert(sizeof(arena_header) <= 128);
 
 }  // namespace detail
@@ -126,6 +146,34 @@ public:
         return set_bytes_ / static_cast<std::size_t>(size_) / 64 * 64;
     }
 
+    /// Whether a call of `bytes` bytes (of the buffer one rank offers) copies straight from
+    /// the ranks' own buffers (process_vm_readv: one copy, none through the arena): when every
+    /// rank found at set-up that it may read every other's memory (`allow_single_copy`) and
+    /// `bytes` is at least the group's `single_copy_from` (rank 0's
+    /// `engine_options::shm_arena_single_copy_bytes`, kept in the arena, so that every rank
+    /// decides alike; 0: never).
+    bool single_copy(std::size_t bytes) const noexcept {
+        return single_copy_allowed_ && single_copy_from_ > 0 && bytes >= single_copy_from_;
+    }
+    /// Every rank may read every other's memory (found at set-up): see `single_copy`.
+    void allow_single_copy() noexcept { single_copy_allowed_ = true; }
+    /// The group's size from which calls copy straight between the ranks' buffers, when
+    /// allowed (0: never).
+    std::size_t single_copy_from() const noexcept { return single_copy_from_; }
+
+    /// Offers this rank's buffer `at` of `bytes` bytes with the next step (in its small
+    /// buffer): from that step on the others may copy from it (`copy_from`), until this rank
+    /// passes a later step that they all reach once done, or withdraws it.
+    COROCOLL_DECL void offer(const void* at, std::size_t bytes) noexcept;
+    /// Copies `to.size()` bytes at `offset` of the buffer rank `r` offered with step `s`
+    /// into `to` (process_vm_readv), then makes sure that `r` did not withdraw it meanwhile.
+    /// A failure fails the group through `e`, naming `r` and `what`, and throws it.
+    COROCOLL_DECL void copy_from(engine& e, const collective_meta& meta, int r, std::uint64_t s,
+                                 std::size_t offset, std::span<std::byte> to);
+    /// This rank leaves its call with an error: a rank still copying from what it offered
+    /// (which may go away now) must not trust the copy. Call it before the error leaves.
+    void withdraw() noexcept { line(rank_).withdrawn.store(step_, std::memory_order_seq_cst); }
+
     /// The step the next `arrive` publishes.
     std::uint64_t next_step() const noexcept { return step_ + 1; }
 
@@ -134,14 +182,14 @@ public:
         return data_ + static_cast<std::size_t>(s & 1) * set_bytes_;
     }
     /// Rank `r`'s small buffer for step `s`.
-    std::byte* small(int r, std::uint64_t s) const noexcept { return line(r).small[s & 1]; }
+    std::byte* small(int r, std::uint64_t s) const noexcept { return line(r).steps[s & 1].small; }
     /// What rank `r` declared with step `s` (see `declare`).
     const collective_meta& meta(int r, std::uint64_t s) const noexcept {
-        return line(r).meta[s & 1];
+        return line(r).steps[s & 1].meta;
     }
     /// Declares this rank's call with the next step; the ranks compare it when they meet
     /// there (`arrive` with `check`).
-    void declare(const collective_meta& m) noexcept { line(rank_).meta[next_step() & 1] = m; }
+    void declare(const collective_meta& m) noexcept { line(rank_).steps[next_step() & 1].meta = m; }
 
     /// Says which collective this rank runs now, whatever its algorithm (every collective of
     /// a group with an arena does, as it begins): a rank that waits at a step for a rank in
@@ -229,6 +277,10 @@ private:
     detail::arena_line& line(int r) const noexcept {
         return reinterpret_cast<detail::arena_line*>(base_ + 128)[r];
     }
+    // Whether rank `r` has reached step `s`.
+    bool reached(int r, std::uint64_t s, std::memory_order o) const noexcept {
+        return line(r).steps[s & 1].arrived.load(o) >= s;
+    }
 
     std::byte* base_;
     std::size_t bytes_;
@@ -243,6 +295,8 @@ private:
     collective_meta pending_meta_{};
     // The ranks a suspended step still waits for (what a status answer lists); sized once.
     std::vector<int> missing_;
+    std::size_t single_copy_from_ = 0;
+    bool single_copy_allowed_ = false;
 };
 
 }  // namespace transport
@@ -263,8 +317,53 @@ COROCOLL_DECL shm_arena::shm_arena(void* mapping, std::size_t bytes, int rank)
     size_ = static_cast<int>(h->ranks);
     set_bytes_ = static_cast<std::size_t>(h->set_bytes);
     data_ = base_ + data_offset(size_);
-    step_ = line(rank_).arrived.load(std::memory_order_relaxed);
+    single_copy_from_ = static_cast<std::size_t>(h->single_copy_from);
+    step_ = std::max(line(rank_).steps[0].arrived.load(std::memory_order_relaxed),
+                     line(rank_).steps[1].arrived.load(std::memory_order_relaxed));
+    line(rank_).pid = static_cast<std::int64_t>(::getpid());
     missing_.reserve(static_cast<std::size_t>(size_));
+}
+
+COROCOLL_DECL void shm_arena::offer(const void* at, std::size_t bytes) noexcept {
+    std::uint64_t words[2] = {reinterpret_cast<std::uintptr_t>(at), bytes};
+    std::memcpy(small(rank_, next_step()), words, sizeof(words));
+}
+
+COROCOLL_DECL void shm_arena::copy_from(engine& e, const collective_meta& meta, int r,
+                                        std::uint64_t s, std::size_t offset,
+                                        std::span<std::byte> to) {
+    std::uint64_t words[2];
+    std::memcpy(words, small(r, s), sizeof(words));
+    std::string why;
+    if (offset > words[1] || to.size() > words[1] - offset) {
+        why = "rank " + std::to_string(r) + " offered " + std::to_string(words[1]) +
+              " bytes, not " + std::to_string(offset + to.size());
+    }
+    std::size_t done = 0;
+    while (why.empty() && done < to.size()) {
+        iovec local{to.data() + done, to.size() - done};
+        iovec remote{reinterpret_cast<void*>(words[0] + offset + done), to.size() - done};
+        ssize_t got = ::process_vm_readv(static_cast<pid_t>(line(r).pid), &local, 1, &remote, 1, 0);
+        if (got < 0 && errno == ESRCH) {
+            // Killed: its pair's channel will say so too, but this copy found out first.
+            e.peer_gone(r, "its process is gone (process_vm_readv: no such process)");
+            e.raise_if_failed(meta, "copying through shared memory");
+        }
+        if (got <= 0) {
+            int err = got < 0 ? errno : EIO;
+            why = "copying rank " + std::to_string(r) + "'s buffer (process_vm_readv): " +
+                  std::error_code(err, std::system_category()).message();
+        } else {
+            done += static_cast<std::size_t>(got);
+        }
+    }
+    if (why.empty() && line(r).withdrawn.load(std::memory_order_seq_cst) >= s) {
+        why = "rank " + std::to_string(r) + " left the call while its buffer was being copied";
+    }
+    if (why.empty()) return;
+    e.abandon("rank " + std::to_string(rank_) + ": collective #" + std::to_string(meta.seq) + " " +
+              e.describe(meta) + ": " + why);
+    e.raise_if_failed(meta, "copying through shared memory");
 }
 
 COROCOLL_DECL void shm_arena::announce(const collective_meta& m) noexcept {
@@ -294,7 +393,7 @@ COROCOLL_DECL shm_arena::step_wait shm_arena::arrive(engine& e, const collective
                                                      std::chrono::steady_clock::time_point deadline,
                                                      bool check, int only) {
     ++step_;
-    line(rank_).arrived.store(step_, std::memory_order_release);
+    line(rank_).steps[step_ & 1].arrived.store(step_, std::memory_order_release);
     if (only >= 0) {
         // Waiting for one rank says nothing of the others: what this rank writes next waits
         // for them first (`settle`).
@@ -308,12 +407,12 @@ COROCOLL_DECL void shm_arena::arrive_and_go(engine& e, const collective_meta& me
     ++step_;
     // Sequentially consistent, as are the looks below: of two ranks that both go on, at
     // least one sees the other's arrival (and its call).
-    line(rank_).arrived.store(step_, std::memory_order_seq_cst);
+    line(rank_).steps[step_ & 1].arrived.store(step_, std::memory_order_seq_cst);
     pending_ = step_;
     pending_check_ = check;
     pending_meta_ = meta;
     for (int r = 0; check && r < size_; ++r) {
-        if (r == rank_ || line(r).arrived.load(std::memory_order_seq_cst) < step_) continue;
+        if (r == rank_ || !reached(r, step_, std::memory_order_seq_cst)) continue;
         if (!e.check_call(r, meta, this->meta(r, step_))) return;
     }
 }
@@ -329,10 +428,10 @@ COROCOLL_DECL bool shm_arena::step_wait::complete() noexcept {
     if (e_.failed()) return true;
     // `settle` with nothing pending: no other rank's line to read.
     if (step_ == 0) return true;
-    if (only_ >= 0) return a_.line(only_).arrived.load(std::memory_order_acquire) >= step_;
+    if (only_ >= 0) return a_.reached(only_, step_, std::memory_order_acquire);
     for (; seen_ < a_.size_; ++seen_) {
         if (seen_ == a_.rank_) continue;
-        if (a_.line(seen_).arrived.load(std::memory_order_acquire) < step_) return false;
+        if (!a_.reached(seen_, step_, std::memory_order_acquire)) return false;
     }
     return true;
 }
@@ -378,7 +477,7 @@ COROCOLL_DECL void shm_arena::step_wait::list_missing() noexcept {
         return;
     }
     for (int r = seen_; r < a_.size_; ++r) {
-        if (r != a_.rank_ && a_.line(r).arrived.load(std::memory_order_relaxed) < step_)
+        if (r != a_.rank_ && !a_.reached(r, step_, std::memory_order_relaxed))
             a_.missing_.push_back(r);
     }
 }

@@ -75,6 +75,8 @@ struct channel_options {
     std::string host_tag;
     /// See `engine_options::shm_arena_bytes`.
     std::size_t shm_arena_bytes = std::size_t{1} << 20;
+    /// See `engine_options::shm_arena_single_copy_bytes`.
+    std::size_t shm_arena_single_copy_bytes = std::size_t{256} << 10;
 };
 
 /// A COROCOLL_TRANSPORT value (`automatic` when empty); anything but auto, tcp and shm is an
@@ -173,9 +175,10 @@ COROCOLL_DECL mapping map_shared(int fd, std::uint64_t bytes, std::size_t least,
 // A fresh segment of two rings of `ring_bytes`, with `nonce` in it.
 COROCOLL_DECL mapping create_segment(std::size_t ring_bytes, std::uint64_t nonce, fd_guard& memfd);
 
-// A fresh arena for `ranks` ranks with data sets of `set_bytes`, with `nonce` in it.
+// A fresh arena for `ranks` ranks with data sets of `set_bytes`, with `nonce` and the
+// group's `single_copy_from` (see shm_arena::single_copy) in it.
 COROCOLL_DECL mapping create_arena(int ranks, std::size_t set_bytes, std::uint64_t nonce,
-                                   fd_guard& memfd);
+                                   std::size_t single_copy_from, fd_guard& memfd);
 
 // Maps the arena rank 0 passed; empty with `why` when it is not what `intro` says.
 COROCOLL_DECL mapping map_arena(int fd, const shm_intro& intro, int ranks, std::string& why);
@@ -401,13 +404,14 @@ COROCOLL_DECL mapping create_segment(std::size_t ring_bytes, std::uint64_t nonce
 }
 
 COROCOLL_DECL mapping create_arena(int ranks, std::size_t set_bytes, std::uint64_t nonce,
-                                   fd_guard& memfd) {
+                                   std::size_t single_copy_from, fd_guard& memfd) {
     mapping m =
         create_shared("corocoll-arena", shm_arena::bytes_for(ranks, set_bytes), "arena", memfd);
     auto* h = new (m.addr) arena_header;
     h->probe = nonce;
     h->ranks = static_cast<std::uint64_t>(ranks);
     h->set_bytes = set_bytes;
+    h->single_copy_from = single_copy_from;
     auto* lines = reinterpret_cast<arena_line*>(static_cast<std::byte*>(m.addr) + 128);
     for (int k = 0; k < ranks; ++k) new (&lines[k]) arena_line;
     return m;
@@ -551,7 +555,7 @@ COROCOLL_DECL task<> share_arena(io::reactor& r, rendezvous::store& store, int r
             intro.nonce = fresh_nonce();
             std::size_t set = (co.shm_arena_bytes + 4095) & ~std::size_t{4095};
             try {
-                map = create_arena(size, set, intro.nonce, memfd);
+                map = create_arena(size, set, intro.nonce, co.shm_arena_single_copy_bytes, memfd);
                 intro.map_bytes = map.bytes;
             } catch (const std::system_error& e) {
                 why = e.what();
@@ -582,6 +586,15 @@ COROCOLL_DECL task<> share_arena(io::reactor& r, rendezvous::store& store, int r
     }
     arena = std::make_unique<shm_arena>(map.addr, map.bytes, rank);
     map.addr = nullptr;  // the arena owns it now
+    // Whether this rank may read every other's memory (its pairs' probes, process_vm_readv):
+    // single copies in the arena need every rank to (counted in "mesh/arena_reads").
+    bool reads_all = true;
+    for (int p = 0; p < size; ++p) {
+        if (p == rank) continue;
+        const auto* seg = static_cast<const shm_segment*>(plan[at(p)].map.addr);
+        if (seg == nullptr || seg->can_read_peer[p < rank ? 1 : 0].load() == 0) reads_all = false;
+    }
+    if (reads_all) co_await store.add("mesh/arena_reads", 1);
     co_await store.add("mesh/arena", 1);
 }
 
