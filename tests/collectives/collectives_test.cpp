@@ -751,6 +751,16 @@ TEST_CASE(
     CHECK(pick(k::reduce, 4, 2) == coll::algorithm::binomial);
     CHECK(coll::select(k::all_reduce, 4, 2, {}, {}, nullptr, false) ==
           coll::algorithm::recursive_doubling);
+    // With single copies from 256 KiB (2 ranks by default): all_gather stays on the arena,
+    // broadcast up to 2 MiB.
+    auto pick_single = [](k kind, std::size_t bytes, int n) {
+        return coll::select(kind, bytes, n, {}, {}, nullptr, true, std::size_t{256} << 10);
+    };
+    CHECK(pick_single(k::all_gather, std::size_t{1} << 20, 2) == coll::algorithm::shm);
+    CHECK(pick_single(k::all_gather, std::size_t{256} << 10, 2) == coll::algorithm::shm);
+    CHECK(pick_single(k::broadcast, std::size_t{1} << 20, 2) == coll::algorithm::shm);
+    CHECK(pick_single(k::broadcast, std::size_t{4} << 20, 2) == coll::algorithm::binomial);
+    CHECK(pick_single(k::all_reduce, std::size_t{1} << 20, 2) == coll::algorithm::ring);
 }
 
 TEST_CASE("shm arena: forcing it on a group without one is refused, naming the reason") {

@@ -83,6 +83,11 @@ struct thresholds {
     /// hands its message to two children and returns (with 4 ranks on 2 cores it came out at
     /// 1.2 µs against 1.5 for the arena at 4 B).
     std::size_t shm_broadcast_tree_below = std::size_t{4} << 10;
+    /// Where the arena copies straight from the ranks' buffers (2 ranks from 16 KiB by
+    /// default: `engine_options::shm_arena_single_copy_bytes`), its
+    /// all_gather stays ahead of the ring at every size, and its broadcast up to (not
+    /// including) this size, from which the tree's pipelined pieces win again.
+    std::size_t shm_pair_single_copy_tree_from = std::size_t{2} << 20;
 };
 
 /// Algorithms forced per collective; `automatic` leaves the choice to size and world size.
@@ -119,10 +124,12 @@ private:
 /// describes (null: one host). A group that `topology::hierarchical` calls so gets the
 /// hierarchical algorithm wherever the collective has one, at every size. A group with a
 /// shared arena (`arena`: all its ranks share one host's memory) gets the shared-memory
-/// algorithms, but where `thresholds` says otherwise.
+/// algorithms, but where `thresholds` says otherwise; `single_copy_from` is the arena's
+/// (`process_group::arena_single_copy_from`, 0: none), which changes where they win.
 COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
                                const algorithm_choice& choice, const thresholds& t = {},
-                               const topology* hosts = nullptr, bool arena = false);
+                               const topology* hosts = nullptr, bool arena = false,
+                               std::size_t single_copy_from = 0);
 
 /// How a collective call reads in errors: "all_reduce(sum, float32 x 100, ring)".
 COROCOLL_DECL std::string describe(const transport::collective_meta& m);
@@ -306,16 +313,25 @@ COROCOLL_DECL std::string algorithm_choice::names_of(std::optional<collective_ki
 
 COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
                                const algorithm_choice& choice, const thresholds& t,
-                               const topology* hosts, bool arena) {
+                               const topology* hosts, bool arena, std::size_t single_copy_from) {
     if (algorithm forced = choice.forced(k); forced != algorithm::automatic) return forced;
     if (arena) {
         const bool pair_ring =
             n == 2 && bytes >= t.shm_pair_ring_from && bytes < t.shm_pair_ring_below;
-        if (k == collective_kind::all_reduce || k == collective_kind::all_gather) {
-            return pair_ring ? algorithm::ring : algorithm::shm;
+        // Whether the arena's call copies straight from the ranks' buffers (the buffer one
+        // rank offers: a broadcast's, one all_gather block).
+        auto single = [&](std::size_t offered) {
+            return single_copy_from > 0 && offered >= single_copy_from;
+        };
+        if (k == collective_kind::all_reduce) return pair_ring ? algorithm::ring : algorithm::shm;
+        if (k == collective_kind::all_gather) {
+            return pair_ring && !single(bytes / static_cast<std::size_t>(n)) ? algorithm::ring
+                                                                             : algorithm::shm;
         }
         if (k == collective_kind::broadcast) {
-            bool tree = n > 2 ? bytes < t.shm_broadcast_tree_below : bytes >= t.shm_pair_ring_from;
+            bool tree = n > 2           ? bytes < t.shm_broadcast_tree_below
+                        : single(bytes) ? bytes >= t.shm_pair_single_copy_tree_from
+                                        : bytes >= t.shm_pair_ring_from;
             return tree ? algorithm::binomial : algorithm::shm;
         }
     }

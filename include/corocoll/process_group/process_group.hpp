@@ -665,7 +665,8 @@ private:
     std::string prefix(const char* what) const { return collectives::error_prefix(rank(), what); }
     // The algorithm of collective `k` for `bytes`: forced, hierarchical across hosts, or by size.
     collectives::algorithm choose(collectives::collective_kind k, std::size_t bytes) const {
-        auto a = collectives::select(k, bytes, size(), algorithms_, {}, &topology_, has_arena());
+        auto a = collectives::select(k, bytes, size(), algorithms_, {}, &topology_, has_arena(),
+                                     arena_single_copy_from());
         if (a == collectives::algorithm::shm && !has_arena()) {
             throw std::invalid_argument(
                 prefix(collectives::kind_name(k)) +

@@ -113,12 +113,17 @@ struct engine_options {
     /// data; the arena maps twice this plus a page or two. 0: no arena (no shared-memory
     /// collectives).
     std::size_t shm_arena_bytes = std::size_t{1} << 20;
+    /// `shm_arena_single_copy_bytes`' default: 16 KiB in a group of 2 ranks, never in a
+    /// larger one (on the 2-core VM it was measured on, 4 ranks were slower with single copies:
+    /// broadcast of 1 MiB 321-340 µs against 176-228; 2 ranks faster from there: broadcast of
+    /// 32 KiB 2.5-2.7 against 3.5-7.9, all_gather of 1 MiB 55-68 against 113-117).
+    static constexpr std::size_t automatic_single_copy = ~std::size_t{0};
     /// From this many bytes (of the buffer a rank brings: a broadcast's, one all_gather
     /// block) the arena's broadcast and all_gather copy straight from the other ranks' buffers
     /// (process_vm_readv, one copy instead of two through the arena), where every rank may
     /// read every other's memory (probed at set-up). Rank 0's value holds for the group.
-    /// 0: never.
-    std::size_t shm_arena_single_copy_bytes = std::size_t{256} << 10;
+    /// 0: never; `automatic_single_copy`: by the group's size.
+    std::size_t shm_arena_single_copy_bytes = automatic_single_copy;
     /// A rank that waits on a shared-memory channel and has polled for its busy-poll time
     /// sleeps in its ring on an io_uring futex wait, which the peer ends with one FUTEX_WAKE,
     /// where the kernel has IORING_OP_FUTEX_WAIT (Linux 6.7, probed at run time); false, or

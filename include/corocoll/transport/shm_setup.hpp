@@ -76,7 +76,7 @@ struct channel_options {
     /// See `engine_options::shm_arena_bytes`.
     std::size_t shm_arena_bytes = std::size_t{1} << 20;
     /// See `engine_options::shm_arena_single_copy_bytes`.
-    std::size_t shm_arena_single_copy_bytes = std::size_t{256} << 10;
+    std::size_t shm_arena_single_copy_bytes = ~std::size_t{0};
 };
 
 /// A COROCOLL_TRANSPORT value (`automatic` when empty); anything but auto, tcp and shm is an
@@ -555,7 +555,9 @@ COROCOLL_DECL task<> share_arena(io::reactor& r, rendezvous::store& store, int r
             intro.nonce = fresh_nonce();
             std::size_t set = (co.shm_arena_bytes + 4095) & ~std::size_t{4095};
             try {
-                map = create_arena(size, set, intro.nonce, co.shm_arena_single_copy_bytes, memfd);
+                std::size_t single = co.shm_arena_single_copy_bytes;
+                if (single == ~std::size_t{0}) single = size == 2 ? std::size_t{16} << 10 : 0;
+                map = create_arena(size, set, intro.nonce, single, memfd);
                 intro.map_bytes = map.bytes;
             } catch (const std::system_error& e) {
                 why = e.what();
