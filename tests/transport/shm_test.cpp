@@ -237,6 +237,9 @@ void kill_rank_2_during(cc::task<> (*call)(cc::process_group&, std::vector<float
     cc::spawn_options o;
     o.stop_others_on_failure = false;  // the survivors report what they saw
     o.timeout = 120s;
+    // Single copies in the arena on 3 ranks too (by default only groups of 2 make them).
+    cc::init_options init;
+    init.limits.shm_arena_single_copy_bytes = std::size_t{256} << 10;
     auto result = cc::spawn_ranks(
         3,
         [stamp, call, at_once](cc::process_group& pg) -> cc::task<> {
@@ -269,7 +272,7 @@ void kill_rank_2_during(cc::task<> (*call)(cc::process_group&, std::vector<float
                 co_return;
             }
         },
-        o);
+        init, o);
     ::unlink(stamp.c_str());
     for (const auto& r : result.ranks) {
         CAPTURE(r.describe());
