@@ -7,10 +7,14 @@
 // Each ring is a power-of-two array of bytes with two running counters, each on a cache line
 // of its own: `tail` (bytes the producer has written; only it stores) and `head` (bytes the
 // consumer has taken; only it stores). Frames go in as the bytes of the stream, header
-// inline, so a small message is one copy in and one copy out, and a large one flows through
-// the ring in pieces as the consumer frees room (a pipelined copy). Each side keeps its own
-// counter and the last value it read of the other's in process-local memory, so that the
-// shared lines move between the caches only when there is news.
+// inline, in records that start on cache lines, so a small message is one copy in and one
+// copy out, and a large one flows through the ring in pieces as the consumer frees room (a
+// pipelined copy). A record's first word is its stamp, which the producer stores last: the
+// consumer polls the stamp where the next record will start, not the tail, so a message that
+// fits in one line (a point-to-point frame of up to 24 bytes goes compact: its header's
+// zero fields left out) reaches it in one cache line's transfer instead of three. Each side
+// keeps its own counter and the last value it read of the other's in process-local memory,
+// so that the shared lines move between the caches only when there is news.
 //
 // Waiting belongs to the reactor: a receive or send that cannot go on watches a
 // `poll_entry`, which the loop polls at every turn. When the loop has polled without progress
@@ -31,6 +35,7 @@
 #include <corocoll/core/task.hpp>
 #include <corocoll/io/reactor.hpp>
 #include <corocoll/transport/channel.hpp>
+#include <corocoll/transport/frame.hpp>
 #include <corocoll/version.hpp>
 
 #include <liburing.h>
@@ -107,21 +112,46 @@ struct shm_segment {
 };
 static_assert(sizeof(shm_segment) <= shm_segment::data_offset);
 
-// What a ring carries: records of 16 bytes, then, for `inline_bytes`, `length` bytes of the
-// stream padded to 8; for `single_copy`, a descriptor of `length` bytes of the stream that the
-// reader copies straight out of the writer's memory.
+// What a ring carries: records that start on 64-byte lines, each a 16-byte head, then, for
+// `inline_bytes`, `length` bytes of the stream; for `single_copy`, a descriptor of `length`
+// bytes of the stream that the reader copies straight out of the writer's memory; for
+// `compact`, a point-to-point frame's header without its zero fields (`shm_compact`), then
+// its payload (`length` counts the 64 bytes of the whole header too). The head's first word,
+// the stamp, is stored last (release): the record's place in the stream, mixed with the
+// segment's nonce (`stamp_for`), so that nothing an earlier lap left there looks like it.
 struct shm_record {
-    enum kind_t : std::uint32_t { inline_bytes = 1, single_copy = 2 };
-    std::uint32_t kind = inline_bytes;
-    std::uint32_t reserved = 0;
-    std::uint64_t length = 0;
+    enum kind_t : std::uint32_t { inline_bytes = 1, single_copy = 2, compact = 3 };
+    std::uint64_t stamp = 0;
+    std::uint64_t kind_length = 0;  // the kind in the top 8 bits, the length below
+
+    static std::uint64_t pack(kind_t k, std::uint64_t length) noexcept {
+        return (std::uint64_t{k} << 56) | length;
+    }
+    std::uint32_t kind() const noexcept { return static_cast<std::uint32_t>(kind_length >> 56); }
+    std::uint64_t length() const noexcept { return kind_length & ((std::uint64_t{1} << 56) - 1); }
 };
+// A point-to-point frame's header as a compact record carries it (frame_header's other fields
+// are what a default header has: no checksum on shared memory).
+struct shm_compact {
+    std::uint8_t kind = 0;
+    std::uint8_t flags = 0;
+    std::uint16_t reserved = 0;
+    std::uint32_t src = 0;
+    std::uint32_t dst = 0;
+    std::uint32_t reserved2 = 0;
+    std::int64_t tag = 0;
+};
+inline constexpr std::size_t shm_line = 64;
+// Payload bytes a compact record carries within one line.
+inline constexpr std::size_t shm_compact_payload = shm_line - 16 - sizeof(shm_compact);
 struct shm_remote {
     std::uint64_t address = 0;
     std::uint64_t number = 0;  // the writer's count of single copies, this one included
 };
-static_assert(sizeof(shm_record) == 16 && sizeof(shm_remote) == 16);
-inline constexpr std::size_t pad8(std::size_t n) noexcept { return (n + 7) & ~std::size_t{7}; }
+static_assert(sizeof(shm_record) == 16 && sizeof(shm_remote) == 16 && sizeof(shm_compact) == 24);
+inline constexpr std::size_t pad_line(std::size_t n) noexcept {
+    return (n + shm_line - 1) & ~(shm_line - 1);
+}
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 
@@ -189,6 +219,16 @@ private:
 
     void copy_out(void* to, std::size_t n) noexcept;
 
+    // Starts a record of `kind` at the tail (on a line), its stamp left for `seal_record`.
+    std::uint64_t begin_record(detail::shm_record::kind_t kind, std::uint64_t length) noexcept;
+    // Ends the record that `begin_record` started at `start`: the tail moves to the next line,
+    // and the stamp makes the record the reader's (not yet published: see `publish`).
+    void seal_record(std::uint64_t start) noexcept;
+    // What the stamp of a record at stream position `at` is.
+    std::uint64_t stamp_for(std::uint64_t at) const noexcept { return at ^ nonce_; }
+    // Whether a record is stamped at the reader's head.
+    bool record_here() noexcept;
+
     // Writes what fits of `n` bytes as one inline record (not yet published); returns how many.
     std::size_t put_inline(const std::byte* from, std::size_t n) noexcept;
 
@@ -201,8 +241,8 @@ private:
     // 2 ranks took 172-226 µs, now 62.)
     static constexpr std::size_t stream_piece_bytes = std::size_t{64} << 10;
 
-    // Writes all of `iov` (`total` bytes) as one inline record, or nothing when it does not
-    // fit now.
+    // Writes all of `iov` (`total` bytes) as one inline record (a compact one for a small
+    // point-to-point frame), or nothing when it does not fit now.
     bool put_gathered(std::span<iovec> iov, std::size_t total) noexcept;
 
     // Writes a single-copy record for `v` and publishes it; false when there is no room yet.
@@ -229,6 +269,9 @@ private:
     bool single_copy(std::size_t bytes) noexcept;
 
     bool readable() noexcept;
+    // `readable` for a side about to sleep: through the tail, whose store and this load are
+    // sequentially consistent (see `wake_peer_if_asleep`).
+    bool readable_by_tail() noexcept;
 
     bool copy_finished() noexcept {
         return seg_->copied[side_].value.load(std::memory_order_seq_cst) >= copies_sent_;
@@ -334,12 +377,15 @@ private:
     std::uint64_t out_tail_ = 0;
     std::uint64_t out_head_ = 0;
     std::uint64_t in_head_ = 0;
-    std::uint64_t in_tail_ = 0;
-    // The record being read: its kind, bytes left, padding after it, and for a single copy
+    std::uint64_t nonce_ = 1;
+    // The record being read: its kind, bytes left, where the next one starts, for a compact
+    // one its header rebuilt (and how much of it is still to hand out), and for a single copy
     // where the rest is in the writer's memory and its number.
     std::uint32_t in_kind_ = 0;
     std::uint64_t in_left_ = 0;
-    std::size_t in_pad_ = 0;
+    std::uint64_t in_next_ = 0;
+    frame_header expanded_{};
+    std::size_t expanded_left_ = 0;
     std::uint64_t in_address_ = 0;
     std::uint64_t in_number_ = 0;
     std::error_code copy_error_;
@@ -403,7 +449,7 @@ COROCOLL_DECL shm_channel::shm_channel(io::reactor& r, int side, void* mapping,
     out_tail_ = seg_->tail[side_].value.load(std::memory_order_relaxed);
     out_head_ = seg_->head[side_].value.load(std::memory_order_relaxed);
     in_head_ = seg_->head[1 - side_].value.load(std::memory_order_relaxed);
-    in_tail_ = in_head_;
+    nonce_ = seg_->probe | 1;
     single_copy_wanted_ = single_copy_bytes;
     peer_pid_ = seg_->pid[1 - side_];
     entry_.self = this;
@@ -440,6 +486,13 @@ COROCOLL_DECL std::size_t shm_channel::try_recv(std::span<std::byte> out,
             if (got > 0) break;
             n = copy_remote(out.data(), n);
             if (n == 0) break;  // failed: recv reports it
+        } else if (expanded_left_ > 0) {
+            n = std::min(n, expanded_left_);
+            std::memcpy(
+                out.data() + got,
+                reinterpret_cast<const std::byte*>(&expanded_) + sizeof(expanded_) - expanded_left_,
+                n);
+            expanded_left_ -= n;
         } else {
             copy_out(out.data() + got, n);
             in_head_ += n;
@@ -622,36 +675,86 @@ COROCOLL_DECL void shm_channel::copy_out(void* to, std::size_t n) noexcept {
     if (first < n) std::memcpy(dst + first, in_, n - first);
 }
 
+COROCOLL_DECL std::uint64_t shm_channel::begin_record(detail::shm_record::kind_t kind,
+                                                      std::uint64_t length) noexcept {
+    const std::uint64_t start = out_tail_;
+    out_tail_ += sizeof(std::uint64_t);  // the stamp, stored last
+    const std::uint64_t kind_length = detail::shm_record::pack(kind, length);
+    copy_in(&kind_length, sizeof(kind_length));
+    return start;
+}
+
+COROCOLL_DECL void shm_channel::seal_record(std::uint64_t start) noexcept {
+    out_tail_ = start + detail::pad_line(out_tail_ - start);
+    auto* word = reinterpret_cast<std::uint64_t*>(out_ + (start & mask_));
+    std::atomic_ref<std::uint64_t>(*word).store(stamp_for(start), std::memory_order_release);
+}
+
+COROCOLL_DECL bool shm_channel::record_here() noexcept {
+    auto* word = reinterpret_cast<std::uint64_t*>(in_ + (in_head_ & mask_));
+    return std::atomic_ref<std::uint64_t>(*word).load(std::memory_order_acquire) ==
+           stamp_for(in_head_);
+}
+
 COROCOLL_DECL std::size_t shm_channel::put_inline(const std::byte* from, std::size_t n) noexcept {
     if (n == 0) return 0;
-    std::size_t free = seg_->ring_bytes - (out_tail_ - out_head_);
     n = std::min(n, stream_piece_bytes);
-    if (free < sizeof(detail::shm_record) + detail::pad8(n)) free = room();
-    if (free <= sizeof(detail::shm_record) + 8) return 0;
-    std::size_t take = std::min(n, (free - sizeof(detail::shm_record)) & ~std::size_t{7});
-    detail::shm_record rec{detail::shm_record::inline_bytes, 0, take};
-    copy_in(&rec, sizeof(rec));
+    constexpr std::size_t head = sizeof(detail::shm_record);
+    auto usable = [](std::size_t room) { return room & ~(detail::shm_line - 1); };
+    std::size_t free = usable(seg_->ring_bytes - (out_tail_ - out_head_));
+    if (free < detail::pad_line(head + n)) free = usable(room());
+    if (free < detail::shm_line) return 0;
+    std::size_t take = std::min(n, free - head);
+    const std::uint64_t start = begin_record(detail::shm_record::inline_bytes, take);
     copy_in(from, take);
-    out_tail_ += detail::pad8(take) - take;
+    seal_record(start);
     return take;
 }
 
 COROCOLL_DECL bool shm_channel::put_gathered(std::span<iovec> iov, std::size_t total) noexcept {
-    std::size_t need = sizeof(detail::shm_record) + detail::pad8(total);
+    constexpr std::size_t head = sizeof(detail::shm_record);
+    // A point-to-point frame whose payload fits beside its compact header: one line.
+    frame_header h;
+    bool compact = iov.size() >= 1 && iov[0].iov_len == sizeof(h) &&
+                   total - sizeof(h) <= detail::shm_compact_payload;
+    if (compact) {
+        std::memcpy(&h, iov[0].iov_base, sizeof(h));
+        frame_header plain;
+        plain.kind = frame_kind::p2p;
+        plain.flags = h.flags;
+        plain.src = h.src;
+        plain.dst = h.dst;
+        plain.tag = h.tag;
+        plain.length = total - sizeof(h);
+        compact = std::memcmp(&plain, &h, sizeof(h)) == 0;
+    }
+    std::size_t need = compact ? detail::shm_line : detail::pad_line(head + total);
     if (seg_->ring_bytes - (out_tail_ - out_head_) < need && room() < need) return false;
-    detail::shm_record rec{detail::shm_record::inline_bytes, 0, total};
-    copy_in(&rec, sizeof(rec));
+    if (compact) {
+        const std::uint64_t start = begin_record(detail::shm_record::compact, total);
+        detail::shm_compact c;
+        c.kind = static_cast<std::uint8_t>(h.kind);
+        c.flags = h.flags;
+        c.src = h.src;
+        c.dst = h.dst;
+        c.tag = h.tag;
+        copy_in(&c, sizeof(c));
+        for (const iovec& v : iov.subspan(1)) copy_in(v.iov_base, v.iov_len);
+        seal_record(start);
+        return true;
+    }
+    const std::uint64_t start = begin_record(detail::shm_record::inline_bytes, total);
     for (const iovec& v : iov) copy_in(v.iov_base, v.iov_len);
-    out_tail_ += detail::pad8(total) - total;
+    seal_record(start);
     return true;
 }
 
 COROCOLL_DECL bool shm_channel::put_remote(const iovec& v) noexcept {
-    if (room() < sizeof(detail::shm_record) + sizeof(detail::shm_remote)) return false;
-    detail::shm_record rec{detail::shm_record::single_copy, 0, v.iov_len};
+    if (room() < detail::shm_line) return false;
     detail::shm_remote where{reinterpret_cast<std::uintptr_t>(v.iov_base), ++copies_sent_};
-    copy_in(&rec, sizeof(rec));
+    const std::uint64_t start = begin_record(detail::shm_record::single_copy, v.iov_len);
     copy_in(&where, sizeof(where));
+    seal_record(start);
     publish();
     return true;
 }
@@ -667,24 +770,36 @@ COROCOLL_DECL void shm_channel::free_room() noexcept {
 }
 
 COROCOLL_DECL bool shm_channel::next_record() noexcept {
-    if (in_tail_ - in_head_ < sizeof(detail::shm_record)) {
-        in_tail_ = seg_->tail[1 - side_].value.load(std::memory_order_seq_cst);
-        if (in_tail_ - in_head_ < sizeof(detail::shm_record)) return false;
-    }
+    if (!record_here()) return false;
+    const std::uint64_t start = in_head_;
     detail::shm_record rec;
     copy_out(&rec, sizeof(rec));
     in_head_ += sizeof(rec);
-    in_kind_ = rec.kind;
-    in_left_ = rec.length;
-    if (rec.kind == detail::shm_record::single_copy) {
+    in_kind_ = rec.kind();
+    in_left_ = rec.length();
+    std::uint64_t body = in_left_;
+    if (in_kind_ == detail::shm_record::single_copy) {
         detail::shm_remote where;
         copy_out(&where, sizeof(where));
         in_head_ += sizeof(where);
         in_address_ = where.address;
         in_number_ = where.number;
-    } else {
-        in_pad_ = detail::pad8(rec.length) - rec.length;
+        body = sizeof(where);
+    } else if (in_kind_ == detail::shm_record::compact) {
+        detail::shm_compact c;
+        copy_out(&c, sizeof(c));
+        in_head_ += sizeof(c);
+        expanded_ = frame_header{};
+        expanded_.kind = static_cast<frame_kind>(c.kind);
+        expanded_.flags = c.flags;
+        expanded_.src = c.src;
+        expanded_.dst = c.dst;
+        expanded_.tag = c.tag;
+        expanded_.length = in_left_ - sizeof(frame_header);
+        expanded_left_ = sizeof(frame_header);
+        body = sizeof(c) + expanded_.length;
     }
+    in_next_ = start + detail::pad_line(sizeof(rec) + body);
     return true;
 }
 
@@ -696,9 +811,8 @@ COROCOLL_DECL void shm_channel::end_record() noexcept {
             copy_error_ = std::make_error_code(std::errc::connection_aborted);
         }
         seg_->copied[1 - side_].value.store(in_number_, std::memory_order_seq_cst);
-    } else {
-        in_head_ += in_pad_;
     }
+    in_head_ = in_next_;
 }
 
 COROCOLL_DECL std::size_t shm_channel::copy_remote(std::byte* to, std::size_t n) noexcept {
@@ -731,10 +845,10 @@ COROCOLL_DECL bool shm_channel::single_copy(std::size_t bytes) noexcept {
     return peer_reads_us_;
 }
 
-COROCOLL_DECL bool shm_channel::readable() noexcept {
-    if (in_left_ > 0 || in_tail_ - in_head_ >= sizeof(detail::shm_record)) return true;
-    in_tail_ = seg_->tail[1 - side_].value.load(std::memory_order_seq_cst);
-    return in_tail_ - in_head_ >= sizeof(detail::shm_record);
+COROCOLL_DECL bool shm_channel::readable() noexcept { return in_left_ > 0 || record_here(); }
+
+COROCOLL_DECL bool shm_channel::readable_by_tail() noexcept {
+    return in_left_ > 0 || seg_->tail[1 - side_].value.load(std::memory_order_seq_cst) != in_head_;
 }
 
 COROCOLL_DECL task<> shm_channel::single_copy_done(io::op_options o) {
@@ -839,7 +953,7 @@ COROCOLL_DECL bool shm_channel::prepare_sleep_fn(io::poll_entry& e) noexcept {
     if (!c.watching_) return false;  // nothing would end the sleep
     auto& flag = c.seg_->asleep[c.side_].value;
     flag.store(1, std::memory_order_seq_cst);
-    if (((c.reader_ != nullptr || c.idle_reader_) && c.readable()) ||
+    if (((c.reader_ != nullptr || c.idle_reader_) && c.readable_by_tail()) ||
         (c.writer_ != nullptr && c.writer_ready()) || c.shut_ || c.peer_ended_ || c.kicked_) {
         flag.store(0, std::memory_order_relaxed);
         return false;
