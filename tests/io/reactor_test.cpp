@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -48,6 +49,21 @@ TEST_CASE("a thread can have only one reactor, and each thread can have its own"
 }
 
 // How late a timer fires is the machine's to decide: timing_test (suite "timing") looks.
+TEST_CASE("a reactor sets its thread's timer slack while it lives, and gives the old one back") {
+    REQUIRE(::prctl(PR_SET_TIMERSLACK, 50000ul, 0, 0, 0) == 0);
+    {
+        cc::io::reactor r;
+        CHECK(::prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) == 1000);
+    }
+    CHECK(::prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) == 50000);
+    {
+        cc::io::reactor_options o;
+        o.timer_slack = std::chrono::nanoseconds(0);  // left alone
+        cc::io::reactor r(o);
+        CHECK(::prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) == 50000);
+    }
+}
+
 TEST_CASE("a timer never fires early") {
     cc::io::reactor r;
     for (auto d : {1ms, 20ms, 60ms}) {
@@ -510,6 +526,32 @@ TEST_CASE("a watched poll entry is asked every turn, then less often: a long wai
     CHECK(w.polls >= s.polls + s.kernel_waits);
     CHECK_FALSE(w.watched);
     CHECK_FALSE(r.watching());
+}
+
+TEST_CASE("busy_poll_for keeps a watched wait busy polling past busy_poll, without pauses") {
+    // Without it, the same wait pauses in the kernel once busy_poll (10 µs here) has passed;
+    // with it, the loop polls until the flag (set after 50 ms) ends the wait.
+    for (bool extended : {false, true}) {
+        CAPTURE(extended);
+        cc::io::reactor r({.busy_poll = 10us, .yield_when_host_busy = false});
+        std::atomic<bool> flag{false};
+        flag_wait w(r, flag);
+        auto setter = set_after(50ms, flag);
+        auto s = stats_during(r, [&] {
+            r.run([&]() -> cc::task<> {
+                if (extended) r.busy_poll_for(10s);
+                co_await w.wait();
+            }());
+        });
+        CAPTURE(s.polls);
+        CAPTURE(s.kernel_waits);
+        if (extended) {
+            CHECK(s.kernel_waits == 0);
+        } else {
+            CHECK(s.kernel_waits >= 1);
+        }
+        CHECK(s.polls >= 1);
+    }
 }
 
 TEST_CASE("while an entry is watched, I/O, timers and other entries still complete") {

@@ -60,6 +60,7 @@ COROCOLL_DECL task<> all_gather_shm(context& c, std::span<std::byte> out,
                 const int r = (me + k) % n;
                 a.copy_from(c.net, c.meta, r, s, 0, out.subspan(at(r) * block, block));
             }
+            a.expect_copies(c.net, block);
             co_await a.arrive(c.net, c.meta, c.deadline);
         } catch (...) {
             a.withdraw();

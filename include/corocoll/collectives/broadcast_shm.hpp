@@ -62,6 +62,7 @@ COROCOLL_DECL task<> broadcast_shm(context& c, std::span<std::byte> data, int ro
         a.offer(data.data(), data.size());
         try {
             co_await a.arrive(c.net, c.meta, c.deadline, true);
+            a.expect_copies(c.net, data.size());
             co_await a.arrive(c.net, c.meta, c.deadline);
         } catch (...) {
             a.withdraw();

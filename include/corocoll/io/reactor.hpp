@@ -15,6 +15,7 @@
 #include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -213,6 +214,15 @@ public:
     /// through a quiet time (a shared-memory step after idle channels): without it the loop,
     /// idle for long, would pause at once for up to 500 µs.
     void note_progress() noexcept { progress_unstamped_ = true; }
+    /// The watched entries' wait is expected to last up to `d` from now (a peer copies for
+    /// this rank meanwhile): the loop keeps busy polling until then, where it would pause
+    /// after `busy_poll` (each pause costs a few microseconds of waking up). Nothing when busy
+    /// polling is off. The arena's single copies say so for the copy they wait out.
+    void busy_poll_for(std::chrono::nanoseconds d) noexcept {
+        if (options_.busy_poll.count() > 0) {
+            busy_until_ = std::max(busy_until_, std::chrono::steady_clock::now() + d);
+        }
+    }
 
     /// Awaitable: suspends for `d`. Throws `std::system_error` (operation_canceled) if `stop`
     /// is requested first.
@@ -311,6 +321,9 @@ private:
     static void complete_wake_read(detail::io_op* op, int /*res*/) noexcept;
 
     reactor_options options_;
+    // The timer slack of the thread that made the reactor, to give back (0: none taken).
+    int slack_before_ = 0;
+    std::thread::id slack_thread_;
     reactor_features features_;
     io_uring ring_{};
     int wake_fd_ = -1;
@@ -326,6 +339,8 @@ private:
     poll_entry* polling_next_ = nullptr;
     std::chrono::steady_clock::time_point watch_progress_{};
     unsigned busy_turns_left_ = 0;
+    // Busy polling goes on at least until then (see `busy_poll_for`).
+    std::chrono::steady_clock::time_point busy_until_{};
     // Progress made since `watch_progress_` was last stamped (see `poll_watched`).
     bool progress_unstamped_ = false;
     // Looks at the watched entries between full turns while busy polling.
@@ -362,6 +377,9 @@ COROCOLL_DECL reactor::~reactor() {
         }
     }
     while (posters_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+    if (slack_before_ > 0 && slack_thread_ == std::this_thread::get_id()) {
+        ::prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(slack_before_), 0, 0, 0);
+    }
     live_reactors().fetch_sub(1, std::memory_order_relaxed);
     current_ref() = nullptr;
     // Closing the ring cancels whatever is still in flight, our eventfd read included.
@@ -398,6 +416,15 @@ COROCOLL_DECL reactor::reactor(reactor_options options) : options_(options) {
     wake_op_.prepare_ = &prepare_wake_read;
     wake_op_.complete_ = &complete_wake_read;
     submit(wake_op_);
+    if (options_.timer_slack.count() > 0) {
+        int old = ::prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+        if (old > 0 &&
+            ::prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(options_.timer_slack.count()), 0,
+                    0, 0) == 0) {
+            slack_before_ = old;
+            slack_thread_ = std::this_thread::get_id();
+        }
+    }
     current_ref() = this;
     live_reactors().fetch_add(1, std::memory_order_relaxed);
 }
@@ -814,7 +841,7 @@ COROCOLL_DECL void reactor::wait_while_watching() noexcept {
         progress_unstamped_ = false;
     }
     auto idle = now - watch_progress_;
-    if (idle < options_.busy_poll) {
+    if (idle < options_.busy_poll || now < busy_until_) {
         const bool yield = yield_between_polls();
         if (!yield) busy_turns_left_ = 15;
         ++stats_.polls;
