@@ -246,11 +246,34 @@ public:
         step_wait& operator=(const step_wait&) = delete;
         step_wait(step_wait&&) = delete;
 
-        bool await_ready() noexcept { return complete(); }
+        bool await_ready() noexcept {
+            // Ranks that run in step usually arrive within a few hundred nanoseconds of each
+            // other: a few looks first spare a suspension (deadline, watch, resume). Not where
+            // ranks outnumber processors: the rank looked for may be waiting for this one's.
+            if (complete()) return true;
+            if (io::reactor::crowded()) return false;
+            for (int i = 0; i < quick_looks; ++i) {
+                relax();
+                if (complete()) return true;
+            }
+            return false;
+        }
+        /// How many times a step wait looks again before it suspends (see `await_ready`):
+        /// 2-rank all_reduce of 4 B, coll_perf, 3 interleaved runs: 0.26-0.28 µs with 64,
+        /// 0.28-0.29 with 256, 0.30-0.63 with none.
+        static constexpr int quick_looks = 64;
         COROCOLL_DECL void await_suspend(std::coroutine_handle<> h);
         COROCOLL_DECL void await_resume();
 
     private:
+        // A pause between looks at shared memory (x86's PAUSE, ARM's YIELD).
+        static void relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#elif defined(__aarch64__)
+            asm volatile("yield");
+#endif
+        }
         // Whether every rank has reached the step (from the first not seen yet) or the
         // group failed.
         COROCOLL_DECL bool complete() noexcept;
