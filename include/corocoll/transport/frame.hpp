@@ -14,9 +14,10 @@ namespace transport {
 
 /// "CCOL", the first four bytes of every frame.
 inline constexpr std::uint32_t frame_magic = 0x4c4f4343;
-/// Bumped whenever the frame layout or the meaning of a field changes; peers with different
-/// versions refuse each other at connection time.
-inline constexpr std::uint16_t protocol_version = 4;
+/// Bumped whenever the frame layout or the meaning of a field changes, or the layout of what
+/// peers share (version 5: the shared-memory rings' records, shm_channel.hpp); peers with
+/// different versions refuse each other at connection time.
+inline constexpr std::uint16_t protocol_version = 5;
 
 enum class frame_kind : std::uint8_t {
     hello = 1,       ///< first frame on a connection: who is calling, for which group
