@@ -547,10 +547,11 @@ TEST_CASE("busy_poll_for keeps a watched wait busy polling past busy_poll, witho
         CAPTURE(s.kernel_waits);
         if (extended) {
             CHECK(s.kernel_waits == 0);
+            CHECK(s.polls >= 1);
         } else {
+            // How many busy turns fit in 10 µs is the machine's business (none, under TSan).
             CHECK(s.kernel_waits >= 1);
         }
-        CHECK(s.polls >= 1);
     }
 }
 
