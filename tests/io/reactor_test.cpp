@@ -508,7 +508,10 @@ TEST_CASE(
 }
 
 TEST_CASE("a watched poll entry is asked every turn, then less often: a long wait costs little") {
-    cc::io::reactor r;
+    // A busy window of 60 ms, not the default 50 µs: a loaded machine (CI's ASan build) could
+    // take longer than 50 µs to come back to the loop after the entry was watched, and then
+    // the wait never busy polled at all.
+    cc::io::reactor r({.busy_poll = 60ms});
     std::atomic<bool> flag{false};
     flag_wait w(r, flag);
     // The clock starts before the setter's, so the wait can only look longer than 300 ms.
@@ -519,7 +522,7 @@ TEST_CASE("a watched poll entry is asked every turn, then less often: a long wai
     CAPTURE(w.polls);
     CAPTURE(s.polls);
     CAPTURE(s.kernel_waits);
-    // Busy turns for busy_poll (50 µs) first, then pauses in the kernel; the entry is asked
+    // Busy turns for busy_poll first, then pauses in the kernel; the entry is asked
     // on every turn, whichever kind. How late the wait ends: timing_test.
     CHECK(s.polls >= 1);
     CHECK(s.kernel_waits >= 1);
