@@ -809,23 +809,34 @@ TEST_CASE(
                           coll::collective_kind::all_gather}) {
                         pg.set_algorithm(k, coll::algorithm::shm);
                     }
+                    // 40000 elements: 160,000 bytes, two whole pieces of a backward sweep
+                    // and a shorter one (shm_arena::sweep_piece_bytes).
                     const std::size_t sizes[] = {1, 6, 7, 100, 4096, 5000, 40000};
                     for (int it = 0; it < 60; ++it) {
                         std::size_t count = sizes[static_cast<std::size_t>(it) % std::size(sizes)];
                         int root = (it * 7) % n;
-                        std::vector<std::int32_t> b(count, r == root ? it + 1 : -1);
+                        // Every element differs, and so does every rank's block of the
+                        // all_gather: a piece or block copied to the wrong place shows.
+                        auto sent = [it](std::size_t j) {
+                            return (it + 1) * 100000 + static_cast<std::int32_t>(j);
+                        };
+                        std::vector<std::int32_t> b(count, -1);
+                        for (std::size_t j = 0; j < count && r == root; ++j) b[j] = sent(j);
                         co_await pg.broadcast(b, root);
                         if (it % 3 == 0) continue;  // broadcasts back to back too
                         std::vector<std::int32_t> s(count, r + it);
                         co_await pg.all_reduce(s);
+                        std::vector<std::int32_t> mine(count);
+                        for (std::size_t j = 0; j < count; ++j) mine[j] = b[j] * 8 + r;
                         std::vector<std::int32_t> g(count * static_cast<std::size_t>(n));
-                        co_await pg.all_gather_into(g, b);
+                        co_await pg.all_gather_into(g, mine);
                         for (std::size_t i = 0; i < g.size(); ++i) {
                             std::size_t j = i % count;
-                            if (b[j] != it + 1 || s[j] != n * it + n * (n - 1) / 2 ||
-                                g[i] != it + 1) {
+                            auto from = static_cast<std::int32_t>(i / count);
+                            if (b[j] != sent(j) || s[j] != n * it + n * (n - 1) / 2 ||
+                                g[i] != sent(j) * 8 + from) {
                                 throw std::runtime_error("iteration " + std::to_string(it) +
-                                                         ": wrong value at " + std::to_string(j));
+                                                         ": wrong value at " + std::to_string(i));
                             }
                         }
                     }

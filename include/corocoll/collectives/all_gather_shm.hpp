@@ -9,6 +9,8 @@
 // other's memory, the arena carries only the blocks' addresses instead: each rank copies its
 // own block into place, then every other block straight from its rank's buffer
 // (process_vm_readv), and waits at a second step until every rank is done with its block.
+// Every other such call goes through the same copies backward (shm_arena::next_sweep_backward):
+// a loop that reuses its buffers then finds in cache what the last call touched last.
 // Cost: one step per piece; each rank writes its block once and reads the n blocks once: no
 // block is copied more than once per reader, with no message. With single copies: two steps,
 // n copies of a block per rank (none into the arena).
@@ -52,14 +54,19 @@ COROCOLL_DECL task<> all_gather_shm(context& c, std::span<std::byte> out,
     if (a.single_copy(block)) {
         const std::uint64_t s = a.next_step();
         std::span<std::byte> mine = out.subspan(at(me) * block, block);
-        if (mine.data() != in.data()) std::memcpy(mine.data(), in.data(), block);
+        const bool copy_mine = mine.data() != in.data();
+        // Every other call goes backward: its own block last, the others in reverse order,
+        // each from its end (shm_arena::next_sweep_backward).
+        const bool backward = a.next_sweep_backward();
+        if (copy_mine && !backward) std::memcpy(mine.data(), in.data(), block);
         a.offer(in.data(), block);
         try {
             co_await a.arrive(c.net, c.meta, c.deadline, true);
             for (int k = 1; k < n; ++k) {
-                const int r = (me + k) % n;
-                a.copy_from(c.net, c.meta, r, s, 0, out.subspan(at(r) * block, block));
+                const int r = (me + (backward ? n - k : k)) % n;
+                a.copy_from(c.net, c.meta, r, s, 0, out.subspan(at(r) * block, block), backward);
             }
+            if (copy_mine && backward) a.copy_backward(mine.data(), in.data(), block);
             a.expect_copies(c.net, block);
             co_await a.arrive(c.net, c.meta, c.deadline);
         } catch (...) {

@@ -12,7 +12,8 @@
 // From the group's single-copy size (shm_arena::single_copy), where every rank may read every
 // other's memory, the arena carries only the root's address instead: every other rank copies
 // the root's buffer straight into its own (process_vm_readv), and the root waits at a second
-// step until they all have (its buffer is the user's again once it returns).
+// step until they all have (its buffer is the user's again once it returns). Every other such
+// copy goes backward (shm_arena::next_sweep_backward).
 // Cost: one step per piece; the root writes bytes once, whatever n; every other rank reads
 // bytes once: n copies in all against 2 (n - 1) through the channels, with no message. With
 // single copies: two steps, and n - 1 copies in all (none by the root).
@@ -54,7 +55,7 @@ COROCOLL_DECL task<> broadcast_shm(context& c, std::span<std::byte> data, int ro
         const std::uint64_t s = a.next_step();
         if (!is_root) {
             co_await a.arrive(c.net, c.meta, c.deadline, true, root);
-            a.copy_from(c.net, c.meta, root, s, 0, data);
+            a.copy_from(c.net, c.meta, root, s, 0, data, a.next_sweep_backward());
             // The root waits here for every rank; the next call here waits for them too.
             a.arrive_and_go(c.net, c.meta);
             co_return;

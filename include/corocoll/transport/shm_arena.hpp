@@ -167,10 +167,30 @@ public:
     /// passes a later step that they all reach once done, or withdraws it.
     COROCOLL_DECL void offer(const void* at, std::size_t bytes) noexcept;
     /// Copies `to.size()` bytes at `offset` of the buffer rank `r` offered with step `s`
-    /// into `to` (process_vm_readv), then makes sure that `r` did not withdraw it meanwhile.
+    /// into `to` (process_vm_readv), then makes sure that `r` did not withdraw it meanwhile;
+    /// `backward`: in pieces of `sweep_piece_bytes` from the end (see `next_sweep_backward`).
     /// A failure fails the group through `e`, naming `r` and `what`, and throws it.
     COROCOLL_DECL void copy_from(engine& e, const collective_meta& meta, int r, std::uint64_t s,
-                                 std::size_t offset, std::span<std::byte> to);
+                                 std::size_t offset, std::span<std::byte> to,
+                                 bool backward = false);
+    /// Bytes of the pieces in which a backward sweep goes (`copy_from`, `copy_backward`).
+    static constexpr std::size_t sweep_piece_bytes = std::size_t{64} << 10;
+    /// Whether this rank's single-copy call goes through its buffers from the end: every
+    /// other call does, in the reverse order of the one before (its own block last instead
+    /// of first, each block's pieces from the last). A call that reuses the last one's
+    /// buffers, with about as many bytes as the core's cache holds, then starts on the lines
+    /// the last one touched last, still cached; going forward every time, each call evicts
+    /// the lines the next one needs first. Each rank decides alone: nothing to agree on.
+    bool next_sweep_backward() noexcept { return backward_ = !backward_; }
+    /// memcpy in pieces of `sweep_piece_bytes`, the last piece first.
+    static void copy_backward(void* to, const void* from, std::size_t bytes) noexcept {
+        for (std::size_t end = bytes; end > 0;) {
+            const std::size_t start = end > sweep_piece_bytes ? end - sweep_piece_bytes : 0;
+            std::memcpy(static_cast<std::byte*>(to) + start,
+                        static_cast<const std::byte*>(from) + start, end - start);
+            end = start;
+        }
+    }
     /// This rank waits next while others copy `bytes` from the buffers offered (`offer`):
     /// the reactor keeps busy polling for about as long as such a copy takes (at 4 GB/s, at
     /// most 1 ms) instead of pausing (see io::reactor::busy_poll_for).
@@ -328,6 +348,7 @@ private:
     std::vector<int> missing_;
     std::size_t single_copy_from_ = 0;
     bool single_copy_allowed_ = false;
+    bool backward_ = false;
 };
 
 }  // namespace transport
@@ -362,7 +383,7 @@ COROCOLL_DECL void shm_arena::offer(const void* at, std::size_t bytes) noexcept 
 
 COROCOLL_DECL void shm_arena::copy_from(engine& e, const collective_meta& meta, int r,
                                         std::uint64_t s, std::size_t offset,
-                                        std::span<std::byte> to) {
+                                        std::span<std::byte> to, bool backward) {
     std::uint64_t words[2];
     std::memcpy(words, small(r, s), sizeof(words));
     std::string why;
@@ -370,22 +391,34 @@ COROCOLL_DECL void shm_arena::copy_from(engine& e, const collective_meta& meta, 
         why = "rank " + std::to_string(r) + " offered " + std::to_string(words[1]) +
               " bytes, not " + std::to_string(offset + to.size());
     }
-    std::size_t done = 0;
-    while (why.empty() && done < to.size()) {
-        iovec local{to.data() + done, to.size() - done};
-        iovec remote{reinterpret_cast<void*>(words[0] + offset + done), to.size() - done};
-        ssize_t got = ::process_vm_readv(static_cast<pid_t>(line(r).pid), &local, 1, &remote, 1, 0);
-        if (got < 0 && errno == ESRCH) {
-            // Killed: its pair's channel will say so too, but this copy found out first.
-            e.peer_gone(r, "its process is gone (process_vm_readv: no such process)");
-            e.raise_if_failed(meta, "copying through shared memory");
+    // [from, end) of `to`, from the same place in r's buffer.
+    auto read = [&](std::size_t from, std::size_t end) {
+        while (why.empty() && from < end) {
+            iovec local{to.data() + from, end - from};
+            iovec remote{reinterpret_cast<void*>(words[0] + offset + from), end - from};
+            ssize_t got =
+                ::process_vm_readv(static_cast<pid_t>(line(r).pid), &local, 1, &remote, 1, 0);
+            if (got < 0 && errno == ESRCH) {
+                // Killed: its pair's channel will say so too, but this copy found out first.
+                e.peer_gone(r, "its process is gone (process_vm_readv: no such process)");
+                e.raise_if_failed(meta, "copying through shared memory");
+            }
+            if (got <= 0) {
+                int err = got < 0 ? errno : EIO;
+                why = "copying rank " + std::to_string(r) + "'s buffer (process_vm_readv): " +
+                      std::error_code(err, std::system_category()).message();
+            } else {
+                from += static_cast<std::size_t>(got);
+            }
         }
-        if (got <= 0) {
-            int err = got < 0 ? errno : EIO;
-            why = "copying rank " + std::to_string(r) + "'s buffer (process_vm_readv): " +
-                  std::error_code(err, std::system_category()).message();
-        } else {
-            done += static_cast<std::size_t>(got);
+    };
+    if (!backward) {
+        read(0, to.size());
+    } else {
+        for (std::size_t end = to.size(); end > 0 && why.empty();) {
+            const std::size_t from = end > sweep_piece_bytes ? end - sweep_piece_bytes : 0;
+            read(from, end);
+            end = from;
         }
     }
     if (why.empty() && line(r).withdrawn.load(std::memory_order_seq_cst) >= s) {
