@@ -102,9 +102,13 @@ public:
     /// the processors this process may run on; busy polling then yields between polls.
     static bool crowded() noexcept;
     /// True when this host had more runnable tasks than the processors this process may run
-    /// on at the last look (the running count of /proc/loadavg, read at most every 10 ms):
-    /// other programs compete for the processors too. False where /proc cannot be read.
+    /// on at each of the last `host_busy_looks` looks (the running count of /proc/loadavg,
+    /// read at most every 10 ms): other programs compete for the processors too, and have
+    /// for 20 ms at least; a task that runs for a moment (a launcher, a kernel thread) does
+    /// not count. False where /proc cannot be read.
     static bool host_busy() noexcept;
+    /// Looks in a row that `host_busy` needs.
+    static constexpr int host_busy_looks = 3;
     /// The processors this process may run on.
     static int processors() noexcept;
 
@@ -438,6 +442,7 @@ COROCOLL_DECL bool reactor::crowded() noexcept {
 COROCOLL_DECL bool reactor::host_busy() noexcept {
     static std::atomic<std::int64_t> next_look{0};
     static std::atomic<bool> busy{false};
+    static std::atomic<int> looks_over{0};  // written by the one thread that won the look
     const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
                                  std::chrono::steady_clock::now().time_since_epoch())
                                  .count();
@@ -460,7 +465,11 @@ COROCOLL_DECL bool reactor::host_busy() noexcept {
     while (*p != '\0' && fields < 3) {
         if (*p++ == ' ') ++fields;
     }
-    bool now_busy = std::atoi(p) > processors();
+    const int over = std::atoi(p) > processors()
+                         ? std::min(looks_over.load(std::memory_order_relaxed) + 1, host_busy_looks)
+                         : 0;
+    looks_over.store(over, std::memory_order_relaxed);
+    const bool now_busy = over >= host_busy_looks;
     busy.store(now_busy, std::memory_order_relaxed);
     return now_busy;
 }
