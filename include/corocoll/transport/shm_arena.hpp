@@ -173,7 +173,8 @@ public:
     COROCOLL_DECL void copy_from(engine& e, const collective_meta& meta, int r, std::uint64_t s,
                                  std::size_t offset, std::span<std::byte> to,
                                  bool backward = false);
-    /// Bytes of the pieces in which a backward sweep goes (`copy_from`, `copy_backward`).
+    /// Bytes of the pieces in which a backward sweep goes (`copy_from`, `copy_backward`); a
+    /// backward `copy_from` makes them larger to have at most 64 (one process_vm_readv).
     static constexpr std::size_t sweep_piece_bytes = std::size_t{64} << 10;
     /// Whether this rank's single-copy call goes through its buffers from the end: every
     /// other call does, in the reverse order of the one before (its own block last instead
@@ -391,35 +392,53 @@ COROCOLL_DECL void shm_arena::copy_from(engine& e, const collective_meta& meta, 
         why = "rank " + std::to_string(r) + " offered " + std::to_string(words[1]) +
               " bytes, not " + std::to_string(offset + to.size());
     }
+    const auto pid = static_cast<pid_t>(line(r).pid);
+    const std::uintptr_t base = words[0] + offset;
+    // After a process_vm_readv that failed (`got` <= 0, errno): a killed rank fails the group
+    // naming it; any other reason goes in `why`.
+    auto failed = [&](ssize_t got) {
+        const int err = got < 0 ? errno : EIO;
+        if (err == ESRCH) {
+            // Killed: its pair's channel will say so too, but this copy found out first.
+            e.peer_gone(r, "its process is gone (process_vm_readv: no such process)");
+            e.raise_if_failed(meta, "copying through shared memory");
+        }
+        why = "copying rank " + std::to_string(r) + "'s buffer (process_vm_readv): " +
+              std::error_code(err, std::system_category()).message();
+    };
     // [from, end) of `to`, from the same place in r's buffer.
     auto read = [&](std::size_t from, std::size_t end) {
         while (why.empty() && from < end) {
             iovec local{to.data() + from, end - from};
-            iovec remote{reinterpret_cast<void*>(words[0] + offset + from), end - from};
-            ssize_t got =
-                ::process_vm_readv(static_cast<pid_t>(line(r).pid), &local, 1, &remote, 1, 0);
-            if (got < 0 && errno == ESRCH) {
-                // Killed: its pair's channel will say so too, but this copy found out first.
-                e.peer_gone(r, "its process is gone (process_vm_readv: no such process)");
-                e.raise_if_failed(meta, "copying through shared memory");
-            }
+            iovec remote{reinterpret_cast<void*>(base + from), end - from};
+            ssize_t got = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
             if (got <= 0) {
-                int err = got < 0 ? errno : EIO;
-                why = "copying rank " + std::to_string(r) + "'s buffer (process_vm_readv): " +
-                      std::error_code(err, std::system_category()).message();
+                failed(got);
             } else {
                 from += static_cast<std::size_t>(got);
             }
         }
     };
-    if (!backward) {
-        read(0, to.size());
-    } else {
-        for (std::size_t end = to.size(); end > 0 && why.empty();) {
-            const std::size_t from = end > sweep_piece_bytes ? end - sweep_piece_bytes : 0;
-            read(from, end);
+    if (why.empty() && backward && to.size() > sweep_piece_bytes) {
+        // One call, its pieces listed from the last (at most `most` of them).
+        constexpr std::size_t most = 64;
+        const std::size_t piece = std::max(sweep_piece_bytes, (to.size() + most - 1) / most);
+        iovec local[most], remote[most];
+        std::size_t k = 0;
+        for (std::size_t end = to.size(); end > 0; ++k) {
+            const std::size_t from = end > piece ? end - piece : 0;
+            local[k] = {to.data() + from, end - from};
+            remote[k] = {reinterpret_cast<void*>(base + from), end - from};
             end = from;
         }
+        ssize_t got = ::process_vm_readv(pid, local, k, remote, k, 0);
+        if (got <= 0) {
+            failed(got);
+        } else if (static_cast<std::size_t>(got) < to.size()) {
+            read(0, to.size());  // cut short (not seen here): all of it again, forward
+        }
+    } else {
+        read(0, to.size());
     }
     if (why.empty() && line(r).withdrawn.load(std::memory_order_seq_cst) >= s) {
         why = "rank " + std::to_string(r) + " left the call while its buffer was being copied";
