@@ -342,7 +342,7 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
         // Counted before "mesh/arena" too: final as well.
         if (co_await group_store->add("mesh/arena_reads", 0) == size) arena->allow_single_copy();
         std::string copies =
-            !arena->single_copy(std::size_t(-1))
+            !arena->single_copies()
                 ? std::string(arena->single_copy_from() == 0
                                   ? "; no single copies (off)"
                                   : "; no single copies (process_vm_readv refused)")

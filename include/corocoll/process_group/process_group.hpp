@@ -147,7 +147,7 @@ public:
     /// single copies off, or some rank may not read another's memory). See
     /// `transport::engine_options::shm_arena_single_copy_bytes`.
     std::size_t arena_single_copy_from() const noexcept {
-        return arena_ && arena_->single_copy(std::size_t(-1)) ? arena_->single_copy_from() : 0;
+        return arena_ && arena_->single_copies() ? arena_->single_copy_from() : 0;
     }
     /// The group's namespace in the rendezvous store.
     rendezvous::store& store() const noexcept { return *store_; }

@@ -154,8 +154,10 @@ public:
     /// `engine_options::shm_arena_single_copy_bytes`, kept in the arena, so that every rank
     /// decides alike; 0: never).
     bool single_copy(std::size_t bytes) const noexcept {
-        return single_copy_allowed_ && single_copy_from_ > 0 && bytes >= single_copy_from_;
+        return single_copies() && bytes >= single_copy_from_;
     }
+    /// Whether calls of some size copy straight between the ranks' buffers (`single_copy`).
+    bool single_copies() const noexcept { return single_copy_allowed_ && single_copy_from_ > 0; }
     /// Every rank may read every other's memory (found at set-up): see `single_copy`.
     void allow_single_copy() noexcept { single_copy_allowed_ = true; }
     /// The group's size from which calls copy straight between the ranks' buffers, when

@@ -11,8 +11,9 @@
 // copy out, and a large one flows through the ring in pieces as the consumer frees room (a
 // pipelined copy). A record's first word is its stamp, which the producer stores last: the
 // consumer polls the stamp where the next record will start, not the tail, so a message that
-// fits in one line (a point-to-point frame of up to 24 bytes goes compact: its header's
-// zero fields left out) reaches it in one cache line's transfer instead of three. Each side
+// fits in one line reaches it in one cache line's transfer instead of three. A point-to-point
+// frame of up to 4 KiB whose header is plain goes compact, its header's zero fields left out
+// (24 bytes instead of 64): one line up to 24 bytes of payload, a line less above. Each side
 // keeps its own counter and the last value it read of the other's in process-local memory,
 // so that the shared lines move between the caches only when there is news.
 //
@@ -144,6 +145,8 @@ struct shm_compact {
 inline constexpr std::size_t shm_line = 64;
 // Payload bytes a compact record carries within one line.
 inline constexpr std::size_t shm_compact_payload = shm_line - 16 - sizeof(shm_compact);
+// Payload bytes of the largest compact record.
+inline constexpr std::size_t shm_compact_most = 4096;
 struct shm_remote {
     std::uint64_t address = 0;
     std::uint64_t number = 0;  // the writer's count of single copies, this one included
@@ -713,10 +716,11 @@ COROCOLL_DECL std::size_t shm_channel::put_inline(const std::byte* from, std::si
 
 COROCOLL_DECL bool shm_channel::put_gathered(std::span<iovec> iov, std::size_t total) noexcept {
     constexpr std::size_t head = sizeof(detail::shm_record);
-    // A point-to-point frame whose payload fits beside its compact header: one line.
+    // A small point-to-point frame with a plain header goes compact (one line up to
+    // shm_compact_payload bytes of payload).
     frame_header h;
     bool compact = iov.size() >= 1 && iov[0].iov_len == sizeof(h) &&
-                   total - sizeof(h) <= detail::shm_compact_payload;
+                   total - sizeof(h) <= detail::shm_compact_most;
     if (compact) {
         std::memcpy(&h, iov[0].iov_base, sizeof(h));
         frame_header plain;
@@ -728,7 +732,8 @@ COROCOLL_DECL bool shm_channel::put_gathered(std::span<iovec> iov, std::size_t t
         plain.length = total - sizeof(h);
         compact = std::memcmp(&plain, &h, sizeof(h)) == 0;
     }
-    std::size_t need = compact ? detail::shm_line : detail::pad_line(head + total);
+    std::size_t need = detail::pad_line(
+        head + (compact ? sizeof(detail::shm_compact) + total - sizeof(h) : total));
     if (seg_->ring_bytes - (out_tail_ - out_head_) < need && room() < need) return false;
     if (compact) {
         const std::uint64_t start = begin_record(detail::shm_record::compact, total);
