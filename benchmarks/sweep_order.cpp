@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -100,6 +101,16 @@ std::uint64_t run(meeting& m, int me, const options& o, bool alternate) {
     const auto pid = static_cast<pid_t>(m.pid[other].value.load());
     std::byte* mine_out = out + static_cast<std::size_t>(me) * o.block;
     std::byte* their_out = out + static_cast<std::size_t>(other) * o.block;
+    // A backward call's one process_vm_readv: the pieces listed from the last, at most 64 of
+    // them (as shm_arena::copy_from).
+    const std::size_t piece = std::max(o.piece, (o.block + 63) / 64);
+    std::vector<iovec> local, remote;
+    for (std::size_t end = o.block; end > 0;) {
+        const std::size_t from = end > piece ? end - piece : 0;
+        local.push_back({their_out + from, end - from});
+        remote.push_back({const_cast<std::byte*>(theirs) + from, end - from});
+        end = from;
+    }
     const int warmup = o.iters / 10;
     std::chrono::steady_clock::time_point start;
     for (int i = 0; i < warmup + o.iters; ++i) {
@@ -113,14 +124,6 @@ std::uint64_t run(meeting& m, int me, const options& o, bool alternate) {
             copy_from(pid, theirs, their_out, o.block);
         } else {
             meet();
-            // One process_vm_readv, the pieces listed from the last (as shm_arena::copy_from).
-            std::vector<iovec> local, remote;
-            for (std::size_t end = o.block; end > 0;) {
-                const std::size_t from = end > o.piece ? end - o.piece : 0;
-                local.push_back({their_out + from, end - from});
-                remote.push_back({const_cast<std::byte*>(theirs) + from, end - from});
-                end = from;
-            }
             read_pieces(pid, local, remote, o.block);
             for (std::size_t end = o.block; end > 0;) {
                 const std::size_t from = end > o.piece ? end - o.piece : 0;

@@ -87,10 +87,10 @@ TEST_CASE("an unknown COROCOLL_TRANSPORT is refused at set-up with a message nam
 
 TEST_CASE("messages of every size cross shared memory whole and in order, pre-posted or early") {
     // 0, 1, around the ring's record boundaries, the compact records' (one line up to 24
-    // bytes, compact up to 4 KiB) and the single-copy threshold, and several times the 64 KiB
+    // bytes, compact up to 960) and the single-copy threshold, and several times the 64 KiB
     // ring used here, so that a message wraps and waits for room.
     // clang-format off
-    const std::vector<std::size_t> sizes = {0, 1, 7, 8, 24, 25, 64, 4095, 4096, 4097, 32767,
+    const std::vector<std::size_t> sizes = {0, 1, 7, 8, 24, 25, 64, 960, 961, 4095, 32767,
         32 << 10, (32 << 10) + 1, 100000, 1 << 20, (3 << 20) + 5};
     // clang-format on
     for (bool single_copy : {true, false}) {

@@ -103,9 +103,9 @@ public:
     static bool crowded() noexcept;
     /// True when this host had more runnable tasks than the processors this process may run
     /// on at each of the last `host_busy_looks` looks (the running count of /proc/loadavg,
-    /// read at most every 10 ms): other programs compete for the processors too, and have
-    /// for 20 ms at least; a task that runs for a moment (a launcher, a kernel thread) does
-    /// not count. False where /proc cannot be read.
+    /// read at most every 10 ms): other programs compete for the processors too, and did at
+    /// three instants 20 ms apart at least; a task that runs for a moment (a launcher, a
+    /// kernel thread) is seen at one look at most. False where /proc cannot be read.
     static bool host_busy() noexcept;
     /// Looks in a row that `host_busy` needs.
     static constexpr int host_busy_looks = 3;
@@ -442,7 +442,7 @@ COROCOLL_DECL bool reactor::crowded() noexcept {
 COROCOLL_DECL bool reactor::host_busy() noexcept {
     static std::atomic<std::int64_t> next_look{0};
     static std::atomic<bool> busy{false};
-    static std::atomic<int> looks_over{0};  // written by the one thread that won the look
+    static std::atomic<int> looks_over{0};  // written by the thread that won the look
     const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
                                  std::chrono::steady_clock::now().time_since_epoch())
                                  .count();

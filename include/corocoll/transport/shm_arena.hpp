@@ -176,7 +176,8 @@ public:
                                  std::size_t offset, std::span<std::byte> to,
                                  bool backward = false);
     /// Bytes of the pieces in which a backward sweep goes (`copy_from`, `copy_backward`); a
-    /// backward `copy_from` makes them larger to have at most 64 (one process_vm_readv).
+    /// backward `copy_from` makes them larger to have at most 64 (one process_vm_readv), and
+    /// above 2 GiB goes forward.
     static constexpr std::size_t sweep_piece_bytes = std::size_t{64} << 10;
     /// Whether this rank's single-copy call goes through its buffers from the end: every
     /// other call does, in the reverse order of the one before (its own block last instead
@@ -421,7 +422,9 @@ COROCOLL_DECL void shm_arena::copy_from(engine& e, const collective_meta& meta, 
             }
         }
     };
-    if (why.empty() && backward && to.size() > sweep_piece_bytes) {
+    // Above MAX_RW_COUNT (2 GiB less a page) the kernel copies part of one call only.
+    constexpr std::size_t one_call_most = 0x7ffff000;
+    if (why.empty() && backward && to.size() > sweep_piece_bytes && to.size() <= one_call_most) {
         // One call, its pieces listed from the last (at most `most` of them).
         constexpr std::size_t most = 64;
         const std::size_t piece = std::max(sweep_piece_bytes, (to.size() + most - 1) / most);
@@ -437,7 +440,7 @@ COROCOLL_DECL void shm_arena::copy_from(engine& e, const collective_meta& meta, 
         if (got <= 0) {
             failed(got);
         } else if (static_cast<std::size_t>(got) < to.size()) {
-            read(0, to.size());  // cut short (not seen here): all of it again, forward
+            read(0, to.size());  // cut short (a fault on the way): all of it again, forward
         }
     } else {
         read(0, to.size());

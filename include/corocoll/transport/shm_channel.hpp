@@ -12,8 +12,9 @@
 // pipelined copy). A record's first word is its stamp, which the producer stores last: the
 // consumer polls the stamp where the next record will start, not the tail, so a message that
 // fits in one line reaches it in one cache line's transfer instead of three. A point-to-point
-// frame of up to 4 KiB whose header is plain goes compact, its header's zero fields left out
-// (24 bytes instead of 64): one line up to 24 bytes of payload, a line less above. Each side
+// frame that goes as one small record (up to 1 KiB with its header) and whose header is plain
+// goes compact, its header's zero fields left out (24 bytes instead of 64): one line up to 24
+// bytes of payload, a line less above. Each side
 // keeps its own counter and the last value it read of the other's in process-local memory,
 // so that the shared lines move between the caches only when there is news.
 //
@@ -145,8 +146,9 @@ struct shm_compact {
 inline constexpr std::size_t shm_line = 64;
 // Payload bytes a compact record carries within one line.
 inline constexpr std::size_t shm_compact_payload = shm_line - 16 - sizeof(shm_compact);
-// Payload bytes of the largest compact record.
-inline constexpr std::size_t shm_compact_most = 4096;
+// Payload bytes of the largest compact record: a frame that goes as one small record
+// (shm_channel::small_record_bytes, with its 64-byte header).
+inline constexpr std::size_t shm_compact_most = 1024 - 64;
 struct shm_remote {
     std::uint64_t address = 0;
     std::uint64_t number = 0;  // the writer's count of single copies, this one included
@@ -236,6 +238,7 @@ private:
     std::size_t put_inline(const std::byte* from, std::size_t n) noexcept;
 
     static constexpr std::size_t small_record_bytes = 1024;
+    static_assert(small_record_bytes == detail::shm_compact_most + sizeof(frame_header));
 
     // A larger payload goes in records of at most this many bytes, each published as soon as
     // it is written, and the reader frees room after as many: so the writer copies one piece
