@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -24,6 +25,7 @@
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 using namespace corocoll_test;
@@ -158,6 +160,72 @@ TEST_CASE("two ranks that both send a large message before receiving do not stal
                 throw std::runtime_error("payload differs");
         },
         with(cc::transport::transport_choice::shm)));
+}
+
+TEST_CASE(
+    "a receive posted while its early message is held takes it without waiting out the hold") {
+    // Rank 1 sends a small message A and an 8 KiB message B before rank 0's reactor runs
+    // again; rank 0 has posted A's receive only. Its reader reads A (its completion deferred:
+    // B's header is staged behind it), holds B for its receive, then completes A; what A's
+    // waiter does next is post B's receive, before the reader is parked. That receive must
+    // get B at once: it used to wait for the hold's timer (1 ms), in every call of a 2-rank
+    // reduce, gather, scatter, reduce_scatter or all_to_all of 8-16 KiB (~500 us a call).
+    std::atomic<bool> sent{false};
+    cc::transport::engine::hold_counts counts;
+    check_every_rank_ok(run_threads(
+        2,
+        [&](cc::process_group& pg) -> cc::task<> {
+            std::vector<std::byte> a(64), b(8 << 10);
+            if (pg.rank() == 1) {
+                co_await pg.send(pattern(a.size(), 1), 0);
+                co_await pg.send(pattern(b.size(), 2), 0);
+                sent = true;
+                co_return;
+            }
+            auto first = pg.irecv(a, 1);
+            // Both messages are in the ring before this rank's reactor runs again.
+            while (!sent) std::this_thread::sleep_for(1ms);
+            co_await first;
+            co_await pg.recv(b, 1);
+            if (a != pattern(a.size(), 1) || b != pattern(b.size(), 2))
+                throw std::runtime_error("payload differs");
+            counts = pg.engine().holds();
+        },
+        with(cc::transport::transport_choice::shm)));
+    CHECK(counts.held == 1);
+    CHECK(counts.taken == 1);
+    CHECK(counts.expired == 0);
+    CHECK(counts.expired_with_receive == 0);
+}
+
+TEST_CASE("collectives of 4-64 KiB never leave a posted receive waiting for a held message") {
+    // The loop the hold's race showed in: one rank's next message arrives while the other is
+    // still completing the call before. Whatever the timing, a held message whose receive
+    // was posted is taken by it, never found by the hold's timer.
+    std::vector<cc::transport::engine::hold_counts> counts(2);
+    check_every_rank_ok(run_threads(
+        2,
+        [&](cc::process_group& pg) -> cc::task<> {
+            for (std::size_t bytes : {std::size_t{4} << 10, std::size_t{8} << 10,
+                                      std::size_t{16} << 10, std::size_t{64} << 10}) {
+                std::size_t n = bytes / sizeof(float);
+                std::vector<float> in(n, 1.0f), all(2 * n), both(2 * n), half(n);
+                for (int i = 0; i < 50; ++i) {
+                    co_await pg.reduce(in, 0);
+                    co_await pg.gather_into(in, all, 0);
+                    co_await pg.scatter_from(half, all, 0);
+                    co_await pg.reduce_scatter_into(half, both);
+                    co_await pg.all_to_all_single(both, all);
+                }
+            }
+            counts[static_cast<std::size_t>(pg.rank())] = pg.engine().holds();
+        },
+        with(cc::transport::transport_choice::shm)));
+    for (int r = 0; r < 2; ++r) {
+        INFO("rank " << r << ": held " << counts[r].held << ", taken " << counts[r].taken
+                     << ", expired " << counts[r].expired);
+        CHECK(counts[r].expired_with_receive == 0);
+    }
 }
 
 namespace {

@@ -293,6 +293,24 @@ public:
         return mismatch(p, mine, theirs);
     }
 
+    /// What the readers did with messages that came before their receive (`engine_options::
+    /// hold`), counted since the engine was made. Only on the reactor's thread.
+    struct hold_counts {
+        /// Messages a reader left in their channel to wait for their receive.
+        std::uint64_t held = 0;
+        /// Of those, the ones whose receive came while they were held and took them.
+        std::uint64_t taken = 0;
+        /// Of those, the ones whose hold ran out (they were then buffered or taken as any
+        /// message).
+        std::uint64_t expired = 0;
+        /// Of the expired ones, those whose receive had been posted before the hold ran out:
+        /// a receive that waited for the hold's timer instead of being handed the message.
+        /// Never more than 0 unless the hand-off is broken.
+        std::uint64_t expired_with_receive = 0;
+    };
+    /// See `hold_counts`.
+    const hold_counts& holds() const noexcept { return holds_; }
+
     /// How long a stall lasts before the ranks compare notes (0: never), and how long they
     /// wait for each other's answers.
     std::chrono::milliseconds stall_interval() const noexcept { return *options_.stall; }
@@ -541,6 +559,7 @@ private:
     // Progress, for the stall checks: frames that arrived, sends that wait for room, and when
     // the count last moved (or nothing waited).
     std::uint64_t frames_in_ = 0;
+    hold_counts holds_;
     // The stall timer fired late (the reactor did not run for a while) since the last
     // `catch_up`: a collective that ends now must first read what arrived meanwhile, even
     // though the timer, having fired, no longer looks overdue. A shared-memory step, which
@@ -1174,17 +1193,30 @@ COROCOLL_DECL task<> engine::read_loop(int p) {
                     if (held.blocked_reader) std::exchange(held.blocked_reader, {}).resume();
                 };
                 reactor_.arm(ps.hold);
+                ++holds_.held;
                 complete_deferred(ps);
-                co_await blocked_awaiter{ps};
+                // What that resumed may have posted this message's receive already, and found
+                // no reader to hand it to yet: then there is nothing to wait for. (Waited for,
+                // the hold's timer ended the wait: ~1 ms of every call of a collective that
+                // sends before its peer's next receive, e.g. a 2-rank reduce of 8 KiB.)
+                if (matching_.match(p, h) == nullptr) co_await blocked_awaiter{ps};
+                const bool expired = !ps.hold.armed();
                 reactor_.disarm(ps.hold);
                 if (!unblocked(ps, p, h, pr)) co_return;
+                if (expired) {
+                    ++holds_.expired;
+                    if (pr != nullptr) ++holds_.expired_with_receive;
+                } else if (pr != nullptr) {
+                    ++holds_.taken;
+                }
             }
             while (pr == nullptr && h.length > 0 &&
                    ps.unexpected_bytes + h.length > options_.unexpected_bytes_per_peer &&
                    !ps.unexpected.empty()) {
                 ps.blocked = &h;
                 complete_deferred(ps);
-                co_await blocked_awaiter{ps};
+                // As above: a receive posted meanwhile found no reader to hand it to.
+                if (matching_.match(p, h) == nullptr) co_await blocked_awaiter{ps};
                 if (!unblocked(ps, p, h, pr)) co_return;
             }
             if (pr != nullptr) {
