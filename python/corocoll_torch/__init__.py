@@ -8,25 +8,51 @@ torch.distributed.Backend.register_backend. Its groups take CPU tensors of every
 reductions on int8, uint8, int32, int64, float16, bfloat16, float32 and float64, data movement
 (send/recv, broadcast, gather, scatter, all_gather, all_to_all) on any dtype. They are built on
 the store torch hands the backend (env://, tcp://, file:// or an explicit store); the
-operations run on the group's own progress thread, and every Work completes from it.
+operations run on the group's own progress thread, and every Work completes from it. A group's
+close (destroy_process_group, or the process's exit) first waits, up to its timeout and at
+most 60 s, until its live peers have closed theirs too.
 
 torch 1.13's dist.monitored_barrier accepts only "gloo" by name; `monitored_barrier` here
 calls the same operation on a corocoll group.
 """
 
+import atexit
 from datetime import timedelta
+import multiprocessing.util
+import os
 
 import torch.distributed as dist
 
-from ._C import create_process_group
+from ._C import close_all, create_process_group
 
-__all__ = ["BACKEND", "create_process_group", "monitored_barrier"]
+__all__ = ["BACKEND", "close_all", "create_process_group", "monitored_barrier"]
 
 BACKEND = "corocoll"
 
 
+_exit_hook_pid = None
+
+
+def _close_at_exit():
+    """Makes this process close its corocoll groups as it exits, each waiting (up to its
+    timeout, at most 60 s) for its live peers to close theirs: a rank whose program is done
+    does not take torch's store (rank 0 serves it) away from a slower rank still polling it in
+    init_process_group's store-based barrier. atexit covers processes that end normally
+    (torchrun, mp.spawn); a torch.multiprocessing.Process ends in os._exit after running
+    multiprocessing's finalizers, which the Finalize covers. Registered once per process,
+    from the process that made a group (a forked child starts with neither)."""
+    global _exit_hook_pid
+    if _exit_hook_pid == os.getpid():
+        return
+    _exit_hook_pid = os.getpid()
+    atexit.register(close_all)
+    multiprocessing.util.Finalize(None, close_all, exitpriority=100)
+
+
 def _create(store, rank, world_size, timeout):
-    return create_process_group(store, rank, world_size, timeout)
+    group = create_process_group(store, rank, world_size, timeout)
+    _close_at_exit()
+    return group
 
 
 if BACKEND.upper() not in dist.Backend._plugins:

@@ -356,6 +356,23 @@ private:
                 last_recent = now;
             }
             if (active_ == 0 && now - last_recent > idle_after) {
+                if (driver_ == driver::nobody && waiters_ == 0) {
+                    // Idle: the loop still runs (asleep in the kernel until something comes),
+                    // so that the readers answer a peer's status query (a rank whose program
+                    // is busy elsewhere, in Python, is alive and must say so) and see a
+                    // peer's goodbye or end. A caller that wants the reactor asks for it back
+                    // (`drive_until`, through `release_`).
+                    driver_ = driver::progress;
+                    parked_ = true;
+                    release_.store(false, std::memory_order_release);
+                    lock.unlock();
+                    r.run_until(release_);
+                    lock.lock();
+                    parked_ = false;
+                    driver_ = driver::nobody;
+                    if (waiters_ > 0) waiters_cv_.notify_all();
+                    continue;
+                }
                 parked_ = true;
                 progress_cv_.wait(lock);
                 parked_ = false;
@@ -585,6 +602,27 @@ private:
 // The process group
 // ---------------------------------------------------------------------------------------------
 
+class group;
+
+/// The groups of this process that are alive, for `close_all`.
+struct group_registry {
+    std::mutex m;
+    std::vector<group*> groups;
+};
+inline group_registry& registry() {
+    static group_registry* r = new group_registry;  // never destroyed: groups may outlive statics
+    return *r;
+}
+inline void register_group(group* g) {
+    std::lock_guard lock(registry().m);
+    registry().groups.push_back(g);
+}
+inline void unregister_group(group* g) {
+    std::lock_guard lock(registry().m);
+    std::erase(registry().groups, g);
+}
+void close_all();
+
 /// The backend "corocoll": a c10d::ProcessGroup whose operations run on a corocoll
 /// process_group on the group's own progress thread.
 class group final : public c10d::ProcessGroup {
@@ -640,36 +678,51 @@ public:
     }
 
     ~group() override {
-        without_gil released;
-        if (pg_) {
-            // Close on the progress thread, then let the thread go.
-            struct close_item : cc::detail::work_item {
-                group* self;
-                std::mutex m;
-                std::condition_variable cv;
-                bool done = false;
-                bool eager = true;
-            } item;
-            item.self = this;
-            item.run_ = [](cc::detail::work_item* i) noexcept {
-                auto* s = static_cast<close_item*>(i);
-                [](close_item* s) -> detached {
-                    try {
-                        co_await s->self->pg_->close();
-                    } catch (...) {
-                    }
-                    s->self->pg_.reset();
-                    s->self->progress_.finished(s->eager);
-                    std::lock_guard lock(s->m);
-                    s->done = true;
-                    s->cv.notify_all();
-                }(s);
-            };
-            progress_.submit(item, true);
-            std::unique_lock lock(item.m);
-            item.cv.wait(lock, [&] { return item.done; });
-        }
+        unregister_group(this);
+        shutdown();
     }
+
+    /// Closes the group, first waiting (up to `linger()`) until every live peer has closed its
+    /// own too: a rank whose program is done must not leave while a peer still needs it (rank
+    /// 0's process serves torch's store, which a slower rank may still be polling in the
+    /// store-based barrier at the end of init_process_group). Idempotent; operations after it
+    /// fail, naming the closed group. Called by destroy_process_group (through the
+    /// destructor) and, for every group still open, when the process exits (`close_all`).
+    void shutdown() {
+        without_gil released;
+        std::lock_guard once(shutdown_m_);
+        if (!pg_ || pg_->closed()) return;
+        // Close on the progress thread, then let the thread go.
+        struct close_item : cc::detail::work_item {
+            group* self;
+            std::mutex m;
+            std::condition_variable cv;
+            bool done = false;
+            bool eager = true;
+        } item;
+        item.self = this;
+        item.run_ = [](cc::detail::work_item* i) noexcept {
+            auto* s = static_cast<close_item*>(i);
+            [](close_item* s) -> detached {
+                try {
+                    co_await s->self->pg_->close_after_peers(s->self->linger());
+                } catch (...) {
+                }
+                s->self->progress_.finished(s->eager);
+                std::lock_guard lock(s->m);
+                s->done = true;
+                s->cv.notify_all();
+            }(s);
+        };
+        progress_.submit(item, true);
+        std::unique_lock lock(item.m);
+        item.cv.wait(lock, [&] { return item.done; });
+    }
+
+    /// How long a close waits for the peers to close too: the group's timeout, at most 60 s
+    /// (a peer that takes longer is stuck or still working, and this rank goes).
+    milliseconds linger() const noexcept { return std::min<milliseconds>(timeout_, max_linger); }
+    static constexpr milliseconds max_linger{60'000};
 
     const std::string getBackendName() const override { return "corocoll"; }
 
@@ -737,6 +790,9 @@ public:
 
     c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                              const c10d::AllreduceOptions& opts) override {
+        if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse()) {
+            return sparse_allreduce(tensors[0], opts.reduceOp);
+        }
         auto a = one_inout("allreduce", tensors);
         auto op = op_of("allreduce", opts.reduceOp);
         return reducing(c10d::OpType::ALLREDUCE, "allreduce", a.dense, tensors, {a},
@@ -745,6 +801,66 @@ public:
                             co_await pg.all_reduce(s, op);
                             co_return -1;
                         });
+    }
+
+    /// all_reduce of a sparse (COO) tensor, summed as Gloo sums one (embedding layers with
+    /// sparse gradients need it): every rank's coalesced indices and values are gathered, each
+    /// rank's padded to the largest count, and the entries of all ranks are laid end to end
+    /// and summed by coalesce(). Three all_gathers: the counts, the indices, the values;
+    /// bytes on the wire per rank: (size - 1) x the largest rank's entries.
+    c10::intrusive_ptr<c10d::Work> sparse_allreduce(at::Tensor& t, const c10d::ReduceOp& op) {
+        const char* what = "allreduce";
+        if (!t.device().is_cpu()) {
+            refuse(what,
+                   "a tensor on " + t.device().str() + " (the corocoll backend takes CPU tensors)");
+        }
+        if (t.layout() != at::kSparse) refuse(what, "a sparse layout other than COO");
+        if (op != c10d::ReduceOp::SUM) {
+            refuse(what, "a sparse tensor with an op other than SUM (sparse tensors are summed)");
+        }
+        at::Tensor in = t.coalesce();
+        std::int64_t nnz = in._nnz();
+        // One row per entry: its indices, then its values (the dense dimensions flattened).
+        at::Tensor indices = in._indices().t().contiguous();
+        std::int64_t row = 1;
+        for (std::int64_t d = in.sparse_dim(); d < in.dim(); ++d) row *= in.size(d);
+        at::Tensor values = in._values().reshape({nnz, row}).contiguous();
+        auto body = [t, in, indices, values, nnz, row](cc::process_group& pg) -> cc::task<int> {
+            auto n = static_cast<std::int64_t>(pg.size());
+            std::vector<std::int64_t> mine{nnz}, counts(static_cast<std::size_t>(n));
+            co_await pg.all_gather_into(counts, mine);
+            std::int64_t most = *std::max_element(counts.begin(), counts.end());
+            auto sparse_dim = indices.size(1);
+            at::Tensor my_idx = at::zeros({most, sparse_dim}, indices.options());
+            at::Tensor my_val = at::zeros({most, row}, in._values().options());
+            if (nnz > 0) {
+                my_idx.narrow(0, 0, nnz).copy_(indices);
+                my_val.narrow(0, 0, nnz).copy_(values);
+            }
+            at::Tensor all_idx = at::empty({n * most, sparse_dim}, indices.options());
+            at::Tensor all_val = at::empty({n * most, row}, my_val.options());
+            auto out_idx = span_of<std::uint8_t>(all_idx);
+            auto out_val = span_of<std::uint8_t>(all_val);
+            co_await pg.all_gather_into(out_idx, span_of<std::uint8_t>(my_idx));
+            co_await pg.all_gather_into(out_val, span_of<std::uint8_t>(my_val));
+            std::vector<at::Tensor> idx_parts, val_parts;
+            for (std::int64_t r = 0; r < n; ++r) {
+                idx_parts.push_back(all_idx.narrow(0, r * most, counts[r]));
+                val_parts.push_back(all_val.narrow(0, r * most, counts[r]));
+            }
+            std::vector<std::int64_t> value_shape{-1};
+            for (std::int64_t d = in.sparse_dim(); d < in.dim(); ++d) {
+                value_shape.push_back(in.size(d));
+            }
+            at::Tensor sum = at::sparse_coo_tensor(at::cat(idx_parts).t(),
+                                                   at::cat(val_parts).reshape(value_shape),
+                                                   in.sizes(), in.options())
+                                 .coalesce();
+            at::Tensor out = t;
+            out.copy_(sum);
+            co_return -1;
+        };
+        return start(c10d::OpType::ALLREDUCE, what, {t}, {}, std::move(body));
     }
 
     c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
@@ -821,6 +937,62 @@ public:
         std::vector<at::Tensor> outs = outputs[0];
         return typed(c10d::OpType::ALLGATHER, "allgather", in, outs, std::move(list.back),
                      [flat = list.flat](auto& pg, auto elem, const at::Tensor& t) -> cc::task<int> {
+                         using T = decltype(elem);
+                         auto os = span_of<T>(flat);
+                         co_await pg.all_gather_into(os, span_of<T>(t));
+                         co_return -1;
+                     });
+    }
+
+    /// torch's all_gather_coalesced: `outputs[r][i]` gets rank r's `inputs[i]`. The inputs
+    /// (one dtype, any shapes, the same on every rank) are laid end to end and go as one
+    /// all_gather; each rank's block is then copied into its outputs.
+    c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+        std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+        const c10d::AllgatherOptions&) override {
+        const char* what = "allgather_coalesced";
+        if (inputs.empty()) refuse(what, "an empty input list");
+        for (auto& t : inputs) {
+            check_cpu(what, t);
+            same_dtype(what, inputs[0], t);
+        }
+        if (outputs.size() != static_cast<std::size_t>(getSize())) {
+            refuse(what, std::to_string(outputs.size()) + " output lists in a group of " +
+                             std::to_string(getSize()));
+        }
+        std::vector<at::Tensor> parts;
+        std::int64_t total = 0;
+        for (auto& t : inputs) {
+            parts.push_back(t.reshape({-1}));
+            total += t.numel();
+        }
+        at::Tensor in = at::cat(parts);
+        at::Tensor flat = at::empty({total * getSize()}, in.options());
+        std::vector<tensor_arg> back;
+        std::vector<at::Tensor> outs;
+        for (std::size_t r = 0; r < outputs.size(); ++r) {
+            if (outputs[r].size() != inputs.size()) {
+                refuse(what, "output list " + std::to_string(r) + " has " +
+                                 std::to_string(outputs[r].size()) + " tensors, the input list " +
+                                 std::to_string(inputs.size()));
+            }
+            std::int64_t at_elem = static_cast<std::int64_t>(r) * total;
+            for (std::size_t i = 0; i < inputs.size(); ++i) {
+                const at::Tensor& o = outputs[r][i];
+                check_cpu(what, o);
+                same_dtype(what, inputs[0], o);
+                if (o.numel() != inputs[i].numel()) {
+                    refuse(what, "output " + std::to_string(i) + " of rank " + std::to_string(r) +
+                                     " has " + std::to_string(o.numel()) + " elements, input " +
+                                     std::to_string(i) + " " + std::to_string(inputs[i].numel()));
+                }
+                back.push_back({o, flat.narrow(0, at_elem, o.numel()).view(o.sizes())});
+                outs.push_back(o);
+                at_elem += o.numel();
+            }
+        }
+        return typed(c10d::OpType::ALLGATHER_COALESCED, what, in, outs, std::move(back),
+                     [flat](auto& pg, auto elem, const at::Tensor& t) -> cc::task<int> {
                          using T = decltype(elem);
                          auto os = span_of<T>(flat);
                          co_await pg.all_gather_into(os, span_of<T>(t));
@@ -1231,6 +1403,7 @@ private:
     }
 
     milliseconds timeout_;
+    std::mutex shutdown_m_;
     cc::thread_pool store_pool_;
     cc::thread_pool callbacks_;
     std::shared_ptr<torch_store> adapter_;
@@ -1347,6 +1520,15 @@ inline bool work::wait_for(milliseconds timeout) {
 // The module
 // ---------------------------------------------------------------------------------------------
 
+/// Shuts every group of this process down (`group::shutdown`): what the module runs as the
+/// process exits, so that no rank leaves while its peers still need it. The GIL is released
+/// first: a thread that drops a group meanwhile waits for the registry, not for the GIL.
+void close_all() {
+    without_gil released;
+    std::lock_guard lock(registry().m);
+    for (group* g : registry().groups) g->shutdown();
+}
+
 c10::intrusive_ptr<c10d::ProcessGroup> create(const c10::intrusive_ptr<c10d::Store>& store,
                                               int rank, int size,
                                               std::chrono::duration<float> timeout) {
@@ -1356,7 +1538,9 @@ c10::intrusive_ptr<c10d::ProcessGroup> create(const c10::intrusive_ptr<c10d::Sto
     }
     auto ms = std::chrono::duration_cast<milliseconds>(timeout);
     if (ms <= milliseconds(0)) ms = cc::detail::default_timeout();
-    return c10::make_intrusive<group>(store, rank, size, ms);
+    auto g = c10::make_intrusive<group>(store, rank, size, ms);
+    register_group(g.get());
+    return g;
 }
 
 }  // namespace corocoll_torch
@@ -1366,4 +1550,7 @@ PYBIND11_MODULE(_C, m) {
     m.def("create_process_group", &corocoll_torch::create, py::arg("store"), py::arg("rank"),
           py::arg("world_size"), py::arg("timeout"),
           "Builds a corocoll process group on torch's store (the backend's factory)");
+    m.def("close_all", &corocoll_torch::close_all,
+          "Closes every corocoll group of this process, each first waiting (up to its timeout, "
+          "at most 60 s) until its live peers have closed theirs: run as the process exits");
 }

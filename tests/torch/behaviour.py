@@ -9,8 +9,12 @@ TCPStore the parent serves on a port of the kernel's choosing):
   - an operation past the group's timeout raises corocoll's error text, naming the peer;
   - a peer that dies fails the other rank's pending recv, naming the rank;
   - monitored_barrier (corocoll_torch.monitored_barrier) names the rank that did not come;
-  - unsupported calls raise an exception naming the call (several tensors per rank,
-    allgather_coalesced, dtypes that cannot be reduced, CUDA-less checks).
+  - a barrier that only rank 0 calls, its peers idle in Python, fails at the group's timeout
+    saying it timed out and naming the ranks that did not call it (torch's
+    test_barrier_timeout_*): idle ranks answer status queries;
+  - all_gather_coalesced and a sparse (COO) all_reduce give Gloo's results;
+  - unsupported calls raise an exception naming the call (several tensors per rank, dtypes
+    that cannot be reduced, a sparse reduction other than SUM, CUDA-less checks).
 
 Assertions are on results and messages, never on times. Exit 77 (skip) without torch or
 corocoll_torch.
@@ -19,6 +23,7 @@ corocoll_torch.
 import os
 import sys
 import threading
+import time
 from datetime import timedelta
 
 try:
@@ -81,8 +86,28 @@ def works(rank, n, port):
     pg = dist.distributed_c10d._get_default_group()
     expect_error(lambda: pg.allreduce([torch.zeros(2), torch.zeros(2)]).wait(), "allreduce",
                  "several tensors")
-    expect_error(lambda: dist.all_gather_coalesced([[torch.zeros(1)] * n], [torch.zeros(1)]),
-                 "allgather_coalesced")
+    # all_gather_coalesced (as torch's test builds it: tensors of several shapes, one dtype).
+    ins = [torch.full([i] * i, float(rank + i)) for i in range(1, 4)]
+    outs = [[torch.full([i] * i, -1.0) for i in range(1, 4)] for _ in range(n)]
+    dist.all_gather_coalesced(outs, ins)
+    for r in range(n):
+        for i in range(1, 4):
+            assert torch.equal(outs[r][i - 1], torch.full([i] * i, float(r + i))), (r, i, outs)
+    expect_error(lambda: dist.all_gather_coalesced([[torch.zeros(1)]], [torch.zeros(1)]),
+                 "allgather_coalesced", "1 output lists in a group of 2")
+    # A sparse (COO) all_reduce sums every rank's entries, as Gloo's does: rank r holds ones
+    # at rows 0..r of a (n x 2) tensor; the sum has n - i at row i.
+    sparse = torch.sparse_coo_tensor(torch.arange(rank + 1).reshape(1, -1),
+                                     torch.ones(rank + 1, 2), (n, 2))
+    dist.all_reduce(sparse)
+    want = torch.tensor([[float(n - i)] * 2 for i in range(n)])
+    assert sparse.is_sparse and torch.equal(sparse.to_dense(), want), sparse
+    empty = torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.long), torch.zeros(0), (3,))
+    dist.all_reduce(empty)
+    assert empty._nnz() == 0 and torch.equal(empty.to_dense(), torch.zeros(3)), empty
+    expect_error(lambda: dist.all_reduce(sparse, op=dist.ReduceOp.MAX), "allreduce",
+                 "op other than SUM")
+    print(f"rank {rank}: all_gather_coalesced and a sparse all_reduce", flush=True)
     expect_error(lambda: dist.all_reduce(torch.zeros(2, dtype=torch.int16)), "allreduce",
                  "cannot be reduced")
     expect_error(lambda: dist.send(torch.zeros(1), dst=rank), "send", "itself")
@@ -129,8 +154,30 @@ def monitored(rank, n, port):
     os._exit(0)
 
 
+def idle(rank, n, port):
+    # torch's test_barrier_timeout_*: only rank 0 calls barrier, with a group timeout of 1 s,
+    # while the others are alive and idle in Python. Their progress threads answer rank 0's
+    # status query, so the barrier fails at its deadline saying it timed out and naming the
+    # ranks that did not call it, and blames nobody for not answering.
+    store = init(rank, n, port, 1)
+    group = dist.new_group([0, 1, 2], timeout=timedelta(seconds=1))
+    if rank == 0:
+        for g, what in ((group, "new_group"), (None, "default group")):
+            began = time.monotonic()
+            text = expect_error(lambda: dist.barrier(g), " timeout ",
+                                "ranks 1 and 2 answered but have not called it")
+            took = time.monotonic() - began  # printed for people, not asserted
+            assert "stopped responding" not in text and "did not answer" not in text, text
+            print(f"rank 0: barrier of the {what} with idle peers failed after {took:.2f} s: "
+                  f"{text.splitlines()[0]}", flush=True)
+        store.set("checked", "1")
+    else:
+        store.wait(["checked"])
+    os._exit(0)  # the groups failed on rank 0 only; leave without their goodbyes
+
+
 CASES = {"works": (works, 2), "timeout": (timeout, 2), "death": (death, 2),
-         "monitored": (monitored, 3)}
+         "monitored": (monitored, 3), "idle": (idle, 3)}
 
 
 def main():

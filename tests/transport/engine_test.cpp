@@ -281,6 +281,10 @@ TEST_CASE("status answers: silent ranks are blamed first, then different calls, 
     CHECK(v.fail);
     CHECK(v.culprit == 1);
     CHECK(v.text.find("rank 0 timed out waiting in collective #3 for rank 1") == 0);
+    // It says the operation's timeout passed (torch's tests look for " timeout ") and who has
+    // not called the collective yet: alive, answering, elsewhere.
+    CHECK(v.text.find(" (the operation's timeout passed); rank 1 answered but has not called "
+                      "it yet; ") != std::string::npos);
 
     all[1]->done = 3;  // rank 1 finished #3 (the same call) without sending to rank 0
     all[1]->recent = {all[0]->current};

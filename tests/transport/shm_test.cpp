@@ -170,19 +170,23 @@ TEST_CASE(
     // waiter does next is post B's receive, before the reader is parked. That receive must
     // get B at once: it used to wait for the hold's timer (1 ms), in every call of a 2-rank
     // reduce, gather, scatter, reduce_scatter or all_to_all of 8-16 KiB (~500 us a call).
-    std::atomic<bool> sent{false};
+    std::atomic<bool> posted{false}, sent{false};
     cc::transport::engine::hold_counts counts;
     check_every_rank_ok(run_threads(
         2,
         [&](cc::process_group& pg) -> cc::task<> {
             std::vector<std::byte> a(64), b(8 << 10);
             if (pg.rank() == 1) {
+                // Not before A's receive is posted: an A that came first would be buffered,
+                // and its receive would take it from there instead.
+                while (!posted) std::this_thread::sleep_for(1ms);
                 co_await pg.send(pattern(a.size(), 1), 0);
                 co_await pg.send(pattern(b.size(), 2), 0);
                 sent = true;
                 co_return;
             }
             auto first = pg.irecv(a, 1);
+            posted = true;
             // Both messages are in the ring before this rank's reactor runs again.
             while (!sent) std::this_thread::sleep_for(1ms);
             co_await first;

@@ -375,9 +375,15 @@ COROCOLL_DECL std::string describe(const transport::collective_meta& m) {
                   k == collective_kind::scatter_object;
     if (reduces) s += std::string(op_name(static_cast<reduce_op>(m.redop))) + ", ";
     if (rooted) s += "root " + std::to_string(m.root) + ", ";
-    s += std::string(dtype_name(static_cast<dtype>(m.dtype))) + " x " + std::to_string(m.count);
-    if (m.algorithm != 0)
-        s += std::string(", ") + algorithm_name(static_cast<algorithm>(m.algorithm));
+    // A barrier carries no data: "barrier(dissemination)", not "barrier(unknown dtype x 0)".
+    bool data =
+        m.count != 0 || (k != collective_kind::barrier && k != collective_kind::monitored_barrier);
+    if (data) {
+        s += std::string(dtype_name(static_cast<dtype>(m.dtype))) + " x " + std::to_string(m.count);
+    }
+    if (m.algorithm != 0) {
+        s += std::string(data ? ", " : "") + algorithm_name(static_cast<algorithm>(m.algorithm));
+    }
     s += ")";
     return s;
 }

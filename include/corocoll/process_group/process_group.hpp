@@ -497,6 +497,13 @@ public:
     /// completes when the first has.
     task<> close();
 
+    /// Closes as `close()` does, but first waits, up to `at_most`, until every peer still
+    /// connected has closed its group too (said goodbye) or ended. For a rank about to leave
+    /// the job: what the others may still need of its process (a store it serves, which a
+    /// peer may be polling in a barrier of its own) stays until they are done with it. The
+    /// rank that serves corocoll's own store always waits so, up to the group's timeout.
+    task<> close_after_peers(std::chrono::milliseconds at_most);
+
     /// True once `close()` has begun (or finished).
     bool closed() const noexcept { return closed_; }
 
@@ -517,6 +524,9 @@ private:
     static void dispose(process_group* g) noexcept;
 
     static task<> close_then_delete(process_group* g);
+
+    // `close()`, waiting for the peers to close too until `until` (see `close_after_peers`).
+    task<> close_lingering(std::chrono::steady_clock::time_point until);
 
     // Operations on a closed group are refused before they touch its reactor (gone after
     // destroy_process_group).
@@ -852,6 +862,15 @@ COROCOLL_DECL collective_call<> process_group::monitored_barrier(
 }
 
 COROCOLL_DECL task<> process_group::close() {
+    return close_lingering(hosted_ ? deadline() : std::chrono::steady_clock::time_point{});
+}
+
+COROCOLL_DECL task<> process_group::close_after_peers(std::chrono::milliseconds at_most) {
+    auto until = std::chrono::steady_clock::now() + at_most;
+    return close_lingering(hosted_ ? std::max(until, deadline()) : until);
+}
+
+COROCOLL_DECL task<> process_group::close_lingering(std::chrono::steady_clock::time_point until) {
     if (closed_) {
         while (!close_finished_) co_await reactor_.sleep_for(std::chrono::milliseconds(1));
         co_return;
@@ -867,8 +886,8 @@ COROCOLL_DECL task<> process_group::close() {
         }
     }
     made_.clear();
-    // The rank that serves the store keeps it up until the others are gone.
-    co_await engine_.close(hosted_ ? deadline() : std::chrono::steady_clock::time_point{});
+    // The rank that serves the store keeps it up until the others are gone (`until`).
+    co_await engine_.close(until);
     // The last collective's lock release (`unlock_item_`) may still wait in the reactor's
     // posted batch that is running now (a reader's cancellation ended the close inside
     // it): let that batch finish before the caller may destroy the group.

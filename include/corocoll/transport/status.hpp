@@ -343,9 +343,29 @@ COROCOLL_DECL status_verdict judge_status(const std::vector<std::optional<rank_s
     v.fail = true;
     v.timed_out = true;
     v.culprit = waited_for >= 0 ? waited_for : me;
+    // The ranks that have not called this rank's collective yet (alive, idle or busy with
+    // something else): the usual reason for a collective's timeout.
+    std::vector<std::int32_t> behind;
+    const rank_status& mine = *all[static_cast<std::size_t>(me)];
+    if (mine.in_collective) {
+        for (std::size_t r = 0; r < all.size(); ++r) {
+            const rank_status& s = *all[r];
+            if (static_cast<int>(r) == me || s.left || s.done >= mine.current.seq) continue;
+            if (s.in_collective && s.current.seq >= mine.current.seq) continue;
+            behind.push_back(static_cast<std::int32_t>(r));
+        }
+    }
+    if (!behind.empty() && std::find(behind.begin(), behind.end(),
+                                     static_cast<std::int32_t>(v.culprit)) == behind.end()) {
+        v.culprit = behind.front();
+    }
     v.text = rank_name(me) + " timed out waiting in " + waiting +
              (waited_for >= 0 ? " for " + rank_name(waited_for) : std::string()) +
-             "; every rank answered and their calls agree; " + report;
+             " (the operation's timeout passed); " +
+             (behind.empty() ? std::string("every rank answered and their calls agree")
+                             : rank_status::ranks(behind) + " answered but " +
+                                   (behind.size() == 1 ? "has" : "have") + " not called it yet") +
+             "; " + report;
     return v;
 }
 
