@@ -480,6 +480,51 @@ TEST_CASE("tcp store server with a job token: only clients that prove it are ser
     CHECK(server.stats().requests_refused == 2);
 }
 
+TEST_CASE(
+    "tcp store server with a job token: strangers hold a few hundred bytes, never the ranks' "
+    "share") {
+    if (!cc::transport::detail::token_auth_available()) return;
+    rdv::tcp_store_server_options o;
+    o.job_token = "store-token-3e07";
+    o.max_value_bytes = 4 << 20;
+    o.max_buffered_bytes = 8 << 20;  // what 8 strangers buffering 1 MiB each would fill
+    o.auth_timeout = 1s;
+    rdv::tcp_store_server server(cc::io::endpoint::loopback(0), o);
+    // 14 strangers: a SET of a 4 MiB value without HELLO, HELLO and then such a SET, HELLO
+    // and then an AUTH whose body announces 4 MiB; each sends 1 MiB of it. Two more only
+    // connect and say nothing.
+    std::string part(1 << 20, 'x');
+    std::string hello = request().u8(0xC0).u64(rdv::detail::hello_magic).bytes;
+    std::string set = request().u8(0).str("/k").u64(4 << 20).bytes;
+    std::string auth = request().u8(0xC1).u64(4 << 20).bytes;
+    std::vector<raw_client> strangers;
+    for (int i = 0; i < 14; ++i) {
+        strangers.emplace_back(server.port());
+        std::string head = i % 3 == 0 ? set : hello + (i % 3 == 1 ? set : auth);
+        strangers.back().send(head + part);  // refused before the end: false is fine too
+    }
+    strangers.emplace_back(server.port());
+    strangers.emplace_back(server.port());
+    // A rank with the token is served as if they were not there.
+    cc::io::reactor r;
+    auto good = r.run(rdv::tcp_store::connect(r, server.local_endpoint(), 5s, o.job_token));
+    r.run(good->set("a", std::string(64 << 10, 'a')));
+    CHECK(r.run(good->get("a")).size() == (64u << 10));
+    // Every stranger loses its connection: the 14 refused at their first request, the two
+    // silent ones at the deadline for proving the token.
+    for (auto& c : strangers) CHECK(c.closed_by_server());
+    CHECK(server.stats().requests_refused == 14);
+    CHECK(eventually([&] { return server.stats().open_connections == 1; }));
+    // The silent two, and the refused ones that said HELLO (their rest is drained until
+    // then, so that they read why rather than meet a reset).
+    CHECK(server.stats().timed_out == 2 + 9);
+    // No stranger held more than what a HELLO and an AUTH need.
+    INFO("peak buffered: " << server.stats().peak_buffered_bytes);
+    CHECK(server.stats().peak_buffered_bytes <=
+          16 * rdv::tcp_store_server::unproven_bytes + (256u << 10));
+    CHECK(r.run(good->get("a")).size() == (64u << 10));
+}
+
 TEST_CASE("tcp store client: a server asking for the token gets a proof, never the token") {
     if (!cc::transport::detail::token_auth_available()) return;
     // A server that asks for the token and answers AUTH with a made-up proof.

@@ -303,6 +303,11 @@ struct tcp_store_server_options {
     /// challenge-response over fresh nonces; it refuses torch's clients, which cannot. Needs
     /// libcrypto (see transport/auth.hpp).
     std::string job_token;
+    /// With a job token: how long a new connection has to prove it (HELLO, then AUTH) before
+    /// it is dropped. Until then it may hold `tcp_store_server::unproven_bytes` and send only
+    /// those two requests, so that strangers cost the clients that hold the token nothing of
+    /// the byte budget.
+    std::chrono::milliseconds auth_timeout = std::chrono::seconds(10);
 };
 
 /// What a `tcp_store_server` has done and holds, for tests and monitoring. Counters only grow;
@@ -398,6 +403,13 @@ private:
         tcp_store_server* self = nullptr;
     };
 
+public:
+    /// With a job token, the most bytes a connection that has not proved it yet may have
+    /// buffered: a HELLO (9 bytes) and an AUTH (73) with room to spare. A longer request, or
+    /// one that is neither, is refused as soon as its header says so.
+    static constexpr std::size_t unproven_bytes = 256;
+
+private:
     // Reads happen in steps of at most this, and a buffer larger than this is given back
     // once its large request is done.
     static constexpr std::size_t read_step = std::size_t{256} << 10;
@@ -419,7 +431,16 @@ private:
         std::optional<transport::detail::auth_nonce> server_nonce{};
         bool authenticated = false;
         std::chrono::steady_clock::time_point request_started{};
+        std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
     };
+
+    // True while `c` must still prove the job token (see `unproven_bytes`).
+    bool unproven(const connection& c) const noexcept {
+        return !options_.job_token.empty() && !c.authenticated;
+    }
+    // What an unproven connection may not send, or nothing: a request that is not HELLO or
+    // AUTH, or longer than `unproven_bytes` (`need`: the bytes it needs to go on).
+    std::optional<detail::refusal> unproven_refusal(const connection& c, std::uint64_t need) const;
 
     // A WAIT's waiter: wakes its connection by cancelling the read that watches the client.
     struct wait_state : detail::store_table::waiter {
@@ -1093,6 +1114,12 @@ COROCOLL_DECL task<> tcp_store_server::converse(connection& c) {
     for (;;) {
         detail::parse_result p = c.parser.parse(c.in.view());
         if (p.status == detail::parse_status::incomplete) {
+            if (unproven(c)) {
+                if (auto no = unproven_refusal(c, p.bytes)) {
+                    co_await refuse(c, std::move(*no));
+                    co_return;
+                }
+            }
             if (!co_await receive(c, p.bytes)) co_return;
             continue;
         }
@@ -1151,6 +1178,27 @@ COROCOLL_DECL task<> tcp_store_server::converse(connection& c) {
     }
 }
 
+COROCOLL_DECL std::optional<detail::refusal> tcp_store_server::unproven_refusal(
+    const connection& c, std::uint64_t need) const {
+    auto view = c.in.view();
+    if (!view.empty()) {
+        auto q = static_cast<detail::query>(static_cast<unsigned char>(view[0]));
+        if (q != detail::query::hello && q != detail::query::auth) {
+            return detail::refusal{detail::reply_status::denied,
+                                   "this store serves only clients that prove they know the "
+                                   "job token (COROCOLL_JOB_TOKEN): say HELLO and AUTH first"};
+        }
+    }
+    if (need > unproven_bytes) {
+        return detail::refusal{detail::reply_status::denied,
+                               "a request of " + std::to_string(need) +
+                                   " bytes or more before the job token was proved (HELLO and "
+                                   "AUTH take at most " +
+                                   std::to_string(unproven_bytes) + ")"};
+    }
+    return std::nullopt;
+}
+
 COROCOLL_DECL task<bool> tcp_store_server::receive(connection& c, std::uint64_t need) {
     std::size_t have = c.in.size();
     std::size_t step = static_cast<std::size_t>(std::clamp<std::uint64_t>(
@@ -1161,6 +1209,16 @@ COROCOLL_DECL task<bool> tcp_store_server::receive(connection& c, std::uint64_t 
         capacity = std::max(
             have + step,
             std::min<std::size_t>(2 * capacity, std::max<std::uint64_t>(need, have + step)));
+    }
+    const bool proving = unproven(c);
+    if (proving) {
+        // Never more than a HELLO and an AUTH need (`converse` refused anything longer).
+        capacity = std::max(c.in.capacity(), unproven_bytes);
+        step = unproven_bytes - std::min(have, unproven_bytes);
+        if (step == 0) {
+            co_await refuse(c, unproven_refusal(c, unproven_bytes + 1).value());
+            co_return false;
+        }
     }
     if (!recharge(c, capacity + c.out.capacity())) {
         co_await refuse(c, busy("a request of " + std::to_string(need) + " bytes or more"));
@@ -1173,6 +1231,7 @@ COROCOLL_DECL task<bool> tcp_store_server::receive(connection& c, std::uint64_t 
     } else if (options_.idle_timeout.count() > 0) {
         deadline = io::deadline_after(options_.idle_timeout);
     }
+    if (proving) deadline = std::min(deadline, c.accepted + options_.auth_timeout);
     std::size_t got = co_await c.sock.recv_some(room, io::op_options(deadline, stop_.get_token()));
     if (got == 0) {
         if (have != 0) {
@@ -1262,8 +1321,15 @@ COROCOLL_DECL task<> tcp_store_server::refuse(connection& c, detail::refusal why
     co_await c.sock.send(c.out.view(), send_options());
     c.sock.shutdown(SHUT_WR);
     auto deadline = io::deadline_after(options_.request_timeout);
+    // A stranger's rest is drained no longer than it had to prove the token.
+    std::size_t drain = small_buffer;
+    if (unproven(c)) {
+        deadline = std::min(deadline, c.accepted + options_.auth_timeout);
+        drain = unproven_bytes;
+    }
+    c.in.consume(c.in.size());
     for (;;) {
-        auto room = c.in.prepare(small_buffer, std::max(c.in.capacity(), small_buffer));
+        auto room = c.in.prepare(drain, std::max(c.in.capacity(), drain));
         std::size_t got =
             co_await c.sock.recv_some(room, io::op_options(deadline, stop_.get_token()));
         if (got == 0) co_return;
