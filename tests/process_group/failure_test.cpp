@@ -278,6 +278,71 @@ TEST_CASE(
     }
 }
 
+TEST_CASE(
+    "a rank killed while its group makes subgroups fails every other rank's new_group, naming it") {
+    // The stall check (60 s, the default) and the timeout (60 s) are far away: what ends the
+    // survivors' set-up is the parent group, which has a connection to the dead rank and sees
+    // it end. Before, they waited for its keys until the timeout (30 minutes by default), or
+    // blamed a live rank, or failed without naming the dead one.
+    board& b = *new_board();
+    job j;
+    j.stall = 60s;
+    const int victim = 2;
+    pid_t killer = ::fork();
+    REQUIRE(killer >= 0);
+    if (killer == 0) {
+        auto give_up = now_ns() + 60'000'000'000LL;
+        for (;;) {
+            bool all = true;
+            for (int r = 0; r < j.ranks; ++r) {
+                all = all && b.ranks[r].pid != 0 && b.ranks[r].completed >= 3;
+            }
+            if (all) break;
+            if (now_ns() > give_up) ::_exit(2);
+            ::usleep(500);
+        }
+        // Somewhere in the next few calls: set-up, the subgroup's all_reduce or its close.
+        ::usleep(static_cast<useconds_t>(::getpid() % 4000));
+        b.stopped_ns = now_ns();
+        ::kill(b.ranks[victim].pid, SIGKILL);
+        ::_exit(0);
+    }
+    auto res = run_job(j, [&b](cc::process_group& pg) -> cc::task<> {
+        rank_record& me = b.ranks[pg.rank()];
+        me.pid = ::getpid();
+        try {
+            for (long i = 0; i < 100'000; ++i) {
+                auto g = co_await pg.new_group({0, 1, 2, 3});
+                std::vector<int> v{1};
+                co_await g->all_reduce(v);
+                co_await g->close();
+                ++me.completed;
+            }
+        } catch (const std::system_error& e) {
+            record_failure(me, e);
+            co_return;
+        }
+        std::snprintf(me.text, sizeof(me.text), "no error");
+    });
+    reap(killer);
+    REQUIRE(b.stopped_ns != 0);
+    for (int r = 0; r < j.ranks; ++r) {
+        if (r == victim) continue;
+        const rank_record& rec = b.ranks[r];
+        CAPTURE(r);
+        CAPTURE(std::string(rec.text));
+        REQUIRE(rec.failed_ns != 0);
+        // Named, on every survivor: the parent's connection to it ended.
+        CHECK(std::string(rec.text).find("rank 2") != std::string::npos);
+        CHECK(std::string(rec.text).find("timed out") == std::string::npos);
+        MESSAGE("rank ", r, " failed ", ms(rec.failed_ns - b.stopped_ns),
+                " ms after the kill: ", rec.text);
+        CAPTURE(res.ranks[static_cast<std::size_t>(r)].describe());
+        CHECK(res.ranks[static_cast<std::size_t>(r)].ok());
+    }
+    ::munmap(&b, sizeof(board));
+}
+
 namespace {
 
 // Every rank runs `body` once and records the error it gets (none: "no error").

@@ -1,5 +1,6 @@
 #include "../support/port.hpp"
 #include "../support/ranks.hpp"
+#include "../support/sanitized.hpp"
 
 #include <doctest/doctest.h>
 
@@ -207,6 +208,30 @@ TEST_CASE("when rank 0 serves the store, every rank still reads a bad roll call 
         CHECK(what(e).find("has world size 3") != std::string::npos);
         CHECK(what(e).find("has world size 2") != std::string::npos);
     }
+}
+
+TEST_CASE("2,000 new_group and close cycles leave the store's key count where it started") {
+    // Each set-up's keys go once every member has read them: the store does not grow with the
+    // number of groups a job makes (it grew by about 13 keys a group).
+    // Fewer under a sanitizer, where each set-up takes several times as long.
+    const int groups = corocoll_test::sanitized ? 200 : 2000;
+    std::vector<std::int64_t> counts(2, -1);
+    check_every_rank_ok(run_threads(3, [&](cc::process_group& pg) -> cc::task<> {
+        co_await pg.barrier();  // every rank's set-up is over, its keys gone
+        std::int64_t before = co_await pg.store().num_keys();
+        for (int i = 0; i < groups; ++i) {
+            auto g = co_await pg.new_group({0, 1, 2});
+            co_await g->close();
+        }
+        co_await pg.barrier();
+        if (pg.rank() == 0) {
+            counts[0] = before;
+            counts[1] = co_await pg.store().num_keys();
+        }
+    }));
+    INFO("keys before: " << counts[0] << ", after " << groups << " groups: " << counts[1]);
+    CHECK(counts[0] >= 0);
+    CHECK(counts[1] == counts[0]);
 }
 
 TEST_CASE("set-up that lacks a rank names the missing rank at the deadline") {

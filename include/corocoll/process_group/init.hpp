@@ -9,6 +9,7 @@
 #include <corocoll/io/endpoint.hpp>
 #include <corocoll/io/reactor.hpp>
 #include <corocoll/process_group/environment.hpp>
+#include <corocoll/process_group/parent_watch.hpp>
 #include <corocoll/process_group/process_group.hpp>
 #include <corocoll/rendezvous/file_store.hpp>
 #include <corocoll/rendezvous/launch_env.hpp>
@@ -112,14 +113,23 @@ COROCOLL_DECL task<> roll_call(rendezvous::store& store, int rank, int size,
                                const std::string& name,
                                std::chrono::steady_clock::time_point deadline, bool hosting);
 
+// Set-up's keys go once every rank has read them (torch deletes its barrier keys too), so
+// that a job making thousands of groups does not grow its store: this rank's own keys (its
+// claim, its addresses) at once, since every rank had its connections before
+// "init/complete"; the shared ones by the last rank to count itself under "init/done", after
+// every rank's last read. A store that cannot delete keeps them: set-up does not fail for it.
+COROCOLL_DECL task<> forget_setup_keys(rendezvous::store& store, int rank, int size);
+
 // The part of set-up every group shares, the world and subgroups alike: the mesh under the
 // group's own store namespace, then a store-based barrier, as torch's init ends with: nobody
 // returns (and perhaps finishes and exits, taking a hosted store along) before every rank
 // has its connections.
+// `stop` ends the set-up early (a parent group that failed; see `parent_watched_store`).
 COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
     io::reactor& r, std::shared_ptr<rendezvous::prefix_store> group_store, int rank, int size,
     std::string name, std::chrono::milliseconds timeout, transport::engine_options limits,
-    io::endpoint listen_on, std::shared_ptr<rendezvous::tcp_store_server> hosted);
+    io::endpoint listen_on, std::shared_ptr<rendezvous::tcp_store_server> hosted,
+    std::stop_token stop = {});
 
 /// The part of `init_process_group` that does not depend on the backend: works out rank and
 /// world size (explicit, else from the launcher's environment), reaches the store, and opens
@@ -293,12 +303,31 @@ COROCOLL_DECL task<> roll_call(rendezvous::store& store, int rank, int size,
     }
 }
 
+COROCOLL_DECL task<> forget_setup_keys(rendezvous::store& store, int rank, int size) {
+    try {
+        std::string me = std::to_string(rank);
+        for (const char* key : {"init/rank/", "mesh/addr/", "mesh/shm/"}) {
+            co_await store.delete_key(key + me);
+        }
+        if (co_await store.add("init/done", 1) != size) co_return;
+        for (const char* key :
+             {"init/world_size", "init/verdict", "init/decided", "init/joined", "init/arrived",
+              "init/complete", "mesh/arena", "mesh/arena_reads", "init/done"}) {
+            co_await store.delete_key(key);
+        }
+    } catch (const std::exception& e) {
+        COROCOLL_LOG(info, "INIT", "rank ", rank, " leaves set-up keys in the store: ", e.what());
+    }
+}
+
 COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
     io::reactor& r, std::shared_ptr<rendezvous::prefix_store> group_store, int rank, int size,
     std::string name, std::chrono::milliseconds timeout, transport::engine_options limits,
-    io::endpoint listen_on, std::shared_ptr<rendezvous::tcp_store_server> hosted) {
+    io::endpoint listen_on, std::shared_ptr<rendezvous::tcp_store_server> hosted,
+    std::stop_token stop) {
     auto deadline = io::deadline_after(timeout);
     transport::mesh_options mesh;
+    mesh.stop = std::move(stop);
     mesh.deadline = deadline;
     mesh.group_name = name;
     mesh.job_token = job_token_from_env();
@@ -352,6 +381,7 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
                      arena->set_bytes() >> 10,
                      " KiB (all_reduce, broadcast, all_gather through shared memory", copies, ")");
     }
+    co_await forget_setup_keys(*group_store, rank, size);
     COROCOLL_LOG(info, "INIT", "group '", name, "' ready: rank ", rank, " of ", size);
     COROCOLL_LOG(info, "INIT", "group '", name, "': ", hosts.describe(),
                  hosts.hierarchical() ? " (all_reduce, broadcast, all_gather hierarchical)" : "");
@@ -488,14 +518,40 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::new_group(rank
     int k = ++subgroups_;
     auto me = std::find(ranks.begin(), ranks.end(), rank());
     if (me == ranks.end()) co_return nullptr;
-    auto store = std::make_shared<rendezvous::prefix_store>("sub/" + std::to_string(k), store_);
-    auto group = co_await detail::build_group(
-        reactor_, std::move(store), static_cast<int>(me - ranks.begin()),
-        static_cast<int>(ranks.size()), name_ + "/sub" + std::to_string(k), timeout_, limits_,
-        listen_on_, nullptr);
+    std::string name = name_ + "/sub" + std::to_string(k);
+    auto store = std::make_shared<rendezvous::prefix_store>("sub/" + std::to_string(k),
+                                                            watched_store("new_group", name));
+    auto group = co_await set_up_subgroup(
+        detail::build_group(reactor_, std::move(store), static_cast<int>(me - ranks.begin()),
+                            static_cast<int>(ranks.size()), name, timeout_, limits_, listen_on_,
+                            nullptr, engine_.failure_token()),
+        "new_group", name);
     std::erase_if(made_, [](const auto& w) { return w.expired(); });
     made_.push_back(group);
     co_return group;
+}
+
+COROCOLL_DECL std::shared_ptr<rendezvous::store> process_group::watched_store(
+    const char* call, const std::string& name) {
+    return std::make_shared<detail::parent_watched_store>(store_, engine_, name_,
+                                                          std::string(call) + " '" + name + "'");
+}
+
+COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::set_up_subgroup(
+    task<std::shared_ptr<process_group>> set_up, const char* call, std::string name) {
+    std::exception_ptr error;
+    try {
+        co_return co_await std::move(set_up);
+    } catch (...) {
+        error = std::current_exception();
+    }
+    // A subgroup's own connection to a rank that died may end before the parent's readers
+    // have read the same: give them a moment, so that the error names the rank that died.
+    if (!engine_.failed()) co_await engine_.catch_up();
+    if (engine_.failed()) {
+        throw detail::parent_failed_error(engine_, name_, std::string(call) + " '" + name + "'");
+    }
+    std::rethrow_exception(error);
 }
 
 COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::split(int colour, int key) {
@@ -512,12 +568,13 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::split(int colo
     std::sort(members.begin(), members.end());
     int index = 0;
     while (members[static_cast<std::size_t>(index)].second != rank()) ++index;
+    std::string name = name_ + "/split" + std::to_string(k) + "." + std::to_string(colour);
     auto store = std::make_shared<rendezvous::prefix_store>(
-        "split/" + std::to_string(k) + "/" + std::to_string(colour), store_);
-    auto group = co_await detail::build_group(
-        reactor_, std::move(store), index, static_cast<int>(members.size()),
-        name_ + "/split" + std::to_string(k) + "." + std::to_string(colour), timeout_, limits_,
-        listen_on_, nullptr);
+        "split/" + std::to_string(k) + "/" + std::to_string(colour), watched_store("split", name));
+    auto group = co_await set_up_subgroup(
+        detail::build_group(reactor_, std::move(store), index, static_cast<int>(members.size()),
+                            name, timeout_, limits_, listen_on_, nullptr, engine_.failure_token()),
+        "split", name);
     std::erase_if(made_, [](const auto& w) { return w.expired(); });
     made_.push_back(group);
     co_return group;

@@ -528,6 +528,14 @@ private:
     // `close()`, waiting for the peers to close too until `until` (see `close_after_peers`).
     task<> close_lingering(std::chrono::steady_clock::time_point until);
 
+    // The store a subgroup's set-up (`call`: "new_group", "split"; `name`: the subgroup's)
+    // goes through: this group's, watched for this group's failure (a rank that died).
+    std::shared_ptr<rendezvous::store> watched_store(const char* call, const std::string& name);
+    // Awaits a subgroup's `set_up`; if it fails because a rank of this group died, the error
+    // says so, naming the rank.
+    task<std::shared_ptr<process_group>> set_up_subgroup(
+        task<std::shared_ptr<process_group>> set_up, const char* call, std::string name);
+
     // Operations on a closed group are refused before they touch its reactor (gone after
     // destroy_process_group).
     void check_open(const char* what) const;

@@ -214,6 +214,23 @@ public:
 
     /// True once a peer failed or the engine was closed.
     bool failed() const noexcept { return static_cast<bool>(failure_); }
+    /// Stopped when the group fails (a peer's end, a timeout, an abort notice, a mismatch):
+    /// for work outside the group that must end with it (the set-up of a group made from
+    /// this one).
+    std::stop_token failure_token() const noexcept { return failed_stop_.get_token(); }
+    /// The rank blamed for the failure (-1: none, or not failed).
+    int failed_peer() const noexcept { return failed_peer_; }
+    /// What the group's failure says ("" when it has not failed).
+    std::string failure_what() const {
+        if (!failure_) return {};
+        try {
+            std::rethrow_exception(failure_);
+        } catch (const std::exception& e) {
+            return e.what();
+        } catch (...) {
+            return "an unknown error";
+        }
+    }
 
     /// Fails the group from this rank, as the rank to blame, with `text`: every pending and
     /// later operation here ends with it, and every peer gets it in an abort notice, so theirs
@@ -588,6 +605,7 @@ private:
     } round_;
     std::string failure_text_;
     int failed_peer_ = -1;
+    std::stop_source failed_stop_;
     std::error_code failure_code_;
     bool closing_ = false;
     bool goodbyes_said_ = false;
@@ -1086,6 +1104,7 @@ COROCOLL_DECL void engine::fail_verbatim(int p, std::error_code code, const std:
     failed_peer_ = p;
     failure_code_ = code;
     abort_all();
+    failed_stop_.request_stop();
 }
 
 COROCOLL_DECL void engine::abort_all() {

@@ -49,6 +49,9 @@ struct mesh_options {
     /// How long one connection's handshake may take, each on its own: a connection that
     /// says nothing (or something wrong) is dropped after it without holding up the others.
     std::chrono::milliseconds hello_timeout = std::chrono::seconds(5);
+    /// Ends the set-up early when stopped (the set-up of a subgroup whose parent group
+    /// failed: a rank died); it then throws std::errc::operation_canceled.
+    std::stop_token stop;
 };
 
 /// The address this rank listens on for its peers: the first IPv4 (else IPv6) address of the
@@ -377,6 +380,7 @@ COROCOLL_DECL task<std::vector<io::socket>> connect_mesh(io::reactor& r, rendezv
     // Ends the accept loop and handshakes in flight: every higher rank came, or set-up failed.
     std::stop_source accepting;
     std::stop_callback forward(stop.get_token(), [&accepting] { accepting.request_stop(); });
+    std::stop_callback from_caller(o.stop, [&stop] { stop.request_stop(); });
     int missing = size - 1 - rank;
     std::string last_refusal;
     auto handshake = [&](io::socket s) -> task<> {

@@ -569,7 +569,7 @@ COROCOLL_DECL task<> share_arena(io::reactor& r, rendezvous::store& store, int r
     } else if (plan[0].shm) {
         shm_intro intro;
         fd_guard memfd;
-        co_await r.poll(plan[0].sock.fd, POLLIN, io::op_options(mo.deadline));
+        co_await r.poll(plan[0].sock.fd, POLLIN, io::op_options(mo.deadline, mo.stop));
         if (!recv_intro(plan[0].sock.fd, intro, memfd)) {
             why = intro.map_bytes == 0 ? "rank 0 has no arena to share"
                                        : "rank 0's arena came without its descriptor";
@@ -726,7 +726,7 @@ COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(
     }
     while (offered > 0) {
         try {
-            co_await r.poll(listener.fd, POLLIN, io::op_options(mo.deadline));
+            co_await r.poll(listener.fd, POLLIN, io::op_options(mo.deadline, mo.stop));
         } catch (const std::system_error& e) {
             corocoll::detail::throw_error(
                 e.code(), "corocoll: init: rank " + std::to_string(rank) + " waited for " +
