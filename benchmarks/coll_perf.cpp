@@ -39,6 +39,11 @@
 // other. Rows are written as each size is measured (benchmarks/common/report.hpp); in CSV and
 // JSON the field "op" is the collective and "redop" the reduction.
 //
+// At the end, after nccl-tests' two summary lines, a "Cliffs" line: none, or one line per size
+// that took more than twice as long as the next larger size of its sweep (a wait that should
+// not be there; the ~500 us of issue 32 were such). It is a report, not a check: the exit code
+// does not depend on times.
+//
 // Runs under corocollrun, torchrun or mpirun (one rank per process), or spawns --nproc ranks.
 
 #include <corocoll/corocoll.hpp>
@@ -419,7 +424,14 @@ struct totals {
     long long wrong = 0;
     double busbw = 0;
     int rows = 0;
+    // Sizes that cost more than `cliff_factor` times the next larger size of the same sweep
+    // (one line each, for the report's end).
+    std::vector<std::string> cliffs;
 };
+
+// A size that takes this many times as long as the next larger one is a cliff: more bytes
+// never cost less but for noise, so something waits (a timer, a sleep) where it should not.
+constexpr double cliff_factor = 2.0;
 
 // The text table's columns: nccl-tests' out-of-place and in-place groups.
 std::vector<perf::column_group> table_columns() {
@@ -473,6 +485,7 @@ cc::task<> sweep(cc::process_group& pg, const config& c, const std::string& op,
                  totals& sum) {
     const int n = pg.size();
     if (reduces(op) && !cc::op_supported(perf::redop_of(redop), cc::dtype_of<T>)) co_return;
+    std::optional<row> last;
     for (std::size_t bytes : c.sweep.sizes()) {
         std::size_t count = elements(op, bytes, sizeof(T), n);
         if (count == 0) continue;  // too small to give every rank an element
@@ -503,6 +516,17 @@ cc::task<> sweep(cc::process_group& pg, const config& c, const std::string& op,
         sum.busbw += r.busbw;
         ++sum.rows;
         if (out != nullptr) write(*out, r, n);
+        if (last && last->bytes < r.bytes && last->time_us > cliff_factor * r.time_us) {
+            char line[240];
+            std::snprintf(line, sizeof line,
+                          "Cliff: %s %s%s%s on %d ranks: %zu B take %.2f us, %.1fx the %.2f us "
+                          "of %zu B",
+                          op.c_str(), type.c_str(), reduces(op) ? " " : "",
+                          reduces(op) ? redop.c_str() : "", n, last->bytes, last->time_us,
+                          last->time_us / r.time_us, r.time_us, r.bytes);
+            sum.cliffs.emplace_back(line);
+        }
+        last = r;
     }
 }
 
@@ -578,6 +602,21 @@ cc::task<> benchmark(cc::process_group& pg, const config& c) {
         std::snprintf(line, sizeof line, "Avg bus bandwidth    : %.4f",
                       sum.rows == 0 ? 0.0 : sum.busbw / sum.rows);
         report->comment(line);
+        // A size slower than twice the next one is flagged, never hidden in the table.
+        if (sum.cliffs.empty()) {
+            std::snprintf(line, sizeof line,
+                          "Cliffs               : none (no size over %.0fx "
+                          "the next)",
+                          cliff_factor);
+            report->comment(line);
+        }
+        for (const auto& cliff : sum.cliffs) {
+            report->comment(cliff);
+            // CSV and JSON carry rows only: their readers see cliffs on stderr.
+            if (perf::format_of(c.format) != perf::format::text) {
+                std::fprintf(stderr, "coll_perf: %s\n", cliff.c_str());
+            }
+        }
         report->finish();
     }
     if (sum.wrong > 0) {

@@ -14,8 +14,9 @@ the exit code 1.
 
 For --backend corocoll the suite's name gates are widened, not bypassed: many tests are
 decorated `skip_if(BACKEND != "gloo")` for what Gloo does and NCCL does not (CPU tensors,
-timeouts, sparse tensors, all_gather_coalesced); the suite's module sees BACKEND as a name that
-compares equal to "gloo" as well as to "corocoll", while every group is made by
+timeouts, sparse tensors, all_gather_coalesced, DDP on CPU), and all_to_all on CPU is gated on
+"mpi" (Gloo has none); the suite's module sees BACKEND as a name that compares equal to
+"gloo" and "mpi" as well as to "corocoll", while every group is made by
 init_process_group("corocoll") (torch's registry of plugin backends), so every test runs on
 corocoll. Checks of the backend's name itself (get_backend() == "gloo", monitored_barrier's
 refusal of other backends, isinstance(ProcessGroupGloo)) then fail for what they are; the
@@ -39,22 +40,46 @@ sys.path.insert(0, os.path.join(HERE, "suite_support"))
 
 
 class BackendName(str):
-    """corocoll's name, equal to "gloo" too: the suite's gates written for Gloo's CPU features
-    let the tests through, and init_process_group gets "corocoll" (str(self))."""
+    """corocoll's name, which also compares equal to "gloo" and "mpi" and hashes as "gloo":
+    the suite's gates for what the CPU backends do (`BACKEND != "gloo"`, `BACKEND in
+    {"nccl", "gloo"}`, `BACKEND != "mpi"` for all_to_all on CPU, which Gloo lacks) let the
+    tests through, while init_process_group gets "corocoll" (`upper()`, `str(self)`)."""
+
+    ANSWERS_FOR = ("gloo", "mpi")
 
     def __eq__(self, other):
-        return str.__eq__(self, other) or other == "gloo"
+        return str.__eq__(self, other) or other in self.ANSWERS_FOR
 
     def __ne__(self, other):
         return not self.__eq__(other)
 
-    __hash__ = str.__hash__
+    def __hash__(self):
+        return hash("gloo")
 
     def lower(self):
         return self
 
     def upper(self):
         return str.upper(str(self))
+
+
+def plain_backend_names(dist):
+    """torch's own calls get the plain name "corocoll": init_process_group would take a name
+    equal to "mpi" for MPI."""
+    from torch.distributed import distributed_c10d as c10d
+
+    def plain(fn):
+        def call(*args, **kwargs):
+            args = tuple(str(a) if isinstance(a, BackendName) else a for a in args)
+            kwargs = {k: str(v) if isinstance(v, BackendName) else v for k, v in kwargs.items()}
+            return fn(*args, **kwargs)
+        return call
+
+    for name in ("init_process_group", "new_group", "new_subgroups",
+                 "new_subgroups_by_enumeration"):
+        wrapped = plain(getattr(c10d, name))
+        setattr(c10d, name, wrapped)
+        setattr(dist, name, wrapped)
 
 
 def load_suite(backend):
@@ -71,7 +96,6 @@ def load_suite(backend):
 
     real_environ = os.environ
     if backend == "corocoll":
-        common_distributed.DistTestCases.backend_feature["plugin"].add("corocoll")
         # The suite reads BACKEND once, as it is imported, and its gates compare it then.
         os.environ = dict(real_environ, BACKEND=BackendName("corocoll"))
     try:
@@ -79,6 +103,8 @@ def load_suite(backend):
     finally:
         os.environ = real_environ
     torch.backends.cuda.matmul.allow_tf32 = False
+    if backend == "corocoll":
+        plain_backend_names(dist)
 
     class TestDistBackendWithSpawn(dt.TestDistBackend, dt.DistributedTest._DistTestBase):
         def setUp(self):
@@ -127,11 +153,14 @@ class Outcomes(unittest.TestResult):
         self._put(test, "skip", str(reason).splitlines()[0] if reason else "")
 
     def _first_line(self, err):
-        text = str(err[1])
-        for line in text.splitlines():
-            if line.strip():
-                return line.strip()[:300]
-        return err[0].__name__
+        """The exception itself: the last unindented line of a rank's traceback, else the
+        message's first line."""
+        lines = [line for line in str(err[1]).splitlines() if line.strip()]
+        if any(line.startswith("Traceback") for line in lines):
+            for line in reversed(lines):
+                if not line[0].isspace() and not line.startswith(("Traceback", "During")):
+                    return line.strip()[:300]
+        return lines[0].strip()[:300] if lines else err[0].__name__
 
     def addFailure(self, test, err):  # noqa: N802
         self._put(test, "fail", self._first_line(err))

@@ -92,8 +92,11 @@ COROCOLL_DECL task<> monitored_barrier_star(context& c, std::chrono::millisecond
     }
     std::string text;
     if (!missing.empty()) {
+        // Gloo's words too ("Rank 0 timed out in monitoredBarrier"), which torch's tests and
+        // the programs written against them look for.
         text = "corocoll: monitored_barrier: rank(s) " + missing + " did not arrive within " +
-               std::to_string(timeout.count()) + " ms";
+               std::to_string(timeout.count()) + " ms (Rank 0 timed out in monitoredBarrier " +
+               "after " + std::to_string(timeout.count()) + " ms)";
     }
     std::int64_t len = static_cast<std::int64_t>(text.size());
     std::vector<task<>> verdicts;
