@@ -30,7 +30,7 @@
 
 #include <corocoll/transport/engine.hpp>
 #include <corocoll/transport/frame.hpp>
-#include <corocoll/transport/mesh.hpp>
+#include <corocoll/transport/tcp/mesh.hpp>
 #include <corocoll/transport/peer.hpp>
 #include <corocoll/transport/posted_recv.hpp>
 

@@ -27,10 +27,12 @@
     }                          \
     }
 
-/// Separate compilation (like Asio's): a build that defines COROCOLL_SEPARATE_COMPILATION
-/// everywhere sees only declarations of corocoll's non-template functions, and compiles their
-/// bodies once, in one source file that includes <corocoll/impl/src.hpp> (src/corocoll.cpp).
-/// Without it, corocoll is header-only and every body is an inline definition.
+/// Separate compilation (like Asio's): the bodies of a header's non-template functions live
+/// beside it in impl/<name>.ipp, which the header includes at its end when
+/// COROCOLL_DEFINE_BODIES is 1. A build that defines COROCOLL_SEPARATE_COMPILATION everywhere
+/// sees only the declarations, and compiles the bodies once, in one source file that includes
+/// <corocoll/impl/src.hpp> (src/corocoll.cpp). Without it, corocoll is header-only and every
+/// body is an inline definition (COROCOLL_DECL is `inline`).
 #if defined(COROCOLL_SEPARATE_COMPILATION)
 #define COROCOLL_DECL
 #if defined(COROCOLL_SOURCE)

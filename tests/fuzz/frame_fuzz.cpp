@@ -1,5 +1,5 @@
 // Fuzz target for the frame header and the mesh hello checks (transport/frame.hpp,
-// transport/mesh.hpp): an input is a run of 64-byte headers, as a reader or a listener takes
+// transport/tcp/mesh.hpp): an input is a run of 64-byte headers, as a reader or a listener takes
 // them off a connection. Each header is checked as it came and again sealed with a valid
 // checksum, so that the checks behind the checksum are reached too. What must hold:
 //
@@ -13,7 +13,7 @@
 // Built like the store targets (libFuzzer with clang, else standalone_driver.cpp).
 
 #include <corocoll/transport/frame.hpp>
-#include <corocoll/transport/mesh.hpp>
+#include <corocoll/transport/tcp/mesh.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -39,7 +39,7 @@ void check_header(const tr::frame_header& h) {
         if (token) o.job_token = "fuzz";
         for (int size : {1, 2, 5}) {
             for (int rank = 0; rank < size; ++rank) {
-                const std::size_t follows = tr::detail::nonce_bytes;
+                const std::size_t follows = corocoll::detail::nonce_bytes;
                 for (int expected : {-1, (rank + 1) % size}) {
                     if (!tr::detail::hello_problem(h, rank, size, expected, o, follows).empty()) {
                         continue;

@@ -450,7 +450,7 @@ TEST_CASE("tcp store server: a client keeps being served while others flood it w
 }
 
 TEST_CASE("tcp store server with a job token: only clients that prove it are served") {
-    if (!cc::transport::detail::token_auth_available()) return;  // a build without libcrypto
+    if (!cc::detail::token_auth_available()) return;  // a build without libcrypto
     rdv::tcp_store_server_options o;
     o.job_token = "store-token-8d41";
     rdv::tcp_store_server server(cc::io::endpoint::loopback(0), o);
@@ -483,7 +483,7 @@ TEST_CASE("tcp store server with a job token: only clients that prove it are ser
 TEST_CASE(
     "tcp store server with a job token: strangers hold a few hundred bytes, never the ranks' "
     "share") {
-    if (!cc::transport::detail::token_auth_available()) return;
+    if (!cc::detail::token_auth_available()) return;
     rdv::tcp_store_server_options o;
     o.job_token = "store-token-3e07";
     o.max_value_bytes = 4 << 20;
@@ -526,7 +526,7 @@ TEST_CASE(
 }
 
 TEST_CASE("tcp store client: a server asking for the token gets a proof, never the token") {
-    if (!cc::transport::detail::token_auth_available()) return;
+    if (!cc::detail::token_auth_available()) return;
     // A server that asks for the token and answers AUTH with a made-up proof.
     const std::string token = "client-token-51c0";
     cc::io::reactor r;

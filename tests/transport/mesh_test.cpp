@@ -67,7 +67,7 @@ tr::frame_header stranger_hello(std::uint32_t src, std::uint32_t dst, bool with_
     h.count = 2;
     h.seq = group;
     h.tag = with_token ? 1 : 0;
-    h.length = tr::detail::nonce_bytes;
+    h.length = corocoll::detail::nonce_bytes;
     h.seal();
     return h;
 }
@@ -135,7 +135,7 @@ TEST_CASE("at the deadline, a rank names the higher ranks that never connected")
 }
 
 TEST_CASE("a listener at a forged address gets nothing that depends on the token") {
-    if (!tr::detail::token_auth_available()) return;  // a build without libcrypto
+    if (!corocoll::detail::token_auth_available()) return;  // a build without libcrypto
     cc::rendezvous::tcp_store_server server(cc::io::endpoint::loopback(0));
     cc::io::reactor r;
     auto store = r.run(cc::rendezvous::tcp_store::connect(r, server.local_endpoint()));
@@ -150,7 +150,7 @@ TEST_CASE("a listener at a forged address gets nothing that depends on the token
         received.append(reinterpret_cast<const char*>(&h), sizeof(h));
         // It answers as rank 0 would, with a proof it cannot make: random bytes.
         auto reply = stranger_hello(0, 1, true);
-        reply.length = tr::detail::nonce_bytes + tr::detail::proof_bytes;
+        reply.length = corocoll::detail::nonce_bytes + corocoll::detail::proof_bytes;
         reply.seal();
         std::array<std::byte, 64> made_up{};
         made_up.fill(std::byte{0x5a});
@@ -170,12 +170,12 @@ TEST_CASE("a listener at a forged address gets nothing that depends on the token
     CHECK(contains(error, "rank 1 connecting to rank 0 at " + fake.local_endpoint().to_string()));
     CHECK(contains(error, "did not prove it knows this job's token"));
     // It got the hello and a nonce, and no proof: nothing else was sent.
-    CHECK(received.size() == sizeof(tr::frame_header) + tr::detail::nonce_bytes);
+    CHECK(received.size() == sizeof(tr::frame_header) + corocoll::detail::nonce_bytes);
     CHECK_FALSE(contains(received, token));
 }
 
 TEST_CASE("a stranger without the token is refused, and the real rank still gets in") {
-    if (!tr::detail::token_auth_available()) return;
+    if (!corocoll::detail::token_auth_available()) return;
     cc::rendezvous::tcp_store_server server(cc::io::endpoint::loopback(0));
     std::string answer_with_token, answer_without;
     auto errors = run_ranks(2, [&](int rank, cc::io::reactor& r) -> cc::task<> {
@@ -219,7 +219,7 @@ TEST_CASE("a stranger without the token is refused, and the real rank still gets
 }
 
 TEST_CASE("ranks with different job tokens refuse each other, each saying why") {
-    if (!tr::detail::token_auth_available()) return;
+    if (!corocoll::detail::token_auth_available()) return;
     cc::rendezvous::tcp_store_server server(cc::io::endpoint::loopback(0));
     auto errors = run_ranks(2, [&](int rank, cc::io::reactor& r) -> cc::task<> {
         auto store = co_await cc::rendezvous::tcp_store::connect(r, server.local_endpoint(), 5s);
@@ -270,7 +270,7 @@ struct loopback_capture {
 }  // namespace
 
 TEST_CASE("the job token never appears in the packets of a 3-rank set-up") {
-    if (!tr::detail::token_auth_available()) return;
+    if (!corocoll::detail::token_auth_available()) return;
     loopback_capture capture;
     if (!capture.ok()) {
         MESSAGE("no packet capture here (needs CAP_NET_RAW): ", std::strerror(errno));

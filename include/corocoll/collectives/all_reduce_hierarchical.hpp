@@ -42,57 +42,6 @@ COROCOLL_DECL task<> broadcast_among(context& c, std::span<const int> ranks,
 
 COROCOLL_END_NAMESPACE
 
-// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
-
 #if COROCOLL_DEFINE_BODIES
-
-COROCOLL_BEGIN_NAMESPACE
-
-namespace collectives {
-
-COROCOLL_DECL task<> broadcast_among(context& c, std::span<const int> ranks,
-                                     std::span<std::byte> data, int root, std::uint32_t phase,
-                                     thresholds th) {
-    if (ranks.size() < 2) co_return;
-    context sub = c.among(ranks, phase * hierarchical_phase_rounds);
-    if (select(collective_kind::broadcast, data.size(), sub.size(), {}, th) == algorithm::chain) {
-        co_await broadcast_chain(sub, data, root);
-    } else {
-        co_await broadcast_binomial(sub, data, root);
-    }
-}
-
-COROCOLL_DECL task<> all_reduce_hierarchical(context& c, const topology& t,
-                                             std::span<std::byte> data, const reduction& red,
-                                             thresholds th) {
-    int me = c.rank();
-    int host = t.host_of(me);
-    int leader = t.leader_of(host);
-    std::span<const int> local = t.ranks_on(host);
-    // avg sums through every phase and divides once, by the whole group's size, at the end.
-    reduction sum = red;
-    if (sum.op == reduce_op::avg) sum.op = reduce_op::sum;
-    if (local.size() > 1) {
-        context sub = c.among(local, 0);
-        co_await reduce_binomial(sub, data, sum, 0);  // the leader is local rank 0
-    }
-    if (me == leader) {
-        if (t.hosts() > 1) {
-            context sub = c.among(t.leaders(), hierarchical_phase_rounds);
-            if (select(collective_kind::all_reduce, data.size(), sub.size(), {}, th) ==
-                algorithm::ring) {
-                co_await all_reduce_ring(sub, data, sum);
-            } else {
-                co_await all_reduce_recursive_doubling(sub, data, sum);
-            }
-        }
-        red.finish(data.data(), data.size() / red.elem(), c.size());
-    }
-    co_await broadcast_among(c, local, data, 0, 2, th);
-}
-
-}  // namespace collectives
-
-COROCOLL_END_NAMESPACE
-
-#endif  // COROCOLL_DEFINE_BODIES
+#include <corocoll/collectives/impl/all_reduce_hierarchical.ipp>
+#endif

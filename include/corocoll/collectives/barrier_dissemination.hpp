@@ -18,24 +18,6 @@ COROCOLL_DECL task<> barrier_dissemination(context& c);
 
 COROCOLL_END_NAMESPACE
 
-// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
-
 #if COROCOLL_DEFINE_BODIES
-
-COROCOLL_BEGIN_NAMESPACE
-
-namespace collectives {
-
-COROCOLL_DECL task<> barrier_dissemination(context& c) {
-    int n = c.size(), r = c.rank();
-    std::uint32_t round = 0;
-    for (int dist = 1; dist < n; dist *= 2, ++round) {
-        co_await c.exchange({}, (r + dist) % n, {}, (r - dist + n) % n, round);
-    }
-}
-
-}  // namespace collectives
-
-COROCOLL_END_NAMESPACE
-
-#endif  // COROCOLL_DEFINE_BODIES
+#include <corocoll/collectives/impl/barrier_dissemination.ipp>
+#endif

@@ -19,33 +19,6 @@ COROCOLL_DECL task<> broadcast_binomial(context& c, std::span<std::byte> data, i
 
 COROCOLL_END_NAMESPACE
 
-// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
-
 #if COROCOLL_DEFINE_BODIES
-
-COROCOLL_BEGIN_NAMESPACE
-
-namespace collectives {
-
-COROCOLL_DECL task<> broadcast_binomial(context& c, std::span<std::byte> data, int root,
-                                        std::uint32_t round) {
-    int n = c.size();
-    int v = (c.rank() - root + n) % n;  // rank relative to the root
-    int mask = 1;
-    while (mask < n) {
-        if ((v & mask) != 0) {
-            co_await c.recv(data, ((v - mask) + root) % n, round);
-            break;
-        }
-        mask <<= 1;
-    }
-    for (mask >>= 1; mask > 0; mask >>= 1) {
-        if (v + mask < n) co_await c.send(data, ((v + mask) + root) % n, round);
-    }
-}
-
-}  // namespace collectives
-
-COROCOLL_END_NAMESPACE
-
-#endif  // COROCOLL_DEFINE_BODIES
+#include <corocoll/collectives/impl/broadcast_binomial.ipp>
+#endif

@@ -21,65 +21,6 @@ COROCOLL_DECL task<> broadcast_chain(context& c, std::span<std::byte> data, int 
 
 COROCOLL_END_NAMESPACE
 
-// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
-
 #if COROCOLL_DEFINE_BODIES
-
-COROCOLL_BEGIN_NAMESPACE
-
-namespace collectives {
-
-COROCOLL_DECL task<> broadcast_chain(context& c, std::span<std::byte> data, int root,
-                                     std::uint32_t round) {
-    int n = c.size();
-    int v = (c.rank() - root + n) % n;
-    int prev = (c.rank() - 1 + n) % n, next = (c.rank() + 1) % n;
-    std::size_t chunks =
-        std::max<std::size_t>(1, (data.size() + c.chunk_bytes - 1) / c.chunk_bytes);
-    auto piece = [&](std::size_t k) {
-        auto [first, last] = block_range(data.size(), chunks, k);
-        return data.subspan(first, last - first);
-    };
-    auto receive_all = [&]() -> task<> {
-        if (v == 0) co_return;
-        for (std::size_t k = 0; k < chunks; ++k)
-            co_await c.recv(piece(k), prev, round, static_cast<std::uint32_t>(k));
-    };
-    if (v == n - 1) {
-        co_await receive_all();
-        co_return;
-    }
-    // Forward each chunk as soon as it is in: the receiving coroutine runs ahead of the
-    // sending one by at most the chunks already here.
-    std::size_t received = v == 0 ? chunks : 0;
-    std::coroutine_handle<> sender_waiting;
-    auto receiver = [&]() -> task<> {
-        if (v == 0) co_return;
-        for (std::size_t k = 0; k < chunks; ++k) {
-            co_await c.recv(piece(k), prev, round, static_cast<std::uint32_t>(k));
-            ++received;
-            if (sender_waiting) std::exchange(sender_waiting, {}).resume();
-        }
-    };
-    struct chunk_ready {
-        std::size_t& received;
-        std::size_t k;
-        std::coroutine_handle<>& waiting;
-        bool await_ready() const noexcept { return received > k; }
-        void await_suspend(std::coroutine_handle<> h) noexcept { waiting = h; }
-        void await_resume() const noexcept {}
-    };
-    auto sender = [&]() -> task<> {
-        for (std::size_t k = 0; k < chunks; ++k) {
-            co_await chunk_ready{received, k, sender_waiting};
-            co_await c.send(piece(k), next, round, static_cast<std::uint32_t>(k));
-        }
-    };
-    co_await when_all(receiver(), sender());
-}
-
-}  // namespace collectives
-
-COROCOLL_END_NAMESPACE
-
-#endif  // COROCOLL_DEFINE_BODIES
+#include <corocoll/collectives/impl/broadcast_chain.ipp>
+#endif

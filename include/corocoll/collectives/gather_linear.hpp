@@ -22,36 +22,6 @@ COROCOLL_DECL task<> gather_linear(context& c, std::span<const std::byte> in,
 
 COROCOLL_END_NAMESPACE
 
-// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
-
 #if COROCOLL_DEFINE_BODIES
-
-COROCOLL_BEGIN_NAMESPACE
-
-namespace collectives {
-
-COROCOLL_DECL task<> gather_linear(context& c, std::span<const std::byte> in,
-                                   std::span<std::byte> out, int root) {
-    int n = c.size();
-    std::size_t block = in.size();
-    if (c.rank() != root) {
-        co_await c.send(in, root, 0);
-        co_return;
-    }
-    std::vector<context::recv_operation> recvs;
-    for (int p = 0; p < n; ++p) {
-        auto dest = out.subspan(block * static_cast<std::size_t>(p), block);
-        if (p == root) {
-            if (block > 0) std::memcpy(dest.data(), in.data(), block);
-        } else {
-            recvs.push_back(c.recv(dest, p, 0));
-        }
-    }
-    co_await when_all(std::move(recvs));
-}
-
-}  // namespace collectives
-
-COROCOLL_END_NAMESPACE
-
-#endif  // COROCOLL_DEFINE_BODIES
+#include <corocoll/collectives/impl/gather_linear.ipp>
+#endif

@@ -117,18 +117,6 @@ private:
 
 COROCOLL_END_NAMESPACE
 
-// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
-
 #if COROCOLL_DEFINE_BODIES
-
-COROCOLL_BEGIN_NAMESPACE
-
-COROCOLL_DECL std::coroutine_handle<> async_scope::child_done() noexcept {
-    running_.fetch_sub(1, std::memory_order_release);
-    if (count_.fetch_sub(1, std::memory_order_acq_rel) == 1) return joiner_;
-    return std::noop_coroutine();
-}
-
-COROCOLL_END_NAMESPACE
-
-#endif  // COROCOLL_DEFINE_BODIES
+#include <corocoll/core/impl/async_scope.ipp>
+#endif

@@ -61,47 +61,6 @@ COROCOLL_END_NAMESPACE
 template <>
 struct std::is_error_code_enum<corocoll::errc> : std::true_type {};
 
-// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
-
 #if COROCOLL_DEFINE_BODIES
-
-COROCOLL_BEGIN_NAMESPACE
-
-namespace detail {
-
-COROCOLL_DECL std::string error_category_impl::message(int code) const {
-    switch (static_cast<errc>(code)) {
-        case errc::connection_closed:
-            return "connection closed by peer";
-        case errc::message_too_large:
-            return "message too large";
-        case errc::protocol_error:
-            return "protocol error";
-    }
-    return "unknown corocoll error";
-}
-
-}  // namespace detail
-
-COROCOLL_DECL const std::error_category& error_category() noexcept {
-    static const detail::error_category_impl category;
-    return category;
-}
-
-namespace detail {
-
-COROCOLL_DECL std::string context_of(const std::system_error& e) {
-    std::string text = e.what();
-    std::string suffix = ": " + e.code().message();
-    if (text.size() >= suffix.size() &&
-        text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0) {
-        text.resize(text.size() - suffix.size());
-    }
-    return text;
-}
-
-}  // namespace detail
-
-COROCOLL_END_NAMESPACE
-
-#endif  // COROCOLL_DEFINE_BODIES
+#include <corocoll/core/impl/error.ipp>
+#endif

@@ -54,21 +54,6 @@ protected:
 
 COROCOLL_END_NAMESPACE
 
-// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
-
 #if COROCOLL_DEFINE_BODIES
-
-COROCOLL_BEGIN_NAMESPACE
-
-namespace detail {
-
-COROCOLL_DECL event_loop*& event_loop::current_ref() noexcept {
-    thread_local event_loop* current = nullptr;
-    return current;
-}
-
-}  // namespace detail
-
-COROCOLL_END_NAMESPACE
-
-#endif  // COROCOLL_DEFINE_BODIES
+#include <corocoll/core/impl/event_loop.ipp>
+#endif

@@ -107,37 +107,6 @@ struct pooled_frame {
 
 COROCOLL_END_NAMESPACE
 
-// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
-
 #if COROCOLL_DEFINE_BODIES
-
-COROCOLL_BEGIN_NAMESPACE
-
-namespace detail {
-
-COROCOLL_DECL std::uint64_t& frame_pool::made() noexcept {
-    thread_local std::uint64_t n = 0;
-    return n;
-}
-
-COROCOLL_DECL frame_pool::lists::~lists() {
-    closed = true;
-    for (auto*& h : head) {
-        while (h != nullptr) {
-            block* next = h->next;
-            ::operator delete(h);
-            h = next;
-        }
-    }
-}
-
-COROCOLL_DECL auto frame_pool::mine() noexcept -> lists& {
-    thread_local lists l;
-    return l;
-}
-
-}  // namespace detail
-
-COROCOLL_END_NAMESPACE
-
-#endif  // COROCOLL_DEFINE_BODIES
+#include <corocoll/core/impl/frame_pool.ipp>
+#endif

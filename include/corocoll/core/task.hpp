@@ -155,23 +155,6 @@ inline task<void> task_promise<void>::get_return_object() noexcept {
 
 COROCOLL_END_NAMESPACE
 
-// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
-
 #if COROCOLL_DEFINE_BODIES
-
-COROCOLL_BEGIN_NAMESPACE
-
-namespace detail {
-
-COROCOLL_DECL bool task_promise_base::start(std::coroutine_handle<> self,
-                                            std::coroutine_handle<> continuation) noexcept {
-    continuation_ = continuation;
-    self.resume();
-    return !ready_.exchange(true, std::memory_order_acq_rel);
-}
-
-}  // namespace detail
-
-COROCOLL_END_NAMESPACE
-
-#endif  // COROCOLL_DEFINE_BODIES
+#include <corocoll/core/impl/task.ipp>
+#endif

@@ -176,26 +176,6 @@ auto when_all(std::vector<A> awaitables)
 
 COROCOLL_END_NAMESPACE
 
-// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
-
 #if COROCOLL_DEFINE_BODIES
-
-COROCOLL_BEGIN_NAMESPACE
-
-namespace detail {
-
-COROCOLL_DECL bool when_all_latch::parent_started(std::coroutine_handle<> parent) noexcept {
-    parent_ = parent;
-    return count_.fetch_sub(1, std::memory_order_acq_rel) != 1;
-}
-
-COROCOLL_DECL std::coroutine_handle<> when_all_latch::child_done() noexcept {
-    if (count_.fetch_sub(1, std::memory_order_acq_rel) == 1) return parent_;
-    return std::noop_coroutine();
-}
-
-}  // namespace detail
-
-COROCOLL_END_NAMESPACE
-
-#endif  // COROCOLL_DEFINE_BODIES
+#include <corocoll/core/impl/when_all.ipp>
+#endif

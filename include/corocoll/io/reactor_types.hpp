@@ -156,28 +156,6 @@ struct poll_entry {
 
 COROCOLL_END_NAMESPACE
 
-// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
-
 #if COROCOLL_DEFINE_BODIES
-
-COROCOLL_BEGIN_NAMESPACE
-
-namespace io {
-
-COROCOLL_DECL std::chrono::microseconds reactor_options::default_busy_poll() noexcept {
-    static const std::chrono::microseconds value = [] {
-        const char* text = std::getenv("COROCOLL_BUSY_POLL_US");
-        if (text == nullptr || *text == '\0') return std::chrono::microseconds(50);
-        char* end = nullptr;
-        long v = std::strtol(text, &end, 10);
-        if (*end != '\0' || v < 0) return std::chrono::microseconds(50);
-        return std::chrono::microseconds(v);
-    }();
-    return value;
-}
-
-}  // namespace io
-
-COROCOLL_END_NAMESPACE
-
-#endif  // COROCOLL_DEFINE_BODIES
+#include <corocoll/io/impl/reactor_types.ipp>
+#endif

@@ -57,34 +57,6 @@ private:
 
 COROCOLL_END_NAMESPACE
 
-// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
-
 #if COROCOLL_DEFINE_BODIES
-
-COROCOLL_BEGIN_NAMESPACE
-
-namespace rendezvous {
-
-COROCOLL_DECL task<> prefix_store::wait(std::vector<std::string> keys, duration timeout) {
-    for (auto& k : keys) k = full(k);
-    return base_->wait(std::move(keys), timeout);
-}
-
-COROCOLL_DECL task<bool> prefix_store::check(std::vector<std::string> keys) {
-    for (auto& k : keys) k = full(k);
-    return base_->check(std::move(keys));
-}
-
-COROCOLL_DECL task<std::string> prefix_store::with_timeout_get(std::string key) {
-    // Named: g++ 12.2 rejects an initializer_list temporary inside co_await
-    // ("array used as initializer").
-    std::vector<std::string> keys{key};
-    co_await base_->wait(std::move(keys), timeout());
-    co_return co_await base_->get(std::move(key));
-}
-
-}  // namespace rendezvous
-
-COROCOLL_END_NAMESPACE
-
-#endif  // COROCOLL_DEFINE_BODIES
+#include <corocoll/rendezvous/impl/prefix_store.ipp>
+#endif

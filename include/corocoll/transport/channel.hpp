@@ -2,8 +2,8 @@
 
 // What the engine needs from the connection to one peer: an ordered, reliable byte stream
 // with an end. Matching, sequencing and failure handling sit above it, in the engine; each
-// kind of connection is one implementation in a file of its own (tcp_channel.hpp,
-// shm_channel.hpp). A new kind (RDMA, say) is a new file that implements this.
+// kind of connection is one implementation in a file of its own (tcp/channel.hpp,
+// shm/channel.hpp). A new kind (RDMA, say) is a new folder that implements this.
 
 #include <corocoll/core/task.hpp>
 #include <corocoll/io/detail/basic_op.hpp>
@@ -120,47 +120,6 @@ COROCOLL_DECL std::span<iovec> iov_after(std::span<const iovec> iov, std::size_t
 
 COROCOLL_END_NAMESPACE
 
-// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
-
 #if COROCOLL_DEFINE_BODIES
-
-COROCOLL_BEGIN_NAMESPACE
-
-namespace transport {
-
-COROCOLL_DECL bool channel::worth_holding(std::uint64_t bytes) noexcept {
-    (void)bytes;
-    return false;
-}
-
-}  // namespace transport
-
-namespace transport {
-namespace detail {
-
-COROCOLL_DECL std::size_t iov_bytes(std::span<const iovec> iov) noexcept {
-    std::size_t n = 0;
-    for (const iovec& v : iov) n += v.iov_len;
-    return n;
-}
-
-COROCOLL_DECL std::span<iovec> iov_after(std::span<const iovec> iov, std::size_t n,
-                                         std::span<iovec> rest) noexcept {
-    std::size_t used = 0;
-    for (const iovec& v : iov) {
-        if (n >= v.iov_len) {
-            n -= v.iov_len;
-            continue;
-        }
-        rest[used++] = {static_cast<char*>(v.iov_base) + n, v.iov_len - n};
-        n = 0;
-    }
-    return rest.first(used);
-}
-
-}  // namespace detail
-}  // namespace transport
-
-COROCOLL_END_NAMESPACE
-
-#endif  // COROCOLL_DEFINE_BODIES
+#include <corocoll/transport/impl/channel.ipp>
+#endif

@@ -1,7 +1,7 @@
 #pragma once
 
 // The receive operation that the engine's recv and recv_coll return. Its member functions
-// that reach into the engine are defined at the end of engine.hpp.
+// that reach into the engine are defined in engine.hpp, after the engine class.
 
 #include <corocoll/transport/frame.hpp>
 #include <corocoll/transport/posted_recv.hpp>

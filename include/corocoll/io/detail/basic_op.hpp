@@ -1,6 +1,6 @@
 #pragma once
 
-// Included at the end of <corocoll/io/reactor.hpp>; not meant to be included on its own.
+// The operation base of every awaitable I/O operation (sockets, timers, futex waits, channels).
 
 #include <corocoll/core/error.hpp>
 #include <corocoll/core/event_loop.hpp>
@@ -314,34 +314,6 @@ private:
 
 COROCOLL_END_NAMESPACE
 
-// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
-
 #if COROCOLL_DEFINE_BODIES
-
-COROCOLL_BEGIN_NAMESPACE
-
-namespace io {
-namespace detail {
-
-COROCOLL_DECL std::chrono::nanoseconds coarse_resolution() noexcept {
-    static const std::chrono::nanoseconds r = [] {
-        timespec res{};
-        if (::clock_getres(CLOCK_MONOTONIC_COARSE, &res) != 0)
-            return std::chrono::nanoseconds(10'000'000);
-        return std::chrono::seconds(res.tv_sec) + std::chrono::nanoseconds(res.tv_nsec);
-    }();
-    return r;
-}
-
-COROCOLL_DECL __kernel_timespec to_kernel_time(std::chrono::steady_clock::time_point t) noexcept {
-    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
-    if (ns < 0) ns = 0;
-    return {ns / 1'000'000'000, ns % 1'000'000'000};
-}
-
-}  // namespace detail
-}  // namespace io
-
-COROCOLL_END_NAMESPACE
-
-#endif  // COROCOLL_DEFINE_BODIES
+#include <corocoll/io/detail/impl/basic_op.ipp>
+#endif

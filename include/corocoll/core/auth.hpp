@@ -1,6 +1,6 @@
 #pragma once
 
-// What mesh set-up needs to prove knowledge of the job token without sending it: fresh nonces
+// What mesh set-up and the store need to prove knowledge of the job token without sending it: fresh nonces
 // and HMAC-SHA256. The HMAC comes from OpenSSL's libcrypto, which the build must provide:
 // Meson defines COROCOLL_WITH_OPENSSL and links libcrypto when it finds it (a vendoring
 // project defines the macro and links -lcrypto itself). Without it, a job token is refused
@@ -27,7 +27,7 @@
 
 COROCOLL_BEGIN_NAMESPACE
 
-namespace transport::detail {
+namespace detail {
 
 inline constexpr std::size_t nonce_bytes = 32;
 inline constexpr std::size_t proof_bytes = 32;  // HMAC-SHA256
@@ -67,44 +67,10 @@ inline auth_proof hmac_sha256([[maybe_unused]] std::string_view key,
 /// Compares two proofs in time that does not depend on where they differ.
 COROCOLL_DECL bool same_proof(const auth_proof& a, const auth_proof& b) noexcept;
 
-}  // namespace transport::detail
+}  // namespace detail
 
 COROCOLL_END_NAMESPACE
-
-// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
 
 #if COROCOLL_DEFINE_BODIES
-
-COROCOLL_BEGIN_NAMESPACE
-
-namespace transport {
-namespace detail {
-
-COROCOLL_DECL auth_nonce auth_random_nonce() {
-    auth_nonce n{};
-    std::size_t got = 0;
-    while (got < n.size()) {
-        ssize_t r = ::getrandom(n.data() + got, n.size() - got, 0);
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            corocoll::detail::throw_errno(errno, "corocoll: init: getrandom");
-        }
-        got += static_cast<std::size_t>(r);
-    }
-    return n;
-}
-
-COROCOLL_DECL bool same_proof(const auth_proof& a, const auth_proof& b) noexcept {
-    unsigned char diff = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-        diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-    }
-    return diff == 0;
-}
-
-}  // namespace detail
-}  // namespace transport
-
-COROCOLL_END_NAMESPACE
-
-#endif  // COROCOLL_DEFINE_BODIES
+#include <corocoll/core/impl/auth.ipp>
+#endif

@@ -1,141 +1,8 @@
+// The bodies of the non-template functions declared in <corocoll/transport/tcp/mesh.hpp>:
+// inline where corocoll is header-only, compiled once in separate compilation (version.hpp).
 #pragma once
 
-#include <corocoll/core/async_scope.hpp>
-#include <corocoll/core/error.hpp>
-#include <corocoll/core/log.hpp>
-#include <corocoll/core/task.hpp>
-#include <corocoll/core/when_all.hpp>
-#include <corocoll/io/endpoint.hpp>
-#include <corocoll/io/reactor.hpp>
-#include <corocoll/io/socket.hpp>
-#include <corocoll/rendezvous/store.hpp>
-#include <corocoll/transport/auth.hpp>
-#include <corocoll/transport/frame.hpp>
-#include <corocoll/version.hpp>
-
-#include <ifaddrs.h>
-#include <net/if.h>
-
-#include <algorithm>
-#include <chrono>
-#include <cstdint>
-#include <cstdlib>
-#include <optional>
-#include <random>
-#include <span>
-#include <stdexcept>
-#include <stop_token>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <vector>
-
-COROCOLL_BEGIN_NAMESPACE
-
-namespace transport {
-
-/// How a rank joins the mesh of connections of its group.
-struct mesh_options {
-    /// Everything (listening, publishing, connecting, handshakes) must finish by then.
-    std::chrono::steady_clock::time_point deadline;
-    /// The group's name; peers of different groups refuse each other.
-    std::string group_name = "default";
-    /// A secret shared by the job's ranks (COROCOLL_JOB_TOKEN); empty: none. With one, both
-    /// ends of every connection prove that they know it by HMAC-SHA256 over fresh nonces of
-    /// both sides; the token itself is never sent. Needs libcrypto (see docs/security.md).
-    std::string job_token;
-    /// Where this rank listens (port 0: an ephemeral port). See `choose_listen_address`.
-    io::endpoint listen_on = io::endpoint::loopback(0);
-    /// How long one connection's handshake may take, each on its own: a connection that
-    /// says nothing (or something wrong) is dropped after it without holding up the others.
-    std::chrono::milliseconds hello_timeout = std::chrono::seconds(5);
-    /// Ends the set-up early when stopped (the set-up of a subgroup whose parent group
-    /// failed: a rank died); it then throws std::errc::operation_canceled.
-    std::stop_token stop;
-};
-
-/// The address this rank listens on for its peers: the first IPv4 (else IPv6) address of the
-/// interface named by COROCOLL_SOCKET_IFNAME (or GLOO_SOCKET_IFNAME); otherwise the local
-/// address this host uses to reach `master` (found by connecting a UDP socket, which sends
-/// nothing); loopback when `master` is loopback or unknown. Port 0.
-COROCOLL_DECL io::endpoint choose_listen_address(const std::optional<io::endpoint>& master);
-
-namespace detail {
-
-// The hello each side sends first: group (a hash of its name), ranks, world size, whether a
-// job token is in use (`tag`), and how many bytes follow it (nonce, and the proof).
-COROCOLL_DECL frame_header make_hello(int rank, int peer, int size, const mesh_options& o,
-                                      std::size_t follows);
-
-// What is wrong with a hello `h` that this rank reads ("" if nothing): `expected_peer` < 0
-// means any rank (the accepting side), `follows` the bytes that must come after it.
-COROCOLL_DECL std::string hello_problem(const frame_header& h, int rank, int size,
-                                        int expected_peer, const mesh_options& o,
-                                        std::size_t follows);
-
-// The proof by side `role` ("connector" or "listener") of the connection from `connector` to the
-// listener that `listener_address` names knows the token: HMAC-SHA256 over the group, both ranks,
-// that address and both nonces. Each side proves over the other's fresh nonce, so a proof cannot be
-// replayed, and over the address it was dialled at, so a stranger whose address was written into
-// the store cannot relay the handshake to the real rank.
-COROCOLL_DECL auth_proof mesh_proof(const mesh_options& o, std::string_view role, int connector,
-                                    int listener, const std::string& listener_address,
-                                    const auth_nonce& connector_nonce,
-                                    const auth_nonce& listener_nonce);
-
-inline std::chrono::steady_clock::time_point hello_deadline(const mesh_options& o) {
-    return std::min(o.deadline, io::deadline_after(o.hello_timeout));
-}
-
-template <class T>
-std::span<std::byte> bytes_of(T& value) {
-    return std::as_writable_bytes(std::span(&value, 1));
-}
-
-// The connecting side's handshake with the listener at `where`, published as rank `peer`'s:
-// a hello and a fresh nonce out; the listener's hello, nonce and proof in; with a
-// token, the listener's proof checked before this rank's own goes out. Nothing sent depends on
-// the token until the listener has shown that it knows it.
-COROCOLL_DECL task<> connector_handshake(io::socket& s, int rank, int peer, int size,
-                                         const mesh_options& o, const std::string& where,
-                                         std::stop_token stop);
-
-// The listening side's handshake on an accepted connection; returns the peer's rank, or
-// throws why the connection is refused. `here` is the address this rank published.
-COROCOLL_DECL task<int> listener_handshake(io::socket& s, int rank, int size, const mesh_options& o,
-                                           const std::string& here, std::stop_token stop);
-
-COROCOLL_DECL std::string remaining_ms(std::chrono::steady_clock::time_point deadline);
-
-// Connects to lower rank `peer`, retrying with backoff and jitter until the deadline.
-COROCOLL_DECL task<io::socket> connect_to(io::reactor& r, rendezvous::store& store, int rank,
-                                          int peer, int size, const mesh_options& o,
-                                          std::stop_token stop);
-
-}  // namespace detail
-
-/// Builds the full mesh of TCP connections of a group: rank `rank` listens on
-/// `o.listen_on`, publishes host:port under "mesh/addr/<rank>" in `store` (give each group
-/// its own prefix store), connects to every lower rank (retrying with backoff and jitter
-/// while they start) and accepts every higher one. Accepted connections are handled
-/// concurrently, each handshake bounded by `o.hello_timeout`: a connection that is not a
-/// peer of this group (bad or no hello, another group, a wrong proof of the token, silence)
-/// is dropped with a WARN and set-up goes on. Each connection starts with a hello each way
-/// that checks group, ranks, world size and protocol version, and with a job token, a
-/// challenge-response proof from each side (`mesh_options::job_token`). A listener that
-/// answers a connecting rank wrongly is an error naming both. Everything is bounded by
-/// `o.deadline`; at the deadline the error names the ranks still missing. Returns one
-/// socket per rank, indexed by rank (the own entry stays closed).
-COROCOLL_DECL task<std::vector<io::socket>> connect_mesh(io::reactor& r, rendezvous::store& store,
-                                                         int rank, int size, mesh_options o);
-
-}  // namespace transport
-
-COROCOLL_END_NAMESPACE
-
-// ---- definitions: inline in every translation unit, or compiled once (version.hpp) ----
-
-#if COROCOLL_DEFINE_BODIES
+#include <corocoll/transport/tcp/mesh.hpp>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -229,16 +96,16 @@ COROCOLL_DECL std::string hello_problem(const frame_header& h, int rank, int siz
     return {};
 }
 
-COROCOLL_DECL auth_proof mesh_proof(const mesh_options& o, std::string_view role, int connector,
+COROCOLL_DECL corocoll::detail::auth_proof mesh_proof(const mesh_options& o, std::string_view role, int connector,
                                     int listener, const std::string& listener_address,
-                                    const auth_nonce& connector_nonce,
-                                    const auth_nonce& listener_nonce) {
+                                    const corocoll::detail::auth_nonce& connector_nonce,
+                                    const corocoll::detail::auth_nonce& listener_nonce) {
     std::string m = "corocoll mesh 1\n" + std::string(role) + "\n" + o.group_name + "\n" +
                     std::to_string(connector) + "\n" + std::to_string(listener) + "\n" +
                     listener_address + "\n";
     m.append(reinterpret_cast<const char*>(connector_nonce.data()), connector_nonce.size());
     m.append(reinterpret_cast<const char*>(listener_nonce.data()), listener_nonce.size());
-    return hmac_sha256(o.job_token, m);
+    return corocoll::detail::hmac_sha256(o.job_token, m);
 }
 
 COROCOLL_DECL task<> connector_handshake(io::socket& s, int rank, int peer, int size,
@@ -246,23 +113,23 @@ COROCOLL_DECL task<> connector_handshake(io::socket& s, int rank, int peer, int 
                                          std::stop_token stop) {
     io::op_options by(hello_deadline(o), stop);
     bool auth = !o.job_token.empty();
-    auth_nonce mine = auth_random_nonce(), theirs{};
-    frame_header h = make_hello(rank, peer, size, o, nonce_bytes);
+    corocoll::detail::auth_nonce mine = corocoll::detail::auth_random_nonce(), theirs{};
+    frame_header h = make_hello(rank, peer, size, o, corocoll::detail::nonce_bytes);
     co_await s.send(bytes_of(h), by);
     co_await s.send(mine, by);
     frame_header r;
     co_await s.recv(bytes_of(r), by);
     if (std::string p =
-            hello_problem(r, rank, size, peer, o, nonce_bytes + (auth ? proof_bytes : 0));
+            hello_problem(r, rank, size, peer, o, corocoll::detail::nonce_bytes + (auth ? corocoll::detail::proof_bytes : 0));
         !p.empty()) {
         corocoll::detail::throw_error(corocoll::errc::protocol_error,
                                       "the listener answered with a bad hello: " + p);
     }
     co_await s.recv(theirs, by);
     if (!auth) co_return;
-    auth_proof claimed{};
+    corocoll::detail::auth_proof claimed{};
     co_await s.recv(claimed, by);
-    if (!same_proof(claimed, mesh_proof(o, "listener", rank, peer, where, mine, theirs))) {
+    if (!corocoll::detail::same_proof(claimed, mesh_proof(o, "listener", rank, peer, where, mine, theirs))) {
         corocoll::detail::throw_error(
             std::make_error_code(std::errc::permission_denied),
             "the listener did not prove it knows this job's token (COROCOLL_JOB_TOKEN): its "
@@ -271,7 +138,7 @@ COROCOLL_DECL task<> connector_handshake(io::socket& s, int rank, int peer, int 
                 " (was the address in the store forged?); nothing that depends on the token "
                 "was sent to it");
     }
-    auth_proof own = mesh_proof(o, "connector", rank, peer, where, mine, theirs);
+    corocoll::detail::auth_proof own = mesh_proof(o, "connector", rank, peer, where, mine, theirs);
     co_await s.send(own, by);
 }
 
@@ -281,19 +148,19 @@ COROCOLL_DECL task<int> listener_handshake(io::socket& s, int rank, int size, co
     bool auth = !o.job_token.empty();
     frame_header h;
     co_await s.recv(bytes_of(h), by);
-    if (std::string p = hello_problem(h, rank, size, -1, o, nonce_bytes); !p.empty()) {
+    if (std::string p = hello_problem(h, rank, size, -1, o, corocoll::detail::nonce_bytes); !p.empty()) {
         corocoll::detail::throw_error(corocoll::errc::protocol_error, p);
     }
     auto peer = static_cast<int>(h.src);
-    auth_nonce theirs{}, mine = auth_random_nonce();
+    corocoll::detail::auth_nonce theirs{}, mine = corocoll::detail::auth_random_nonce();
     co_await s.recv(theirs, by);
-    frame_header r = make_hello(rank, peer, size, o, nonce_bytes + (auth ? proof_bytes : 0));
+    frame_header r = make_hello(rank, peer, size, o, corocoll::detail::nonce_bytes + (auth ? corocoll::detail::proof_bytes : 0));
     co_await s.send(bytes_of(r), by);
     co_await s.send(mine, by);
     if (!auth) co_return peer;
-    auth_proof own = mesh_proof(o, "listener", peer, rank, here, theirs, mine);
+    corocoll::detail::auth_proof own = mesh_proof(o, "listener", peer, rank, here, theirs, mine);
     co_await s.send(own, by);
-    auth_proof claimed{};
+    corocoll::detail::auth_proof claimed{};
     try {
         co_await s.recv(claimed, by);
     } catch (const std::system_error& e) {
@@ -303,7 +170,7 @@ COROCOLL_DECL task<int> listener_handshake(io::socket& s, int rank, int size, co
                           "this rank's proof (its COROCOLL_JOB_TOKEN differs?): " +
                           corocoll::detail::context_of(e));
     }
-    if (!same_proof(claimed, mesh_proof(o, "connector", peer, rank, here, theirs, mine))) {
+    if (!corocoll::detail::same_proof(claimed, mesh_proof(o, "connector", peer, rank, here, theirs, mine))) {
         corocoll::detail::throw_error(std::make_error_code(std::errc::permission_denied),
                                       "rank " + std::to_string(peer) +
                                           " (so it said) did not prove it knows this job's "
@@ -362,7 +229,7 @@ COROCOLL_DECL task<std::vector<io::socket>> connect_mesh(io::reactor& r, rendezv
                                                          int rank, int size, mesh_options o) {
     std::vector<io::socket> peers(static_cast<std::size_t>(size));
     if (size == 1) co_return peers;
-    if (!o.job_token.empty() && !detail::token_auth_available()) {
+    if (!o.job_token.empty() && !corocoll::detail::token_auth_available()) {
         throw std::invalid_argument(
             "corocoll: init: rank " + std::to_string(rank) +
             ": COROCOLL_JOB_TOKEN is set, but this build of corocoll has no libcrypto for "
@@ -454,5 +321,3 @@ COROCOLL_DECL task<std::vector<io::socket>> connect_mesh(io::reactor& r, rendezv
 }  // namespace transport
 
 COROCOLL_END_NAMESPACE
-
-#endif  // COROCOLL_DEFINE_BODIES

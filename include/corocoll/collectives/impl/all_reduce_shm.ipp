@@ -1,0 +1,61 @@
+// The bodies of the non-template functions declared in <corocoll/collectives/all_reduce_shm.hpp>:
+// inline where corocoll is header-only, compiled once in separate compilation (version.hpp).
+#pragma once
+
+#include <corocoll/collectives/all_reduce_shm.hpp>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL task<> all_reduce_shm(context& c, std::span<std::byte> data, const reduction& red) {
+    transport::shm_arena& a = *c.arena;
+    const int n = a.size(), me = a.rank();
+    const std::size_t elem = red.elem();
+    const std::size_t slot = a.slot_bytes();
+    co_await a.settle(c.net, c.deadline);
+    a.declare(c.meta);
+    if (data.size() * static_cast<std::size_t>(n) <= all_reduce_shm_whole_bytes &&
+        data.size() <= slot) {
+        const std::uint64_t s = a.next_step();
+        const bool small = data.size() <= transport::shm_arena::small_bytes;
+        auto copy_of = [&](int r) {
+            return small ? a.small(r, s) : a.set(s) + static_cast<std::size_t>(r) * slot;
+        };
+        if (!data.empty()) std::memcpy(copy_of(me), data.data(), data.size());
+        co_await a.arrive(c.net, c.meta, c.deadline, true);
+        if (data.empty()) co_return;
+        const std::size_t count = data.size() / elem;
+        if (me != 0) std::memcpy(data.data(), copy_of(0), data.size());
+        for (int r = 1; r < n; ++r) red(data.data(), copy_of(r), count);
+        red.finish(data.data(), count, n);
+        co_return;
+    }
+    const std::size_t chunk = slot / elem * elem;
+    bool check = true;
+    for (std::size_t off = 0; off < data.size(); off += chunk) {
+        const std::size_t len = std::min(chunk, data.size() - off);
+        const std::uint64_t s = a.next_step();
+        std::byte* copies = a.set(s);
+        std::memcpy(copies + static_cast<std::size_t>(me) * slot, data.data() + off, len);
+        co_await a.arrive(c.net, c.meta, c.deadline, std::exchange(check, false));
+        // This rank's slice of the chunk, reduced over every rank's copy in rank order.
+        auto [first, last] =
+            block_range(len / elem, static_cast<std::size_t>(n), static_cast<std::size_t>(me));
+        std::byte* result = a.set(s + 1);
+        if (last > first) {
+            std::byte* out = result + first * elem;
+            std::memcpy(out, copies + first * elem, (last - first) * elem);
+            for (int r = 1; r < n; ++r) {
+                red(out, copies + static_cast<std::size_t>(r) * slot + first * elem, last - first);
+            }
+            red.finish(out, last - first, n);
+        }
+        co_await a.arrive(c.net, c.meta, c.deadline);
+        std::memcpy(data.data() + off, result, len);
+    }
+}
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE

@@ -1,0 +1,33 @@
+// The bodies of the non-template functions declared in <corocoll/collectives/scatter_linear.hpp>:
+// inline where corocoll is header-only, compiled once in separate compilation (version.hpp).
+#pragma once
+
+#include <corocoll/collectives/scatter_linear.hpp>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL task<> scatter_linear(context& c, std::span<const std::byte> in,
+                                    std::span<std::byte> out, int root) {
+    int n = c.size();
+    std::size_t block = out.size();
+    if (c.rank() != root) {
+        co_await c.recv(out, root, 0);
+        co_return;
+    }
+    std::vector<task<>> sends;
+    for (int p = 0; p < n; ++p) {
+        auto src = in.subspan(block * static_cast<std::size_t>(p), block);
+        if (p == root) {
+            if (block > 0) std::memcpy(out.data(), src.data(), block);
+        } else {
+            sends.push_back(c.send(src, p, 0));
+        }
+    }
+    co_await when_all(std::move(sends));
+}
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE

@@ -1,0 +1,255 @@
+// The bodies of the non-template functions declared in <corocoll/collectives/select.hpp>:
+// inline where corocoll is header-only, compiled once in separate compilation (version.hpp).
+#pragma once
+
+#include <corocoll/collectives/select.hpp>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+COROCOLL_DECL const char* kind_name(collective_kind k) noexcept {
+    switch (k) {
+        case collective_kind::barrier:
+            return "barrier";
+        case collective_kind::broadcast:
+            return "broadcast";
+        case collective_kind::reduce:
+            return "reduce";
+        case collective_kind::all_reduce:
+            return "all_reduce";
+        case collective_kind::all_gather:
+            return "all_gather";
+        case collective_kind::gather:
+            return "gather";
+        case collective_kind::scatter:
+            return "scatter";
+        case collective_kind::reduce_scatter:
+            return "reduce_scatter";
+        case collective_kind::all_to_all:
+            return "all_to_all";
+        case collective_kind::monitored_barrier:
+            return "monitored_barrier";
+        case collective_kind::broadcast_object:
+            return "broadcast_object_list";
+        case collective_kind::gather_object:
+            return "gather_object";
+        case collective_kind::all_gather_object:
+            return "all_gather_object";
+        case collective_kind::scatter_object:
+            return "scatter_object_list";
+    }
+    return "unknown collective";
+}
+
+COROCOLL_DECL const char* algorithm_name(algorithm a) noexcept {
+    switch (a) {
+        case algorithm::automatic:
+            return "auto";
+        case algorithm::ring:
+            return "ring";
+        case algorithm::recursive_doubling:
+            return "recursive_doubling";
+        case algorithm::binomial:
+            return "binomial";
+        case algorithm::chain:
+            return "chain";
+        case algorithm::bruck:
+            return "bruck";
+        case algorithm::linear:
+            return "linear";
+        case algorithm::pairwise:
+            return "pairwise";
+        case algorithm::dissemination:
+            return "dissemination";
+        case algorithm::hierarchical:
+            return "hierarchical";
+        case algorithm::shm:
+            return "shm";
+    }
+    return "unknown";
+}
+
+COROCOLL_DECL bool supports(collective_kind k, algorithm a) noexcept {
+    switch (k) {
+        case collective_kind::all_reduce:
+            return a == algorithm::ring || a == algorithm::recursive_doubling ||
+                   a == algorithm::hierarchical || a == algorithm::shm;
+        case collective_kind::broadcast:
+            return a == algorithm::binomial || a == algorithm::chain ||
+                   a == algorithm::hierarchical || a == algorithm::shm;
+        case collective_kind::reduce:
+            return a == algorithm::binomial;
+        case collective_kind::all_gather:
+            return a == algorithm::ring || a == algorithm::bruck || a == algorithm::hierarchical ||
+                   a == algorithm::shm;
+        case collective_kind::gather:
+        case collective_kind::scatter:
+            return a == algorithm::binomial || a == algorithm::linear;
+        case collective_kind::reduce_scatter:
+            return a == algorithm::ring;
+        case collective_kind::all_to_all:
+            return a == algorithm::pairwise;
+        case collective_kind::barrier:
+            return a == algorithm::dissemination;
+        default:
+            return false;
+    }
+}
+
+COROCOLL_DECL void algorithm_choice::force(collective_kind k, algorithm a) {
+    if (a != algorithm::automatic && !supports(k, a)) {
+        throw std::invalid_argument(std::string("corocoll: ") + kind_name(k) +
+                                    " has no algorithm '" + algorithm_name(a) + "'");
+    }
+    forced_[static_cast<std::size_t>(k)] = a;
+}
+
+COROCOLL_DECL algorithm_choice algorithm_choice::from_env() {
+    const char* v = std::getenv("COROCOLL_ALGORITHM");
+    return v == nullptr ? algorithm_choice{} : parse_spec(v);
+}
+
+COROCOLL_DECL algorithm_choice algorithm_choice::parse_spec(std::string_view spec) {
+    algorithm_choice c;
+    const std::string whole(spec);
+    auto fail = [&](const std::string& why) {
+        throw std::invalid_argument("corocoll: COROCOLL_ALGORITHM='" + whole + "': " + why);
+    };
+    while (!spec.empty()) {
+        auto comma = spec.find(',');
+        std::string_view item = spec.substr(0, comma);
+        spec = comma == std::string_view::npos ? std::string_view{} : spec.substr(comma + 1);
+        auto eq = item.find('=');
+        std::string_view name = eq == std::string_view::npos ? item : item.substr(eq + 1);
+        auto a = find_algorithm(name);
+        if (!a) fail("unknown algorithm '" + std::string(name) + "' (" + names_of({}) + ")");
+        if (eq == std::string_view::npos) {
+            for (std::size_t k = 1; k < collective_kinds; ++k) {
+                if (supports(static_cast<collective_kind>(k), *a)) c.forced_[k] = *a;
+            }
+            continue;
+        }
+        auto k = find_kind(item.substr(0, eq));
+        if (!k) {
+            std::string kinds;
+            for (std::size_t i = 1; i < collective_kinds; ++i) {
+                kinds +=
+                    std::string(i == 1 ? "" : ", ") + kind_name(static_cast<collective_kind>(i));
+            }
+            fail("unknown collective '" + std::string(item.substr(0, eq)) + "' (known: " + kinds +
+                 ")");
+        }
+        if (*a != algorithm::automatic && !supports(*k, *a)) {
+            fail(std::string(kind_name(*k)) + " has no algorithm '" + algorithm_name(*a) + "' (" +
+                 names_of(k) + ")");
+        }
+        c.forced_[static_cast<std::size_t>(*k)] = *a;
+    }
+    return c;
+}
+
+COROCOLL_DECL std::optional<algorithm> algorithm_choice::find_algorithm(std::string_view name) {
+    for (int i = 0; i <= static_cast<int>(last_algorithm); ++i) {
+        if (name == algorithm_name(static_cast<algorithm>(i))) return static_cast<algorithm>(i);
+    }
+    return std::nullopt;
+}
+
+COROCOLL_DECL std::optional<collective_kind> algorithm_choice::find_kind(std::string_view name) {
+    for (std::size_t k = 1; k < collective_kinds; ++k) {
+        if (name == kind_name(static_cast<collective_kind>(k)))
+            return static_cast<collective_kind>(k);
+    }
+    return std::nullopt;
+}
+
+COROCOLL_DECL std::string algorithm_choice::names_of(std::optional<collective_kind> k) {
+    std::string out = k ? "it has: auto" : "known: auto";
+    for (int i = 1; i <= static_cast<int>(last_algorithm); ++i) {
+        auto a = static_cast<algorithm>(i);
+        if (!k || supports(*k, a)) out += std::string(", ") + algorithm_name(a);
+    }
+    return out;
+}
+
+COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
+                               const algorithm_choice& choice, const thresholds& t,
+                               const topology* hosts, bool arena, std::size_t single_copy_from) {
+    if (algorithm forced = choice.forced(k); forced != algorithm::automatic) return forced;
+    if (arena) {
+        const bool pair_ring =
+            n == 2 && bytes >= t.shm_pair_ring_from && bytes < t.shm_pair_ring_below;
+        // Whether the arena's call copies straight from the ranks' buffers (the buffer one
+        // rank offers: a broadcast's, one all_gather block).
+        auto single = [&](std::size_t offered) {
+            return single_copy_from > 0 && offered >= single_copy_from;
+        };
+        if (k == collective_kind::all_reduce) return pair_ring ? algorithm::ring : algorithm::shm;
+        if (k == collective_kind::all_gather) {
+            return pair_ring && !single(bytes / static_cast<std::size_t>(n)) ? algorithm::ring
+                                                                             : algorithm::shm;
+        }
+        if (k == collective_kind::broadcast) {
+            bool tree = n > 2           ? bytes < t.shm_broadcast_tree_below
+                        : single(bytes) ? bytes >= t.shm_pair_single_copy_tree_from
+                                        : bytes >= t.shm_pair_ring_from;
+            return tree ? algorithm::binomial : algorithm::shm;
+        }
+    }
+    if (hosts != nullptr && hosts->hierarchical() && supports(k, algorithm::hierarchical)) {
+        return algorithm::hierarchical;
+    }
+    switch (k) {
+        case collective_kind::all_reduce:
+            return bytes >= t.all_reduce_ring_bytes ? algorithm::ring
+                                                    : algorithm::recursive_doubling;
+        case collective_kind::broadcast:
+            return bytes >= t.broadcast_chain_bytes && n > 2 ? algorithm::chain
+                                                             : algorithm::binomial;
+        case collective_kind::reduce:
+            return algorithm::binomial;
+        case collective_kind::all_gather:
+            return bytes >= t.all_gather_ring_bytes ? algorithm::ring : algorithm::bruck;
+        case collective_kind::gather:
+        case collective_kind::scatter:
+            return bytes >= t.linear_block_bytes ? algorithm::linear : algorithm::binomial;
+        case collective_kind::reduce_scatter:
+            return algorithm::ring;
+        case collective_kind::all_to_all:
+            return algorithm::pairwise;
+        case collective_kind::barrier:
+            return algorithm::dissemination;
+        default:
+            return algorithm::automatic;
+    }
+}
+
+COROCOLL_DECL std::string describe(const transport::collective_meta& m) {
+    auto k = static_cast<collective_kind>(m.collective);
+    std::string s = kind_name(k);
+    s += "(";
+    bool reduces = k == collective_kind::all_reduce || k == collective_kind::reduce ||
+                   k == collective_kind::reduce_scatter;
+    bool rooted = k == collective_kind::broadcast || k == collective_kind::reduce ||
+                  k == collective_kind::gather || k == collective_kind::scatter ||
+                  k == collective_kind::broadcast_object || k == collective_kind::gather_object ||
+                  k == collective_kind::scatter_object;
+    if (reduces) s += std::string(op_name(static_cast<reduce_op>(m.redop))) + ", ";
+    if (rooted) s += "root " + std::to_string(m.root) + ", ";
+    // A barrier carries no data: "barrier(dissemination)", not "barrier(unknown dtype x 0)".
+    bool data =
+        m.count != 0 || (k != collective_kind::barrier && k != collective_kind::monitored_barrier);
+    if (data) {
+        s += std::string(dtype_name(static_cast<dtype>(m.dtype))) + " x " + std::to_string(m.count);
+    }
+    if (m.algorithm != 0) {
+        s += std::string(data ? ", " : "") + algorithm_name(static_cast<algorithm>(m.algorithm));
+    }
+    s += ")";
+    return s;
+}
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE

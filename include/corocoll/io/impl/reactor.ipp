@@ -1,0 +1,580 @@
+// The bodies of the non-template functions declared in <corocoll/io/reactor.hpp>:
+// inline where corocoll is header-only, compiled once in separate compilation (version.hpp).
+#pragma once
+
+#include <corocoll/io/reactor.hpp>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace io {
+
+COROCOLL_DECL reactor::~reactor() {
+    // Work handed over with `adopt` (a group closing because its last reference went)
+    // finishes first, while the ring still runs.
+    if (adopted_.pending() != 0) {
+        try {
+            corocoll::sync_wait(adopted_.join());
+        } catch (...) {
+        }
+    }
+    while (posters_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+    if (slack_before_ > 0 && slack_thread_ == std::this_thread::get_id()) {
+        ::prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(slack_before_), 0, 0, 0);
+    }
+    live_reactors().fetch_sub(1, std::memory_order_relaxed);
+    current_ref() = nullptr;
+    // Closing the ring cancels whatever is still in flight, our eventfd read included.
+#if defined(__SANITIZE_THREAD__) || COROCOLL_HAS_TSAN_FEATURE
+    // liburing 2.3 maps and unmaps the ring with raw system calls, which TSan does not
+    // see: a later reactor's ring at the same address would look like a race with this
+    // one's. So under TSan the ring is taken down here as io_uring_queue_exit does (unmap
+    // the SQEs and the rings, close the descriptor; this reactor registers no ring fd),
+    // but through libc, whose munmap TSan intercepts and forgets the ranges for.
+    ::munmap(ring_.sq.sqes, ring_.sq.ring_entries * sizeof(io_uring_sqe));
+    ::munmap(ring_.sq.ring_ptr, ring_.sq.ring_sz);
+    if (ring_.cq.ring_ptr != nullptr && ring_.cq.ring_ptr != ring_.sq.ring_ptr) {
+        ::munmap(ring_.cq.ring_ptr, ring_.cq.ring_sz);
+    }
+    ::close(ring_.ring_fd);
+#else
+    io_uring_queue_exit(&ring_);
+#endif
+    ::close(wake_fd_);
+}
+
+COROCOLL_DECL reactor::reactor(reactor_options options) : options_(options) {
+    if (current_ref() != nullptr) {
+        throw std::logic_error("corocoll: this thread already has an io::reactor");
+    }
+    setup_ring();
+    wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (wake_fd_ < 0) {
+        int err = errno;
+        io_uring_queue_exit(&ring_);
+        corocoll::detail::throw_errno(err, "corocoll: reactor: eventfd");
+    }
+    wake_op_.self_ = this;
+    wake_op_.prepare_ = &prepare_wake_read;
+    wake_op_.complete_ = &complete_wake_read;
+    submit(wake_op_);
+    if (options_.timer_slack.count() > 0) {
+        int old = ::prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+        if (old > 0 &&
+            ::prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(options_.timer_slack.count()), 0,
+                    0, 0) == 0) {
+            slack_before_ = old;
+            slack_thread_ = std::this_thread::get_id();
+        }
+    }
+    current_ref() = this;
+    live_reactors().fetch_add(1, std::memory_order_relaxed);
+}
+
+COROCOLL_DECL bool reactor::crowded() noexcept {
+    return live_reactors().load(std::memory_order_relaxed) *
+               local_processes().load(std::memory_order_relaxed) >
+           processors();
+}
+
+COROCOLL_DECL bool reactor::host_busy() noexcept {
+    static std::atomic<std::int64_t> next_look{0};
+    static std::atomic<bool> busy{false};
+    static std::atomic<int> looks_over{0};  // written by the thread that won the look
+    const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 std::chrono::steady_clock::now().time_since_epoch())
+                                 .count();
+    std::int64_t due = next_look.load(std::memory_order_relaxed);
+    if (now < due ||
+        !next_look.compare_exchange_strong(due, now + 10'000'000, std::memory_order_relaxed)) {
+        return busy.load(std::memory_order_relaxed);
+    }
+    // "0.52 0.58 0.59 3/128 4242": the fourth field is runnable/all.
+    char text[128];
+    ssize_t n = -1;
+    if (int fd = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC); fd >= 0) {
+        n = ::read(fd, text, sizeof(text) - 1);
+        ::close(fd);
+    }
+    if (n <= 0) return busy.load(std::memory_order_relaxed);
+    text[n] = '\0';
+    int fields = 0;
+    const char* p = text;
+    while (*p != '\0' && fields < 3) {
+        if (*p++ == ' ') ++fields;
+    }
+    const int over = std::atoi(p) > processors()
+                         ? std::min(looks_over.load(std::memory_order_relaxed) + 1, host_busy_looks)
+                         : 0;
+    looks_over.store(over, std::memory_order_relaxed);
+    const bool now_busy = over >= host_busy_looks;
+    busy.store(now_busy, std::memory_order_relaxed);
+    return now_busy;
+}
+
+COROCOLL_DECL int reactor::processors() noexcept {
+    static const int cpus = [] {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+        return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    }();
+    return cpus;
+}
+
+COROCOLL_DECL void reactor::post(corocoll::detail::work_item& item) noexcept {
+    if (current_ref() == this) {
+        // The loop drains the queue before it sleeps: no wake, no lifetime guard needed.
+        push(item);
+        return;
+    }
+    // Counted so that the destructor waits for us: once the item is in, the loop may run
+    // it and the owner destroy the reactor while we still write to the eventfd.
+    posters_.fetch_add(1, std::memory_order_acq_rel);
+    // Only the first item after a drain needs to wake the loop: later ones ride along.
+    if (push(item)) wake();
+    posters_.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+COROCOLL_DECL bool reactor::run_until(bool (*ready)(const void* arg) noexcept, const void* arg,
+                                      std::chrono::steady_clock::time_point deadline) {
+    struct expiry : timer_entry {
+        std::atomic<bool> passed{false};
+    } timer;
+    timer.when = deadline;
+    timer.fire = [](timer_entry& t) noexcept {
+        static_cast<expiry&>(t).passed.store(true, std::memory_order_release);
+    };
+    if (!ready(arg)) {
+        arm(timer);
+        loop_while([&] { return !ready(arg) && !timer.passed.load(std::memory_order_acquire); });
+        disarm(timer);
+    }
+    return ready(arg);
+}
+
+COROCOLL_DECL void reactor::submit(detail::io_op& op) noexcept {
+    if (backlog_head_ == nullptr && reserve(op.sqes_)) {
+        op.prepare_(&op, &ring_);
+        in_flight_ += op.tracked_ ? 1 : 0;
+        return;
+    }
+    backlog_push(op);
+}
+
+COROCOLL_DECL bool reactor::withdraw(detail::io_op& op) noexcept {
+    if (!op.queued_) return false;
+    if (op.prev_ != nullptr) {
+        op.prev_->next_ = op.next_;
+    } else {
+        backlog_head_ = op.next_;
+    }
+    if (op.next_ != nullptr) {
+        op.next_->prev_ = op.prev_;
+    } else {
+        backlog_tail_ = op.prev_;
+    }
+    op.prev_ = op.next_ = nullptr;
+    op.queued_ = false;
+    return true;
+}
+
+COROCOLL_DECL void reactor::arm(timer_entry& t) {
+    if (t.armed()) disarm(t);
+    timers_.push_back(&t);
+    t.slot = timers_.size() - 1;
+    sift_up(t.slot);
+}
+
+COROCOLL_DECL void reactor::disarm(timer_entry& t) noexcept {
+    if (!t.armed()) return;
+    std::size_t i = t.slot;
+    t.slot = timer_entry::not_armed;
+    timer_entry* last = timers_.back();
+    timers_.pop_back();
+    if (last == &t) return;
+    timers_[i] = last;
+    last->slot = i;
+    sift_up(i);
+    sift_down(last->slot);
+}
+
+COROCOLL_DECL void reactor::watch(poll_entry& e) noexcept {
+    if (e.watched) return;
+    if (watched_ == nullptr) watch_progress_ = std::chrono::steady_clock::now();
+    e.watched = true;
+    e.prev = nullptr;
+    e.next = watched_;
+    if (watched_ != nullptr) watched_->prev = &e;
+    watched_ = &e;
+}
+
+COROCOLL_DECL void reactor::unwatch(poll_entry& e) noexcept {
+    if (!e.watched) return;
+    e.watched = false;
+    if (e.prev != nullptr) {
+        e.prev->next = e.next;
+    } else {
+        watched_ = e.next;
+    }
+    if (e.next != nullptr) e.next->prev = e.prev;
+    // The entry being polled right now may unwatch itself: the walk goes on from here.
+    if (polling_next_ == &e) polling_next_ = e.next;
+    e.prev = e.next = nullptr;
+}
+
+COROCOLL_DECL void reactor::setup_ring() {
+    // Newest first; each step drops what an older kernel rejects with EINVAL.
+    const unsigned attempts[] = {
+        IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_SUBMIT_ALL,
+        IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SUBMIT_ALL,
+        IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SUBMIT_ALL,
+        0,
+    };
+    int rc = -EINVAL;
+    for (unsigned flags : attempts) {
+        if ((flags & ~options_.allowed_setup_flags) != 0) continue;
+        io_uring_params p{};
+        p.flags = flags;
+        if (options_.cq_entries != 0) {
+            p.flags |= IORING_SETUP_CQSIZE;
+            p.cq_entries = options_.cq_entries;
+        }
+        rc = io_uring_queue_init_params(options_.sq_entries, &ring_, &p);
+        if (rc == 0) {
+            features_.single_issuer = (flags & IORING_SETUP_SINGLE_ISSUER) != 0;
+            features_.defer_taskrun = (flags & IORING_SETUP_DEFER_TASKRUN) != 0;
+            features_.coop_taskrun = (flags & IORING_SETUP_COOP_TASKRUN) != 0;
+            features_.submit_all = (flags & IORING_SETUP_SUBMIT_ALL) != 0;
+            break;
+        }
+        if (rc != -EINVAL) break;
+    }
+    if (rc != 0) {
+        corocoll::detail::throw_errno(-rc, "corocoll: reactor: io_uring_queue_init with " +
+                                               std::to_string(options_.sq_entries) + " entries");
+    }
+    features_.futex_wait = futex_wait_supported();
+    // A child made by fork() must not share the ring's memory with us.
+    io_uring_ring_dontfork(&ring_);
+}
+
+COROCOLL_DECL void reactor::swap_slots(std::size_t a, std::size_t b) noexcept {
+    std::swap(timers_[a], timers_[b]);
+    timers_[a]->slot = a;
+    timers_[b]->slot = b;
+}
+
+COROCOLL_DECL void reactor::sift_up(std::size_t i) noexcept {
+    while (i > 0 && earlier(i, (i - 1) / 2)) {
+        swap_slots(i, (i - 1) / 2);
+        i = (i - 1) / 2;
+    }
+}
+
+COROCOLL_DECL void reactor::sift_down(std::size_t i) noexcept {
+    for (;;) {
+        std::size_t least = i;
+        for (std::size_t c = 2 * i + 1; c <= 2 * i + 2 && c < timers_.size(); ++c) {
+            if (earlier(c, least)) least = c;
+        }
+        if (least == i) return;
+        swap_slots(i, least);
+        i = least;
+    }
+}
+
+COROCOLL_DECL bool reactor::fire_due_timers() {
+    if (timers_.empty()) return false;
+    auto now = std::chrono::steady_clock::now();
+    bool fired = false;
+    while (!timers_.empty() && timers_.front()->when <= now) {
+        timer_entry& t = *timers_.front();
+        disarm(t);
+        t.fire(t);
+        fired = true;
+    }
+    return fired;
+}
+
+COROCOLL_DECL std::atomic<int>& reactor::live_reactors() noexcept {
+    static std::atomic<int> n{0};
+    return n;
+}
+
+COROCOLL_DECL std::atomic<int>& reactor::local_processes() noexcept {
+    static std::atomic<int> n{1};
+    return n;
+}
+
+COROCOLL_DECL bool reactor::push(corocoll::detail::work_item& item) noexcept {
+    corocoll::detail::work_item* head = posted_.load(std::memory_order_relaxed);
+    do {
+        item.next_ = head;
+    } while (!posted_.compare_exchange_weak(head, &item, std::memory_order_release,
+                                            std::memory_order_relaxed));
+    return head == nullptr;
+}
+
+COROCOLL_DECL void reactor::wake() noexcept {
+    std::uint64_t one = 1;
+    // EAGAIN means the counter is already non-zero: the loop is woken anyway.
+    [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof(one));
+}
+
+COROCOLL_DECL bool reactor::reserve(unsigned n) noexcept {
+    if (io_uring_sq_space_left(&ring_) >= n) return true;
+    flush();
+    return io_uring_sq_space_left(&ring_) >= n;
+}
+
+COROCOLL_DECL void reactor::flush() noexcept {
+    int rc;
+    do {
+        rc = io_uring_submit(&ring_);
+    } while (rc == -EINTR);
+    // -EBUSY/-EAGAIN: the kernel wants completions reaped first; the SQEs stay queued and
+    // go out with the loop's next submit.
+}
+
+COROCOLL_DECL void reactor::backlog_push(detail::io_op& op) noexcept {
+    op.next_ = nullptr;
+    op.prev_ = backlog_tail_;
+    if (backlog_tail_ != nullptr) {
+        backlog_tail_->next_ = &op;
+    } else {
+        backlog_head_ = &op;
+    }
+    backlog_tail_ = &op;
+    op.queued_ = true;
+}
+
+COROCOLL_DECL void reactor::submit_backlog() noexcept {
+    while (backlog_head_ != nullptr && reserve(backlog_head_->sqes_)) {
+        detail::io_op* op = backlog_head_;
+        withdraw(*op);
+        op->prepare_(op, &ring_);
+        in_flight_ += op->tracked_ ? 1 : 0;
+    }
+}
+
+COROCOLL_DECL void reactor::run_posted() noexcept {
+    // Looked at on every turn of the loop: a plain load when nothing was posted (the usual
+    // case while busy polling) instead of a locked exchange.
+    if (posted_.load(std::memory_order_relaxed) == nullptr) return;
+    corocoll::detail::work_item* list = posted_.exchange(nullptr, std::memory_order_acquire);
+    // The stack holds the newest first; reverse it so items run in the order posted.
+    corocoll::detail::work_item* ordered = nullptr;
+    while (list != nullptr) {
+        auto* next = list->next_;
+        list->next_ = ordered;
+        ordered = list;
+        list = next;
+    }
+    while (ordered != nullptr) {
+        auto* next = ordered->next_;
+        ordered->run_(ordered);
+        ordered = next;
+    }
+}
+
+COROCOLL_DECL std::size_t reactor::reap() noexcept {
+    std::size_t total = 0;
+    for (;;) {
+        io_uring_cqe* cqes[64];
+        unsigned n = io_uring_peek_batch_cqe(&ring_, cqes, 64);
+        if (n == 0) return total;
+        struct completion {
+            __u64 user_data;
+            int res;
+        } batch[64];
+        for (unsigned i = 0; i < n; ++i) batch[i] = {cqes[i]->user_data, cqes[i]->res};
+        io_uring_cq_advance(&ring_, n);
+        for (unsigned i = 0; i < n; ++i) {
+            if (batch[i].user_data == detail::ignored_user_data ||
+                batch[i].user_data == LIBURING_UDATA_TIMEOUT) {
+                continue;
+            }
+            auto* op = reinterpret_cast<detail::io_op*>(batch[i].user_data);
+            --in_flight_;
+            op->complete_(op, batch[i].res);
+        }
+        total += n;
+    }
+}
+
+COROCOLL_DECL void reactor::wait_for_completion() noexcept {
+    if (options_.spin) {
+        ++stats_.polls;
+        flush();
+        if (features_.defer_taskrun) io_uring_get_events(&ring_);
+        return;
+    }
+    if (watched_ != nullptr) {
+        wait_while_watching();
+        return;
+    }
+    if (options_.busy_poll.count() > 0 && in_flight() > 0 && poll_briefly(yield_between_polls())) {
+        return;
+    }
+    if (timers_.empty()) {
+        ++stats_.kernel_waits;
+        int rc = io_uring_submit_and_wait(&ring_, 1);
+        // EINTR: a signal; EBUSY/EAGAIN: completions to reap first. The loop comes back.
+        (void)rc;
+        return;
+    }
+    wait_at_most(timers_.front()->when - std::chrono::steady_clock::now());
+}
+
+COROCOLL_DECL bool reactor::yield_between_polls() const noexcept {
+    if (options_.busy_poll_when_crowded) return false;
+    return crowded() || (options_.yield_when_host_busy && host_busy());
+}
+
+COROCOLL_DECL void reactor::wait_at_most(std::chrono::steady_clock::duration d) noexcept {
+    if (d <= d.zero()) return;
+    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+    __kernel_timespec ts{ns / 1'000'000'000, ns % 1'000'000'000};
+    io_uring_cqe* cqe = nullptr;
+    ++stats_.kernel_waits;
+    // -ETIME when the time is up first. Kernels without IORING_FEAT_EXT_ARG get a timeout
+    // SQE from liburing instead, whose CQE `reap` skips.
+    int rc = io_uring_submit_and_wait_timeout(&ring_, &cqe, 1, &ts, nullptr);
+    (void)rc;
+}
+
+COROCOLL_DECL void reactor::submit_and_collect() noexcept {
+    if (features_.defer_taskrun || features_.coop_taskrun) {
+        io_uring_submit_and_get_events(&ring_);
+    } else {
+        flush();
+    }
+}
+
+COROCOLL_DECL bool reactor::poll_watched() noexcept {
+    bool progressed = false;
+    for (poll_entry* e = watched_; e != nullptr; e = polling_next_) {
+        polling_next_ = e->next;
+        if (e->poll(*e)) progressed = true;
+    }
+    polling_next_ = nullptr;
+    // The clock is read at the next look at it (`wait_while_watching`), not here: a read
+    // costs as much as the rest of a message's bookkeeping.
+    if (progressed) progress_unstamped_ = true;
+    return progressed;
+}
+
+COROCOLL_DECL void reactor::wait_while_watching() noexcept {
+    // A clock read costs about as much as a poll of shared memory (vdso clock_gettime
+    // was a third of a perf profile of coll_perf's shm ping-pong): while busy polling,
+    // the clock is read at every 16th turn only.
+    if (busy_turns_left_ > 0) {
+        --busy_turns_left_;
+        clock_skipped_ = true;
+        ++stats_.polls;
+        if (io_uring_sq_ready(&ring_) > 0) submit_and_collect();
+        // A few looks at the watched entries alone before the next full turn: the rest of a
+        // turn (completions, posted work, the backlog) costs several times a look at shared
+        // memory, and a message that lands meanwhile waits for it.
+        for (int i = 0; i < tight_polls; ++i) {
+            if (poll_watched()) return;
+        }
+        return;
+    }
+    auto now = std::chrono::steady_clock::now();
+    if (progress_unstamped_) {
+        watch_progress_ = now;
+        progress_unstamped_ = false;
+    }
+    auto idle = now - watch_progress_;
+    if (idle < options_.busy_poll || now < busy_until_) {
+        const bool yield = yield_between_polls();
+        if (!yield) busy_turns_left_ = 15;
+        ++stats_.polls;
+        // Entering the kernel costs much more than a poll of shared memory (coll_perf's shm
+        // ping-pong of 4 B took 1.7-1.8 µs one way entering at every 16th turn, 1.2-1.35
+        // entering at most every 10 µs): every 10 µs, or when there is something to submit
+        // (the completions of a deferred-task-run ring appear only then).
+        if (io_uring_sq_ready(&ring_) > 0 || now - last_enter_ >= std::chrono::microseconds(10)) {
+            last_enter_ = now;
+            submit_and_collect();
+        }
+        if (yield) {
+            ++stats_.yields;
+            sched_yield();
+        }
+        return;
+    }
+    if (sleep_watched()) return;
+    auto pause =
+        std::min<std::chrono::steady_clock::duration>(idle / 32, std::chrono::microseconds(500));
+    if (!timers_.empty()) pause = std::min(pause, timers_.front()->when - now);
+    wait_at_most(pause);
+}
+
+COROCOLL_DECL bool reactor::sleep_watched() noexcept {
+    poll_entry* refused = nullptr;
+    for (poll_entry* e = watched_; e != nullptr; e = e->next) {
+        if (e->prepare_sleep == nullptr || !e->prepare_sleep(*e)) {
+            refused = e;
+            break;
+        }
+    }
+    if (refused == nullptr) {
+        ++stats_.watched_sleeps;
+        if (timers_.empty()) {
+            ++stats_.kernel_waits;
+            io_uring_submit_and_wait(&ring_, 1);
+        } else {
+            wait_at_most(timers_.front()->when - std::chrono::steady_clock::now());  // counts
+        }
+    }
+    for (poll_entry* e = watched_; e != nullptr && e != refused; e = e->next) {
+        if (e->end_sleep != nullptr) e->end_sleep(*e);
+    }
+    // A refusal by an entry that can sleep means its wait ended: poll again at once.
+    if (refused != nullptr && refused->prepare_sleep != nullptr) {
+        watch_progress_ = std::chrono::steady_clock::now();
+        return true;
+    }
+    if (refused == nullptr) watch_progress_ = std::chrono::steady_clock::now();
+    return refused == nullptr;
+}
+
+COROCOLL_DECL bool reactor::poll_briefly(bool yield) noexcept {
+    // Deferred or cooperative task work (the completions) runs only when we enter the
+    // kernel; a plain ring's completions just appear. The first entry also submits.
+    bool enter = features_.defer_taskrun || features_.coop_taskrun;
+    submit_and_collect();
+    auto until = std::chrono::steady_clock::now() + options_.busy_poll;
+    for (;;) {
+        ++stats_.polls;
+        if (io_uring_cq_ready(&ring_) > 0) return true;
+        if (posted_.load(std::memory_order_acquire) != nullptr) return true;
+        auto now = std::chrono::steady_clock::now();
+        if (!timers_.empty() && timers_.front()->when <= now) return true;
+        if (now >= until) return false;
+        if (enter) io_uring_get_events(&ring_);
+        if (yield) {
+            ++stats_.yields;
+            sched_yield();
+        }
+    }
+}
+
+COROCOLL_DECL void reactor::prepare_wake_read(detail::io_op* op, io_uring* ring) noexcept {
+    reactor* self = static_cast<wake_op*>(op)->self_;
+    io_uring_sqe* sqe = io_uring_get_sqe(ring);
+    io_uring_prep_read(sqe, self->wake_fd_, &self->wake_buf_, sizeof(self->wake_buf_), 0);
+    io_uring_sqe_set_data(sqe, op);
+}
+
+COROCOLL_DECL void reactor::complete_wake_read(detail::io_op* op, int /*res*/) noexcept {
+    reactor* self = static_cast<wake_op*>(op)->self_;
+    ++self->stats_.wakeups;
+    self->submit(self->wake_op_);
+}
+
+}  // namespace io
+
+COROCOLL_END_NAMESPACE

@@ -1,0 +1,424 @@
+// The bodies of the non-template functions declared in <corocoll/process_group/init.hpp>:
+// inline where corocoll is header-only, compiled once in separate compilation (version.hpp).
+#pragma once
+
+#include <corocoll/process_group/init.hpp>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace detail {
+
+COROCOLL_DECL std::string job_token_from_env() {
+    const char* token = std::getenv("COROCOLL_JOB_TOKEN");
+    return token != nullptr ? token : "";
+}
+
+COROCOLL_DECL task<std::shared_ptr<rendezvous::tcp_store>> connect_store(
+    io::reactor& r, const io::endpoint& master, int rank, std::chrono::milliseconds timeout,
+    const std::string& source) {
+    try {
+        co_return co_await rendezvous::tcp_store::connect(r, master, timeout, job_token_from_env());
+    } catch (const std::system_error& e) {
+        if (e.code() != corocoll::errc::protocol_error) throw;
+        corocoll::detail::throw_error(
+            e.code(), init_error("rank " + std::to_string(rank) + ": " + master.to_string() + " (" +
+                                 source + ") is not a store: " + corocoll::detail::context_of(e) +
+                                 " (fix " + source + ")"));
+    }
+}
+
+COROCOLL_DECL task<rendezvous_result> tcp_rendezvous(io::reactor& r, const std::string& host,
+                                                     std::uint16_t port, int rank,
+                                                     std::chrono::milliseconds timeout,
+                                                     const std::string& source) {
+    rendezvous_result out;
+    io::endpoint master = io::endpoint::resolve(host, port);
+    out.master = master;
+    if (rank == 0) {
+        try {
+            rendezvous::tcp_store_server_options served;
+            // Without libcrypto a token fails set-up at the mesh, saying why.
+            if (corocoll::detail::token_auth_available()) served.job_token = job_token_from_env();
+            out.hosted = std::make_shared<rendezvous::tcp_store_server>(master, served);
+        } catch (const std::system_error& e) {
+            corocoll::detail::throw_error(
+                e.code(), init_error("rank 0 cannot serve the store on " + master.to_string() +
+                                     (e.code() == std::errc::address_in_use
+                                          ? " (port " + std::to_string(port) +
+                                                " is already in use: pick another MASTER_PORT; "
+                                                "or is another process rank 0 too? Every "
+                                                "process needs its own RANK)"
+                                          : "") +
+                                     ": " + corocoll::detail::context_of(e)));
+        }
+    }
+    out.store = co_await connect_store(r, master, rank, timeout, source);
+    co_return out;
+}
+
+COROCOLL_DECL std::string who_is(int rank) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    return "rank " + std::to_string(rank) + " (pid " + std::to_string(::getpid()) + " on " + host +
+           ")";
+}
+
+COROCOLL_DECL std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadline) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::max(
+        deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration{}));
+}
+
+COROCOLL_DECL task<> roll_call(rendezvous::store& store, int rank, int size,
+                               const std::string& name,
+                               std::chrono::steady_clock::time_point deadline, bool hosting) {
+    constexpr std::chrono::milliseconds hosting_linger{2000};
+    std::string me = who_is(rank);
+    // The claim carries a random number: ranks that are threads of one process look alike.
+    std::string claim = me + " #" + std::to_string(std::random_device{}());
+    auto description = [](const std::string& v) { return v.substr(v.find(' ') + 1); };
+    std::string problem;
+    std::string first =
+        co_await store.compare_set("init/world_size", "", std::to_string(size) + " " + claim);
+    if (first.substr(0, first.find(' ')) != std::to_string(size)) {
+        std::string them = description(first);
+        problem = "the world size differs between ranks: " + them.substr(0, them.rfind(" #")) +
+                  " has world size " + first.substr(0, first.find(' ')) + ", " + me +
+                  " has world size " + std::to_string(size) +
+                  " (start every rank with the same WORLD_SIZE)";
+    } else if (std::string holder =
+                   co_await store.compare_set("init/rank/" + std::to_string(rank), "", claim);
+               holder != claim) {
+        problem = "rank " + std::to_string(rank) +
+                  " was claimed by two processes: " + holder.substr(0, holder.rfind(" #")) +
+                  " and " + me + " (every process needs its own RANK)";
+    }
+    const std::string verdict_key = "init/verdict";
+    // Waiters wait for this key, written with SET after the verdict: torch 1.13's TCPStore
+    // server (torchrun's agent store) does not wake waiters on a compare-and-set.
+    const std::string decided_key = "init/decided";
+    // A rank that serves the store stays a moment after a bad verdict, so that the ranks
+    // waiting can read it before the store goes away with this rank: each one that has read
+    // it counts itself under "init/told".
+    auto linger = [&]() -> task<> {
+        if (!hosting) co_return;
+        std::vector<std::string> all_told{"init/all_told"};
+        try {
+            co_await store.wait(all_told, std::min(left_until(deadline), hosting_linger));
+        } catch (const std::system_error&) {
+        }
+    };
+    if (!problem.empty()) {
+        co_await store.compare_set(verdict_key, "", "group '" + name + "': " + problem);
+        co_await store.set(decided_key, "1");
+        co_await linger();
+        throw std::invalid_argument(init_error(problem));
+    }
+    if (co_await store.add("init/joined", 1) == size) {
+        co_await store.compare_set(verdict_key, "", "ok");
+        co_await store.set(decided_key, "1");
+    }
+    std::vector<std::string> keys{decided_key};
+    std::optional<std::system_error> late;
+    try {
+        co_await store.wait(keys, left_until(deadline));
+    } catch (const std::system_error& e) {
+        if (e.code() != std::errc::timed_out) throw;
+        late = e;
+    }
+    if (late) {
+        // Named claims, one at a time: g++ 12.2 rejects an initializer_list temporary inside
+        // co_await ("array used as initializer").
+        std::string missing;
+        int count = 0;
+        for (int k = 0; k < size; ++k) {
+            std::vector<std::string> claim_key{"init/rank/" + std::to_string(k)};
+            if (co_await store.check(claim_key)) continue;
+            if (++count <= 16) missing += (count > 1 ? ", " : "") + std::to_string(k);
+        }
+        if (count > 16) missing += ", ...";
+        corocoll::detail::throw_error(
+            late->code(),
+            init_error("rank " + std::to_string(rank) + " of group '" + name +
+                       "': " + std::to_string(count) + " of " + std::to_string(size) +
+                       " ranks did not join before the timeout; missing: rank(s) " + missing));
+    }
+    std::string verdict = co_await store.get(verdict_key);
+    if (verdict != "ok") {
+        if (co_await store.add("init/told", 1) >= co_await store.add("init/joined", 0)) {
+            co_await store.set("init/all_told", "1");
+        }
+        co_await linger();
+        throw std::invalid_argument(
+            init_error("rank " + std::to_string(rank) + " cannot join: " + verdict));
+    }
+}
+
+COROCOLL_DECL task<> forget_setup_keys(rendezvous::store& store, int rank, int size) {
+    try {
+        std::string me = std::to_string(rank);
+        for (const char* key : {"init/rank/", "mesh/addr/", "mesh/shm/"}) {
+            co_await store.delete_key(key + me);
+        }
+        if (co_await store.add("init/done", 1) != size) co_return;
+        for (const char* key :
+             {"init/world_size", "init/verdict", "init/decided", "init/joined", "init/arrived",
+              "init/complete", "mesh/arena", "mesh/arena_reads", "init/done"}) {
+            co_await store.delete_key(key);
+        }
+    } catch (const std::exception& e) {
+        COROCOLL_LOG(info, "INIT", "rank ", rank, " leaves set-up keys in the store: ", e.what());
+    }
+}
+
+COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
+    io::reactor& r, std::shared_ptr<rendezvous::prefix_store> group_store, int rank, int size,
+    std::string name, std::chrono::milliseconds timeout, transport::engine_options limits,
+    io::endpoint listen_on, std::shared_ptr<rendezvous::tcp_store_server> hosted,
+    std::stop_token stop) {
+    auto deadline = io::deadline_after(timeout);
+    transport::mesh_options mesh;
+    mesh.stop = std::move(stop);
+    mesh.deadline = deadline;
+    mesh.group_name = name;
+    mesh.job_token = job_token_from_env();
+    mesh.listen_on = listen_on;
+    co_await roll_call(*group_store, rank, size, name, deadline, hosted != nullptr);
+    std::vector<std::string> host_keys;
+    std::unique_ptr<transport::shm_arena> arena;
+    auto peers = co_await transport::connect_channels(r, *group_store, rank, size, mesh, limits,
+                                                      &host_keys, &arena);
+    auto hosts = collectives::topology::from_keys(host_keys);
+    if (co_await group_store->add("init/arrived", 1) == size) {
+        co_await group_store->set("init/complete", "1");
+    }
+    std::vector<std::string> complete{"init/complete"};
+    try {
+        co_await group_store->wait(complete,
+                                   std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       std::max(deadline - std::chrono::steady_clock::now(),
+                                                std::chrono::steady_clock::duration{})));
+    } catch (const std::system_error& e) {
+        corocoll::detail::throw_error(
+            e.code(), init_error("rank " + std::to_string(rank) + " of group '" + name +
+                                 "' connected, but not every rank finished set-up in time: " +
+                                 corocoll::detail::context_of(e)));
+    }
+    // Every rank that took the arena counted itself before it arrived: the count is final.
+    if (arena && co_await group_store->add("mesh/arena", 0) != size) {
+        COROCOLL_LOG(info, "INIT", "group '", name,
+                     "': no shared-memory arena (not every rank could map it)");
+        arena.reset();
+    } else if (arena) {
+        // Counted before "mesh/arena" too: final as well.
+        if (co_await group_store->add("mesh/arena_reads", 0) == size) arena->allow_single_copy();
+        std::string copies =
+            !arena->single_copies()
+                ? std::string(arena->single_copy_from() == 0
+                                  ? "; no single copies (off)"
+                                  : "; no single copies (process_vm_readv refused)")
+                : "; broadcast and all_gather copy straight from the ranks' buffers from " +
+                      std::to_string(arena->single_copy_from() >> 10) + " KiB";
+        COROCOLL_LOG(info, "INIT", "group '", name, "': a shared-memory arena of 2 x ",
+                     arena->set_bytes() >> 10,
+                     " KiB (all_reduce, broadcast, all_gather through shared memory", copies, ")");
+    }
+    co_await forget_setup_keys(*group_store, rank, size);
+    COROCOLL_LOG(info, "INIT", "group '", name, "' ready: rank ", rank, " of ", size);
+    COROCOLL_LOG(info, "INIT", "group '", name, "': ", hosts.describe(),
+                 hosts.hierarchical() ? " (all_reduce, broadcast, all_gather hierarchical)" : "");
+    // The disposer closes a group whose last reference goes, wherever that happens.
+    co_return std::shared_ptr<process_group>(
+        new process_group(r, rank, size, std::move(name), timeout, std::move(group_store),
+                          std::move(peers), limits, std::move(hosted), listen_on, std::move(hosts),
+                          std::move(arena)),
+        group_disposer{});
+}
+
+COROCOLL_DECL task<rendezvous_result> rendezvous_for(io::reactor& r, init_options& o) {
+    std::optional<rendezvous::launch_info> env;
+    if (o.rank < 0 || o.world_size < 0) {
+        if (o.store) {
+            throw std::invalid_argument(
+                detail::init_error("rank and world_size must be given with an explicit store"));
+        }
+        env = rendezvous::read_launch_env();
+        if (o.rank < 0) o.rank = env->rank;
+        if (o.world_size < 0) o.world_size = env->world_size;
+        // Ranks of this host that outnumber its processors must not busy-poll.
+        if (env->local_world_size > 0) io::reactor::set_local_processes(env->local_world_size);
+    }
+    if (o.world_size <= 0 || o.rank < 0 || o.rank >= o.world_size) {
+        throw std::invalid_argument(
+            detail::init_error("rank " + std::to_string(o.rank) +
+                               " is outside [0, world_size=" + std::to_string(o.world_size) + ")"));
+    }
+    detail::log_rank() = o.rank;
+    // Every COROCOLL_* value is checked before anything starts: a misspelt one fails every
+    // rank at once, here, instead of an abort or a hang later in set-up.
+    try {
+        auto settings = read_environment();
+        if (!o.limits.transport) o.limits.transport = settings.transport;
+        if (!o.limits.stall) o.limits.stall = settings.stall;
+    } catch (const std::invalid_argument& e) {
+        std::string why = e.what();
+        if (why.rfind("corocoll: ", 0) == 0) why.erase(0, 10);
+        throw std::invalid_argument(
+            detail::init_error("rank " + std::to_string(o.rank) + ": " + why));
+    }
+
+    rendezvous_result s;
+    if (o.store) {
+        s.store = o.store;
+    } else if (o.init_method == "env://") {
+        if (!env) {
+            env.emplace();
+            rendezvous::read_master_env(*env);
+        }
+        if (!env->master_addr || !env->master_port) {
+            throw std::invalid_argument(detail::init_error(
+                "rank " + std::to_string(o.rank) + ": env:// needs MASTER_ADDR and MASTER_PORT; " +
+                (env->master_addr ? "" : "MASTER_ADDR is not set") +
+                (!env->master_addr && !env->master_port ? ", " : "") +
+                (env->master_port ? "" : "MASTER_PORT is not set")));
+        }
+        if (env->agent_store) {
+            io::endpoint master = io::endpoint::resolve(*env->master_addr, *env->master_port);
+            s.master = master;
+            auto agent = co_await detail::connect_store(r, master, o.rank, o.timeout,
+                                                        "MASTER_ADDR/MASTER_PORT");
+            s.store = std::make_shared<rendezvous::prefix_store>(env->agent_store_prefix(),
+                                                                 std::move(agent));
+        } else {
+            s = co_await detail::tcp_rendezvous(r, *env->master_addr, *env->master_port, o.rank,
+                                                o.timeout, "MASTER_ADDR/MASTER_PORT");
+        }
+    } else if (o.init_method.rfind("tcp://", 0) == 0) {
+        std::string hostport = o.init_method.substr(6);
+        auto colon = hostport.rfind(':');
+        if (colon == std::string::npos) {
+            throw std::invalid_argument(
+                detail::init_error("init_method '" + o.init_method + "' lacks a port"));
+        }
+        std::string host = hostport.substr(0, colon);
+        if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+        int port = std::atoi(hostport.c_str() + colon + 1);
+        if (port <= 0 || port > 65535) {
+            throw std::invalid_argument(
+                detail::init_error("init_method '" + o.init_method + "' has a bad port"));
+        }
+        s = co_await detail::tcp_rendezvous(r, host, static_cast<std::uint16_t>(port), o.rank,
+                                            o.timeout, "init_method " + o.init_method);
+    } else if (o.init_method.rfind("file://", 0) == 0) {
+        s.store = std::make_shared<rendezvous::file_store>(o.init_method.substr(7), o.timeout);
+    } else {
+        throw std::invalid_argument(detail::init_error(
+            "init_method '" + o.init_method + "' is none of env://, tcp://host:port, file://path"));
+    }
+    s.store->set_timeout(o.timeout);
+
+    // Every set-up of a group name gets fresh keys: ranks set groups up in the same order (as
+    // torch requires too), so they agree on this count without asking each other. Per thread,
+    // because ranks may be threads.
+    thread_local std::map<std::string, int> generations;
+    int generation = generations[o.group_name]++;
+    s.rank = o.rank;
+    s.world_size = o.world_size;
+    if (env) s.local_rank = env->local_rank;
+    s.group_store = std::make_shared<rendezvous::prefix_store>(
+        "corocoll/" + o.group_name + "/" + std::to_string(generation), s.store);
+    co_return s;
+}
+
+}  // namespace detail
+
+COROCOLL_DECL task<std::shared_ptr<process_group>> init_process_group(io::reactor& r,
+                                                                      init_options o) {
+    if (o.backend != "tcp" && o.backend != "gloo" && o.backend != "cpu") {
+        throw std::invalid_argument(detail::init_error(
+            "backend '" + o.backend + "' is not available (CPU groups use \"tcp\"" +
+            (o.backend == "nccl" ? "; NCCL groups come from corocoll::gpu::init_process_group in "
+                                   "<corocoll/gpu/nccl_group.hpp>, a build with -Dnccl=enabled"
+                                 : "") +
+            ")"));
+    }
+    auto rv = co_await detail::rendezvous_for(r, o);
+    co_return co_await detail::build_group(
+        r, std::move(rv.group_store), rv.rank, rv.world_size, o.group_name, o.timeout, o.limits,
+        transport::choose_listen_address(rv.master), std::move(rv.hosted));
+}
+
+COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::new_group(rank_list list) {
+    std::vector<int> ranks = std::move(list).take();
+    check_open("new_group");
+    std::sort(ranks.begin(), ranks.end());
+    if (ranks.empty() || std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() ||
+        ranks.front() < 0 || ranks.back() >= size()) {
+        throw std::invalid_argument(prefix("new_group") + "ranks must be distinct and within [0, " +
+                                    std::to_string(size()) + ")");
+    }
+    int k = ++subgroups_;
+    auto me = std::find(ranks.begin(), ranks.end(), rank());
+    if (me == ranks.end()) co_return nullptr;
+    std::string name = name_ + "/sub" + std::to_string(k);
+    auto store = std::make_shared<rendezvous::prefix_store>("sub/" + std::to_string(k),
+                                                            watched_store("new_group", name));
+    auto group = co_await set_up_subgroup(
+        detail::build_group(reactor_, std::move(store), static_cast<int>(me - ranks.begin()),
+                            static_cast<int>(ranks.size()), name, timeout_, limits_, listen_on_,
+                            nullptr, engine_.failure_token()),
+        "new_group", name);
+    std::erase_if(made_, [](const auto& w) { return w.expired(); });
+    made_.push_back(group);
+    co_return group;
+}
+
+COROCOLL_DECL std::shared_ptr<rendezvous::store> process_group::watched_store(
+    const char* call, const std::string& name) {
+    return std::make_shared<detail::parent_watched_store>(store_, engine_, name_,
+                                                          std::string(call) + " '" + name + "'");
+}
+
+COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::set_up_subgroup(
+    task<std::shared_ptr<process_group>> set_up, const char* call, std::string name) {
+    std::exception_ptr error;
+    try {
+        co_return co_await std::move(set_up);
+    } catch (...) {
+        error = std::current_exception();
+    }
+    // A subgroup's own connection to a rank that died may end before the parent's readers
+    // have read the same: give them a moment, so that the error names the rank that died.
+    if (!engine_.failed()) co_await engine_.catch_up();
+    if (engine_.failed()) {
+        throw detail::parent_failed_error(engine_, name_, std::string(call) + " '" + name + "'");
+    }
+    std::rethrow_exception(error);
+}
+
+COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::split(int colour, int key) {
+    std::vector<std::pair<int, int>> all;
+    co_await all_gather_object(all, std::pair<int, int>{colour, key});
+    int k = ++subgroups_;
+    if (colour < 0) co_return nullptr;
+    std::vector<std::pair<int, int>> members;  // (key, rank) of my colour
+    for (int p = 0; p < size(); ++p) {
+        if (all[static_cast<std::size_t>(p)].first == colour) {
+            members.emplace_back(all[static_cast<std::size_t>(p)].second, p);
+        }
+    }
+    std::sort(members.begin(), members.end());
+    int index = 0;
+    while (members[static_cast<std::size_t>(index)].second != rank()) ++index;
+    std::string name = name_ + "/split" + std::to_string(k) + "." + std::to_string(colour);
+    auto store = std::make_shared<rendezvous::prefix_store>(
+        "split/" + std::to_string(k) + "/" + std::to_string(colour), watched_store("split", name));
+    auto group = co_await set_up_subgroup(
+        detail::build_group(reactor_, std::move(store), index, static_cast<int>(members.size()),
+                            name, timeout_, limits_, listen_on_, nullptr, engine_.failure_token()),
+        "split", name);
+    std::erase_if(made_, [](const auto& w) { return w.expired(); });
+    made_.push_back(group);
+    co_return group;
+}
+
+COROCOLL_END_NAMESPACE

@@ -1,0 +1,172 @@
+// The bodies of the non-template functions declared in <corocoll/process_group/process_group.hpp>:
+// inline where corocoll is header-only, compiled once in separate compilation (version.hpp).
+#pragma once
+
+#include <corocoll/process_group/process_group.hpp>
+
+COROCOLL_BEGIN_NAMESPACE
+
+COROCOLL_DECL process_group::process_group(io::reactor& r, int rank, int size, std::string name,
+                                           duration timeout,
+                                           std::shared_ptr<rendezvous::store> store,
+                                           std::vector<std::unique_ptr<transport::channel>> peers,
+                                           transport::engine_options limits,
+                                           std::shared_ptr<rendezvous::tcp_store_server> hosted,
+                                           io::endpoint listen_on, collectives::topology hosts,
+                                           std::unique_ptr<transport::shm_arena> arena)
+    : reactor_(r),
+      name_(std::move(name)),
+      timeout_(timeout),
+      store_(std::move(store)),
+      hosted_(std::move(hosted)),
+      listen_on_(listen_on),
+      limits_(limits),
+      engine_(r, rank, size, std::move(peers), limits),
+      topology_(std::move(hosts)),
+      arena_(std::move(arena)) {
+    engine_.set_describer(&collectives::describe);
+    unlock_item_.lock = &collective_lock_;
+    unlock_item_.run_ = [](corocoll::detail::work_item* item) noexcept {
+        static_cast<unlock_item*>(item)->lock->unlock();
+    };
+}
+
+COROCOLL_DECL process_group::~process_group() {
+    if (!closed_) {
+        try {
+            sync_wait(close());
+        } catch (...) {
+        }
+    }
+}
+
+COROCOLL_DECL std::vector<work<int>> process_group::batch_isend_irecv(
+    const std::vector<p2p_op>& ops) {
+    check_open("batch_isend_irecv");
+    std::vector<work<int>> out;
+    out.reserve(ops.size());
+    for (const auto& op : ops) {
+        if (op.action == p2p_op::kind::isend) {
+            out.push_back(start(send_then_peer(op.data, op.peer, op.tag)));
+        } else {
+            out.push_back(start(engine_.recv<transport::recv_yields::source>(op.data, op.peer,
+                                                                             op.tag, deadline())));
+        }
+    }
+    return out;
+}
+
+COROCOLL_DECL collective_call<> process_group::barrier() {
+    return call("barrier", collective(collectives::collective_kind::barrier, {}, 0, 0, 0,
+                                      [](collectives::context& c) {
+                                          return collectives::barrier_dissemination(c);
+                                      }));
+}
+
+COROCOLL_DECL collective_call<> process_group::monitored_barrier(
+    std::chrono::milliseconds timeout) {
+    return call("monitored_barrier", collective(collectives::collective_kind::monitored_barrier, {},
+                                                0, 0, 0, [timeout](collectives::context& c) {
+                                                    return collectives::monitored_barrier_star(
+                                                        c, timeout);
+                                                }));
+}
+
+COROCOLL_DECL task<> process_group::close() {
+    return close_lingering(hosted_ ? deadline() : std::chrono::steady_clock::time_point{});
+}
+
+COROCOLL_DECL task<> process_group::close_after_peers(std::chrono::milliseconds at_most) {
+    auto until = std::chrono::steady_clock::now() + at_most;
+    return close_lingering(hosted_ ? std::max(until, deadline()) : until);
+}
+
+COROCOLL_DECL task<> process_group::close_lingering(std::chrono::steady_clock::time_point until) {
+    if (closed_) {
+        while (!close_finished_) co_await reactor_.sleep_for(std::chrono::milliseconds(1));
+        co_return;
+    }
+    closed_ = true;
+    for (auto& weak : made_) {
+        if (auto g = weak.lock()) {
+            try {
+                co_await g->close();
+            } catch (...) {
+                // Its own close goes on whatever a subgroup's did.
+            }
+        }
+    }
+    made_.clear();
+    // The rank that serves the store keeps it up until the others are gone (`until`).
+    co_await engine_.close(until);
+    // The last collective's lock release (`unlock_item_`) may still wait in the reactor's
+    // posted batch that is running now (a reader's cancellation ended the close inside
+    // it): let that batch finish before the caller may destroy the group.
+    co_await reactor_.schedule();
+    close_finished_ = true;
+}
+
+COROCOLL_DECL void process_group::dispose(process_group* g) noexcept {
+    if (g->closed_ && g->close_finished_) {
+        delete g;
+        return;
+    }
+    io::reactor& r = g->reactor_;
+    if (io::reactor::current() == &r) {
+        if (!r.running() && !g->closed_) {
+            delete g;
+            return;
+        }
+        r.adopt(close_then_delete(g));
+        return;
+    }
+    struct handover : corocoll::detail::work_item {
+        process_group* group = nullptr;
+    };
+    auto* item = new handover;
+    item->group = g;
+    item->run_ = [](corocoll::detail::work_item* self) noexcept {
+        auto* h = static_cast<handover*>(self);
+        h->group->reactor_.adopt(close_then_delete(h->group));
+        delete h;
+    };
+    r.post(*item);
+}
+
+COROCOLL_DECL task<> process_group::close_then_delete(process_group* g) {
+    // Out of whatever coroutine dropped the reference first.
+    co_await g->reactor_.schedule();
+    try {
+        co_await g->close();
+    } catch (...) {
+    }
+    delete g;
+}
+
+COROCOLL_DECL void process_group::check_open(const char* what) const {
+    if (!closed_) return;
+    throw std::logic_error(prefix(what) + "process group '" + name_ +
+                           "' is closed (by close(), destroy_process_group() or the close "
+                           "of the group it was made from)");
+}
+
+COROCOLL_DECL void process_group::forgotten(void* self, const char* what) noexcept {
+    auto& g = *static_cast<process_group*>(self);
+    if (g.closed_) return;
+    try {
+        g.engine_.abandon("rank " + std::to_string(g.rank()) + " called " + what + " on group '" +
+                          g.name_ +
+                          "' but never awaited it (a forgotten co_await?): the collective "
+                          "never ran");
+    } catch (...) {
+        std::terminate();  // out of memory for the words: still no silent skip
+    }
+}
+
+COROCOLL_DECL task<int> process_group::send_then_peer(std::span<const std::byte> buf, int dst,
+                                                      std::int64_t tag) {
+    co_await engine_.send(buf, dst, tag, deadline());
+    co_return dst;
+}
+
+COROCOLL_END_NAMESPACE

@@ -1,0 +1,161 @@
+#pragma once
+
+// The settings of a group's transport: those of its set-up (which channel each pair gets, the
+// rings, the arena, the send buffers, the host tag) and those of its engine (message and
+// buffering limits, the hold of early messages, the stall checks). One struct,
+// `engine_options`, that `init_options::limits` carries to both.
+
+#include <corocoll/transport/channel.hpp>
+#include <corocoll/version.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport {
+
+/// A short name held inline (at most `capacity` bytes): what `engine_options::host_tag` holds,
+/// so that engine_options stays trivially copyable. g++ 12 copies an aggregate made in a
+/// `co_await` expression (`co_await build_group(..., {}, ...)`) into the coroutine's frame
+/// bit for bit, which a std::string member does not survive (its buffer pointer still points
+/// at the temporary): see docs/architecture.md, "Compiler workarounds".
+class inline_name {
+public:
+    /// The longest name it holds.
+    static constexpr std::size_t capacity = 63;
+    /// Empty.
+    constexpr inline_name() noexcept = default;
+    /// Holds `name`; a longer one than `capacity` throws `std::invalid_argument`.
+    inline_name(std::string_view name) {  // NOLINT(google-explicit-constructor): a string stands in
+        if (name.size() > capacity) {
+            throw std::invalid_argument("corocoll: engine_options::host_tag '" + std::string(name) +
+                                        "' is longer than " + std::to_string(capacity) + " bytes");
+        }
+        std::memcpy(text_, name.data(), name.size());
+        size_ = static_cast<unsigned char>(name.size());
+    }
+    /// Holds `name` (see the string_view form).
+    inline_name(const char* name) : inline_name(std::string_view(name)) {}  // NOLINT: as above
+    /// Holds `name` (see the string_view form).
+    inline_name(const std::string& name) : inline_name(std::string_view(name)) {}  // NOLINT
+    /// The name.
+    std::string_view view() const noexcept { return {text_, size_}; }
+    /// True when no name is held.
+    bool empty() const noexcept { return size_ == 0; }
+
+private:
+    char text_[capacity] = {};
+    unsigned char size_ = 0;
+};
+
+/// Limits of the point-to-point engine. Trivially copyable (see `inline_name`).
+struct engine_options {
+    /// The largest message a peer may announce; a larger header fails the group (1 TiB).
+    std::uint64_t max_message_bytes = std::uint64_t{1} << 40;
+    /// Unexpected messages (arrived before a matching receive was posted) buffered per peer.
+    /// Past this bound the peer's connection is not read until a matching receive is posted:
+    /// TCP flow control then holds the sender back. A message is never dropped.
+    std::size_t unexpected_bytes_per_peer = std::size_t{64} << 20;
+    /// SO_SNDBUF for connections whose two ends have the same address (peers on this host;
+    /// the kernel doubles it). A small send buffer keeps what a sender writes in the caches
+    /// until the receiver copies it out: with 256 KiB, all_gather and broadcast of 64 MiB
+    /// between two ranks ran 15-20% faster than with the kernel's autotuned buffer on a
+    /// two-core machine. Connections to other hosts keep autotuning, which a long network
+    /// path needs. 0: autotuning everywhere.
+    std::size_t same_host_send_buffer = std::size_t{256} << 10;
+    /// Which channel each pair of ranks gets at set-up (see `transport_choice`); unset:
+    /// COROCOLL_TRANSPORT, auto when that is unset too.
+    std::optional<transport_choice> transport;
+    /// Bytes of each direction's ring of a shared-memory channel (a power of two, at least
+    /// 64 KiB).
+    std::size_t shm_ring_bytes = std::size_t{1} << 20;
+    /// Payloads of at least this many bytes travel between ranks that share memory as one
+    /// copy from the sender's buffer to the receiver's (process_vm_readv, where the kernel
+    /// allows it); 0: always through the ring, two copies that the two ranks make at once.
+    /// Off by default: on the 2-core VM this was measured on, process_vm_readv copied at
+    /// 3-4 GB/s and the ring at 8-20 GB/s (ping-pong of 1 MiB: 103 µs against 52; all_reduce
+    /// of 64 MiB: 37 ms against 11).
+    std::size_t shm_single_copy_bytes = 0;
+    /// Bytes of each of the two data sets of the arena that a group whose ranks all share
+    /// one host maps (transport/shm/arena.hpp), where its shared-memory collectives put their
+    /// data; the arena maps twice this plus a page or two. 0: no arena (no shared-memory
+    /// collectives).
+    std::size_t shm_arena_bytes = std::size_t{1} << 20;
+    /// `shm_arena_single_copy_bytes`' default: 16 KiB in a group of 2 ranks, never in a
+    /// larger one (on the 2-core VM it was measured on, 4 ranks were slower with single copies:
+    /// broadcast of 1 MiB 321-340 µs against 176-228; 2 ranks faster from there: broadcast of
+    /// 32 KiB 2.5-2.7 against 3.5-7.9, all_gather of 1 MiB 55-68 against 113-117).
+    static constexpr std::size_t automatic_single_copy = ~std::size_t{0};
+    /// From this many bytes (of the buffer a rank brings: a broadcast's, one all_gather
+    /// block) the arena's broadcast and all_gather copy straight from the other ranks' buffers
+    /// (process_vm_readv, one copy instead of two through the arena), where every rank may
+    /// read every other's memory (probed at set-up). Rank 0's value holds for the group.
+    /// 0: never; `automatic_single_copy`: by the group's size.
+    std::size_t shm_arena_single_copy_bytes = automatic_single_copy;
+    /// A rank that waits on a shared-memory channel and has polled for its busy-poll time
+    /// sleeps in its ring on an io_uring futex wait, which the peer ends with one FUTEX_WAKE,
+    /// where the kernel has IORING_OP_FUTEX_WAIT (Linux 6.7, probed at run time); false, or
+    /// an older kernel: it sleeps on a receive on the pair's socket, which the peer ends by
+    /// sending one byte.
+    bool shm_futex_wait = true;
+    /// How long a large message that arrives before its receive is left in a shared-memory
+    /// channel (the sender waiting for room, or for its single copy) before it is buffered
+    /// like any early message. Held, it goes straight into the receive when that comes; the
+    /// bound keeps a program whose ranks all send before they receive from stalling. 0:
+    /// buffer at once.
+    std::chrono::microseconds hold{1000};
+    /// When the receives of this rank have waited this long without a frame arriving, the
+    /// ranks compare notes (see `engine`): a rank that does not answer, or ranks whose calls
+    /// differ, fail the group now; a slow but consistent group is reported at WARN and waits
+    /// on. Unset: COROCOLL_STALL_S (seconds), 60 s when that is unset too; 0: never.
+    std::optional<std::chrono::milliseconds> stall;
+    /// How long a rank that compares notes waits for the answers; a rank that has not
+    /// answered by then is taken to be stopped. Unset: a quarter of the stall interval,
+    /// between 1 and 10 s (3 s without stall checks).
+    std::optional<std::chrono::milliseconds> answer_window;
+    /// Splits this machine into hosts of the tag's name: ranks whose tags differ count as
+    /// different hosts (they talk over TCP, and the group's topology puts them apart), even
+    /// with one boot id and network namespace. Ranks never count as one host by their tags
+    /// alone. For tests that lay out several hosts on one machine, and for jobs that want
+    /// ranks kept apart (one tag per NUMA node). Empty: the boot id and network namespace
+    /// decide. Blanks in it are read as '_'.
+    inline_name host_tag;
+};
+static_assert(std::is_trivially_copyable_v<engine_options>,
+              "engine_options must stay trivially copyable (see inline_name)");
+
+/// The stall interval that a COROCOLL_STALL_S value `v` asks for (seconds, a number >= 0;
+/// 0: no stall checks), 60 s for null or empty. A value that is not such a number is refused,
+/// naming the variable.
+COROCOLL_DECL std::chrono::milliseconds parse_stall(const char* v);
+
+/// The stall interval from COROCOLL_STALL_S (see `parse_stall`).
+inline std::chrono::milliseconds stall_from_env() {
+    return parse_stall(std::getenv("COROCOLL_STALL_S"));
+}
+
+/// A COROCOLL_TRANSPORT value (`automatic` when empty); anything but auto, tcp and shm is an
+/// error naming the variable.
+COROCOLL_DECL transport_choice parse_transport(std::string_view v);
+
+/// What COROCOLL_TRANSPORT says (`automatic` when unset); see `parse_transport`.
+COROCOLL_DECL transport_choice transport_from_env();
+
+COROCOLL_DECL const char* to_string(transport_choice c) noexcept;
+
+}  // namespace transport
+
+COROCOLL_END_NAMESPACE
+
+#if COROCOLL_DEFINE_BODIES
+#include <corocoll/transport/impl/options.ipp>
+#endif

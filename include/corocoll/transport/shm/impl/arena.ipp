@@ -1,0 +1,253 @@
+// The bodies of the non-template functions declared in <corocoll/transport/shm/arena.hpp>:
+// inline where corocoll is header-only, compiled once in separate compilation (version.hpp).
+#pragma once
+
+#include <corocoll/transport/shm/arena.hpp>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport {
+
+COROCOLL_DECL shm_arena::shm_arena(void* mapping, std::size_t bytes, int rank)
+    : base_(static_cast<std::byte*>(mapping)), bytes_(bytes), rank_(rank) {
+    const auto* h = reinterpret_cast<const detail::arena_header*>(base_);
+    size_ = static_cast<int>(h->ranks);
+    set_bytes_ = static_cast<std::size_t>(h->set_bytes);
+    data_ = base_ + data_offset(size_);
+    single_copy_from_ = static_cast<std::size_t>(h->single_copy_from);
+    step_ = std::max(line(rank_).steps[0].arrived.load(std::memory_order_relaxed),
+                     line(rank_).steps[1].arrived.load(std::memory_order_relaxed));
+    line(rank_).pid = static_cast<std::int64_t>(::getpid());
+    missing_.reserve(static_cast<std::size_t>(size_));
+}
+
+COROCOLL_DECL void shm_arena::offer(const void* at, std::size_t bytes) noexcept {
+    std::uint64_t words[2] = {reinterpret_cast<std::uintptr_t>(at), bytes};
+    std::memcpy(small(rank_, next_step()), words, sizeof(words));
+}
+
+COROCOLL_DECL void shm_arena::copy_from(engine& e, const collective_meta& meta, int r,
+                                        std::uint64_t s, std::size_t offset,
+                                        std::span<std::byte> to, bool backward) {
+    std::uint64_t words[2];
+    std::memcpy(words, small(r, s), sizeof(words));
+    std::string why;
+    if (offset > words[1] || to.size() > words[1] - offset) {
+        why = "rank " + std::to_string(r) + " offered " + std::to_string(words[1]) +
+              " bytes, not " + std::to_string(offset + to.size());
+    }
+    const auto pid = static_cast<pid_t>(line(r).pid);
+    const std::uintptr_t base = words[0] + offset;
+    // After a process_vm_readv that failed (`got` <= 0, errno): a killed rank fails the group
+    // naming it; any other reason goes in `why`.
+    auto failed = [&](ssize_t got) {
+        const int err = got < 0 ? errno : EIO;
+        if (err == ESRCH) {
+            // Killed: its pair's channel will say so too, but this copy found out first.
+            e.peer_gone(r, "its process is gone (process_vm_readv: no such process)");
+            e.raise_if_failed(meta, "copying through shared memory");
+        }
+        why = "copying rank " + std::to_string(r) + "'s buffer (process_vm_readv): " +
+              std::error_code(err, std::system_category()).message();
+    };
+    // [from, end) of `to`, from the same place in r's buffer.
+    auto read = [&](std::size_t from, std::size_t end) {
+        while (why.empty() && from < end) {
+            iovec local{to.data() + from, end - from};
+            iovec remote{reinterpret_cast<void*>(base + from), end - from};
+            ssize_t got = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+            if (got <= 0) {
+                failed(got);
+            } else {
+                from += static_cast<std::size_t>(got);
+            }
+        }
+    };
+    // Above MAX_RW_COUNT (2 GiB less a page) the kernel copies part of one call only.
+    constexpr std::size_t one_call_most = 0x7ffff000;
+    if (why.empty() && backward && to.size() > sweep_piece_bytes && to.size() <= one_call_most) {
+        // One call, its pieces listed from the last (at most `most` of them).
+        constexpr std::size_t most = 64;
+        const std::size_t piece = std::max(sweep_piece_bytes, (to.size() + most - 1) / most);
+        iovec local[most], remote[most];
+        std::size_t k = 0;
+        for (std::size_t end = to.size(); end > 0; ++k) {
+            const std::size_t from = end > piece ? end - piece : 0;
+            local[k] = {to.data() + from, end - from};
+            remote[k] = {reinterpret_cast<void*>(base + from), end - from};
+            end = from;
+        }
+        ssize_t got = ::process_vm_readv(pid, local, k, remote, k, 0);
+        if (got <= 0) {
+            failed(got);
+        } else if (static_cast<std::size_t>(got) < to.size()) {
+            read(0, to.size());  // cut short (a fault on the way): all of it again, forward
+        }
+    } else {
+        read(0, to.size());
+    }
+    if (why.empty() && line(r).withdrawn.load(std::memory_order_seq_cst) >= s) {
+        why = "rank " + std::to_string(r) + " left the call while its buffer was being copied";
+    }
+    if (why.empty()) return;
+    e.abandon("rank " + std::to_string(rank_) + ": collective #" + std::to_string(meta.seq) + " " +
+              e.describe(meta) + ": " + why);
+    e.raise_if_failed(meta, "copying through shared memory");
+}
+
+COROCOLL_DECL void shm_arena::announce(const collective_meta& m) noexcept {
+    detail::arena_line& l = line(rank_);
+    std::uint64_t words[4];
+    std::memcpy(words, &m, sizeof(words));
+    std::uint64_t v = l.version.load(std::memory_order_relaxed);
+    l.version.store(v + 1, std::memory_order_relaxed);
+    // Release: a reader that sees any new word sees the odd version too.
+    for (int i = 0; i < 4; ++i) l.current[i].store(words[i], std::memory_order_release);
+    l.version.store(v + 2, std::memory_order_release);
+}
+
+COROCOLL_DECL bool shm_arena::announced(int r, collective_meta& out) const noexcept {
+    const detail::arena_line& l = line(r);
+    std::uint64_t before = l.version.load(std::memory_order_acquire);
+    if (before % 2 != 0) return false;
+    std::uint64_t words[4];
+    // Acquire: the second look at the version cannot come before these.
+    for (int i = 0; i < 4; ++i) words[i] = l.current[i].load(std::memory_order_acquire);
+    if (l.version.load(std::memory_order_relaxed) != before) return false;
+    std::memcpy(&out, words, sizeof(words));
+    return true;
+}
+
+COROCOLL_DECL shm_arena::step_wait shm_arena::arrive(engine& e, const collective_meta& meta,
+                                                     std::chrono::steady_clock::time_point deadline,
+                                                     bool check, int only) {
+    ++step_;
+    line(rank_).steps[step_ & 1].arrived.store(step_, std::memory_order_release);
+    if (only >= 0) {
+        // Waiting for one rank says nothing of the others: what this rank writes next waits
+        // for them first (`settle`).
+        pending_ = step_;
+        pending_check_ = false;
+    }
+    return {*this, e, meta, step_, deadline, check, only};
+}
+
+COROCOLL_DECL void shm_arena::arrive_and_go(engine& e, const collective_meta& meta, bool check) {
+    ++step_;
+    // Sequentially consistent, as are the looks below: of two ranks that both go on, at
+    // least one sees the other's arrival (and its call).
+    line(rank_).steps[step_ & 1].arrived.store(step_, std::memory_order_seq_cst);
+    pending_ = step_;
+    pending_check_ = check;
+    pending_meta_ = meta;
+    for (int r = 0; check && r < size_; ++r) {
+        if (r == rank_ || !reached(r, step_, std::memory_order_seq_cst)) continue;
+        if (!e.check_call(r, meta, this->meta(r, step_))) return;
+    }
+}
+
+COROCOLL_DECL shm_arena::step_wait shm_arena::settle(
+    engine& e, std::chrono::steady_clock::time_point deadline) {
+    // Step 0 is complete from the start: nothing pending waits for nothing.
+    std::uint64_t s = std::exchange(pending_, 0);
+    return {*this, e, pending_meta_, s, deadline, s != 0 && pending_check_, -1};
+}
+
+COROCOLL_DECL bool shm_arena::step_wait::complete() noexcept {
+    if (e_.failed()) return true;
+    // `settle` with nothing pending: no other rank's line to read.
+    if (step_ == 0) return true;
+    if (only_ >= 0) return a_.reached(only_, step_, std::memory_order_acquire);
+    for (; seen_ < a_.size_; ++seen_) {
+        if (seen_ == a_.rank_) continue;
+        if (!a_.reached(seen_, step_, std::memory_order_acquire)) return false;
+    }
+    return true;
+}
+
+COROCOLL_DECL void shm_arena::step_wait::await_suspend(std::coroutine_handle<> h) {
+    handle_ = h;
+    poll = &poll_fn;
+    list_missing();
+    e_.begin_shared_wait(a_.missing_);
+    timer_.w = this;
+    timer_.when = deadline_;
+    timer_.fire = &on_deadline;
+    e_.reactor().arm(timer_);
+    e_.reactor().watch(*this);
+    e_.reactor().note_progress();
+}
+
+COROCOLL_DECL void shm_arena::step_wait::finish() noexcept {
+    e_.reactor().unwatch(*this);
+    e_.reactor().disarm(timer_);
+    e_.end_shared_wait(!e_.failed());
+    std::exchange(handle_, {}).resume();
+}
+
+COROCOLL_DECL void shm_arena::step_wait::look_for_other_calls() noexcept {
+    for (int r : a_.missing_) {
+        collective_meta theirs;
+        if (!a_.announced(r, theirs) || theirs.seq != meta_.seq || theirs == meta_) continue;
+        try {
+            e_.check_call(r, meta_, theirs);  // fails the group, naming both calls
+        } catch (const std::exception&) {
+            // Out of memory for the text: the deadline still ends the wait.
+        }
+        return;
+    }
+}
+
+COROCOLL_DECL void shm_arena::step_wait::list_missing() noexcept {
+    listed_from_ = seen_;
+    a_.missing_.clear();
+    if (only_ >= 0) {
+        a_.missing_.push_back(only_);
+        return;
+    }
+    for (int r = seen_; r < a_.size_; ++r) {
+        if (r != a_.rank_ && !a_.reached(r, step_, std::memory_order_relaxed))
+            a_.missing_.push_back(r);
+    }
+}
+
+COROCOLL_DECL bool shm_arena::step_wait::poll_fn(io::poll_entry& e) noexcept {
+    auto& w = static_cast<step_wait&>(e);
+    if (!w.complete()) {
+        // What a status answer says this rank waits for follows the arrivals.
+        if (w.seen_ != w.listed_from_) w.list_missing();
+        // Now and then: is a rank that has not come in another collective of this number?
+        if (++w.polls_ % 64 == 0) w.look_for_other_calls();
+        return false;
+    }
+    w.finish();
+    return true;
+}
+
+COROCOLL_DECL void shm_arena::step_wait::on_deadline(io::timer_entry& t) noexcept {
+    step_wait& w = *static_cast<deadline_hook&>(t).w;
+    int culprit = w.only_ >= 0 ? w.only_ : w.seen_ < w.a_.size_ ? w.seen_ : 0;
+    try {
+        w.e_.shared_wait_expired(culprit, "collective #" + std::to_string(w.meta_.seq) + " " +
+                                              w.e_.describe(w.meta_) + " (shared memory, step " +
+                                              std::to_string(w.step_) + "), waiting for rank " +
+                                              std::to_string(culprit));
+    } catch (const std::exception&) {
+        w.e_.abandon("rank " + std::to_string(w.a_.rank_) +
+                     " timed out in a shared-memory collective");
+    }
+}
+
+COROCOLL_DECL void shm_arena::step_wait::await_resume() {
+    static constexpr const char* place = "waiting at a shared-memory step";
+    if (e_.failed()) e_.raise_if_failed(meta_, place);
+    if (!check_) return;
+    for (int r = 0; r < a_.size_; ++r) {
+        if (r == a_.rank_ || (only_ >= 0 && r != only_)) continue;
+        if (!e_.check_call(r, meta_, a_.meta(r, step_))) e_.raise_if_failed(meta_, place);
+    }
+}
+
+}  // namespace transport
+
+COROCOLL_END_NAMESPACE
