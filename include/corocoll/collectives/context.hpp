@@ -1,5 +1,8 @@
 #pragma once
 
+// What the collectives of one group share: its engine, its rank and size, the topology, the
+// arena, and the buffers they reuse from call to call.
+
 #include <corocoll/core/task.hpp>
 #include <corocoll/core/when_all.hpp>
 #include <corocoll/transport/engine.hpp>

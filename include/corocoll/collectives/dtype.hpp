@@ -1,5 +1,8 @@
 #pragma once
 
+// Element types as they travel in frame headers (torch's dtypes), their sizes, and the
+// conversions of the 16-bit floats (float16, bfloat16) to and from float.
+
 #include <corocoll/version.hpp>
 
 #include <bit>

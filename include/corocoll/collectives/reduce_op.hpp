@@ -1,5 +1,8 @@
 #pragma once
 
+// Reduction operators (torch's ReduceOp: SUM, PRODUCT, MIN, MAX, BAND, BOR, BXOR, AVG) and
+// the kernels that apply one to two buffers of one element type.
+
 #include <corocoll/collectives/dtype.hpp>
 #include <corocoll/version.hpp>
 

@@ -1,5 +1,8 @@
 #pragma once
 
+// The reduction a collective applies (operator and element type), type-erased, so that the
+// algorithms below the typed front ends are compiled once.
+
 #include <corocoll/collectives/dtype.hpp>
 #include <corocoll/collectives/reduce_op.hpp>
 #include <corocoll/version.hpp>

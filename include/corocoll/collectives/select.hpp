@@ -1,5 +1,9 @@
 #pragma once
 
+// Which algorithm each collective runs: the choice by size, group shape and transport, and
+// its override by COROCOLL_ALGO_<COLLECTIVE>. The thresholds' derivation is in
+// docs/performance.md.
+
 #include <corocoll/collectives/dtype.hpp>
 #include <corocoll/collectives/reduce_op.hpp>
 #include <corocoll/collectives/topology.hpp>

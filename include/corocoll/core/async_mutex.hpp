@@ -1,5 +1,8 @@
 #pragma once
 
+// An awaitable mutex: a coroutine that cannot take it suspends, and the holder's unlock
+// resumes the next in line.
+
 #include <corocoll/version.hpp>
 
 #include <coroutine>

@@ -1,5 +1,7 @@
 #pragma once
 
+// A place for detached work that can still be joined: spawn now, wait for all later.
+
 #include <corocoll/core/awaitable_traits.hpp>
 #include <corocoll/core/frame_pool.hpp>
 #include <corocoll/version.hpp>

@@ -1,5 +1,7 @@
 #pragma once
 
+// What `co_await t` would use, found at compile time: the awaiter type and its result type.
+
 #include <corocoll/version.hpp>
 
 #include <concepts>

@@ -1,5 +1,8 @@
 #pragma once
 
+// corocoll's error codes and category, and the helpers that throw `std::system_error`s whose
+// text names the operation, the ranks and the reason.
+
 #include <corocoll/version.hpp>
 
 #include <string>

@@ -1,5 +1,8 @@
 #pragma once
 
+// The hook by which other threads hand work to a thread's event loop (its reactor): an
+// intrusive work item and the loop's post.
+
 #include <corocoll/version.hpp>
 
 #include <atomic>

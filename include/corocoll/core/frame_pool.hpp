@@ -1,5 +1,7 @@
 #pragma once
 
+// A per-thread pool of coroutine frames, so that a loop of the same awaits stops allocating.
+
 #include <corocoll/version.hpp>
 
 #include <cstddef>

@@ -1,5 +1,7 @@
 #pragma once
 
+// Diagnostics on stderr, in NCCL_DEBUG's manner (COROCOLL_DEBUG, COROCOLL_DEBUG_SUBSYS).
+
 #include <corocoll/version.hpp>
 
 #include <unistd.h>

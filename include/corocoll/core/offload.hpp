@@ -1,5 +1,8 @@
 #pragma once
 
+// `offload`: runs a function on a thread pool and resumes the awaiting coroutine on its own
+// thread's event loop.
+
 #include <corocoll/core/awaitable_traits.hpp>
 #include <corocoll/core/event_loop.hpp>
 #include <corocoll/core/thread_pool.hpp>

@@ -1,5 +1,8 @@
 #pragma once
 
+// `sync_wait`: runs an awaitable to completion from plain code, driving the thread's event
+// loop meanwhile if it has one.
+
 #include <corocoll/core/awaitable_traits.hpp>
 #include <corocoll/core/event_loop.hpp>
 #include <corocoll/version.hpp>

@@ -1,5 +1,7 @@
 #pragma once
 
+// `task<T>`: the lazy coroutine type of every corocoll API, with symmetric transfer.
+
 #include <corocoll/core/awaitable_traits.hpp>
 #include <corocoll/core/frame_pool.hpp>
 #include <corocoll/version.hpp>

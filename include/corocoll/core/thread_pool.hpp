@@ -1,5 +1,7 @@
 #pragma once
 
+// A fixed set of worker threads, what `offload` runs CPU work on.
+
 #include <corocoll/core/event_loop.hpp>
 #include <corocoll/version.hpp>
 

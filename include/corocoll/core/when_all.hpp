@@ -1,5 +1,7 @@
 #pragma once
 
+// `when_all`: awaits several awaitables at once and rethrows only after every one finished.
+
 #include <corocoll/core/awaitable_traits.hpp>
 #include <corocoll/core/frame_pool.hpp>
 #include <corocoll/core/task.hpp>

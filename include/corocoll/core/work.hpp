@@ -1,5 +1,7 @@
 #pragma once
 
+// `work<T>`: an operation already running (torch's `Work`), to await or wait for.
+
 #include <corocoll/core/awaitable_traits.hpp>
 #include <corocoll/core/frame_pool.hpp>
 #include <corocoll/core/sync_wait.hpp>

@@ -1,5 +1,7 @@
 #pragma once
 
+// IPv4 and IPv6 addresses and ports: parsing, printing, and what sockets bind and connect to.
+
 #include <corocoll/version.hpp>
 
 #include <arpa/inet.h>

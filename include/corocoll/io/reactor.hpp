@@ -1,5 +1,8 @@
 #pragma once
 
+// The reactor: one io_uring ring per thread, the event loop that drives every awaitable I/O
+// operation, timer and polled wait of that thread.
+
 #include <corocoll/core/async_scope.hpp>
 #include <corocoll/core/awaitable_traits.hpp>
 #include <corocoll/core/error.hpp>

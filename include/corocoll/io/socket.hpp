@@ -1,5 +1,8 @@
 #pragma once
 
+// Awaitable TCP sockets and acceptors on the reactor: connect, accept, send, receive, with
+// deadlines and stop tokens.
+
 #include <corocoll/core/error.hpp>
 #include <corocoll/io/endpoint.hpp>
 #include <corocoll/io/reactor.hpp>

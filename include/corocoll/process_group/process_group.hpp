@@ -1,5 +1,8 @@
 #pragma once
 
+// `process_group`, the class users read: point-to-point messages and collectives between the
+// ranks of a group, each an awaitable, with torch.distributed's names.
+
 #include <corocoll/collectives/all_gather_bruck.hpp>
 #include <corocoll/collectives/all_gather_hierarchical.hpp>
 #include <corocoll/collectives/all_gather_ring.hpp>

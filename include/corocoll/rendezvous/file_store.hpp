@@ -1,5 +1,7 @@
 #pragma once
 
+// A store in a file on a filesystem every rank sees (`file://path`).
+
 #include <corocoll/core/error.hpp>
 #include <corocoll/io/reactor.hpp>
 #include <corocoll/rendezvous/store.hpp>

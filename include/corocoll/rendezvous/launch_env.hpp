@@ -1,5 +1,8 @@
 #pragma once
 
+// What a launcher tells its workers (torchrun's, corocollrun's, mpirun's environment
+// variables), read into one struct.
+
 #include <corocoll/version.hpp>
 
 #include <cstdint>

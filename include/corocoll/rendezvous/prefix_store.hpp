@@ -1,5 +1,7 @@
 #pragma once
 
+// A store inside another store under a key prefix, as c10d's PrefixStore.
+
 #include <corocoll/rendezvous/store.hpp>
 #include <corocoll/version.hpp>
 

@@ -1,5 +1,7 @@
 #pragma once
 
+// The key-value store interface through which ranks find each other (c10d's Store).
+
 #include <corocoll/core/error.hpp>
 #include <corocoll/core/task.hpp>
 #include <corocoll/version.hpp>

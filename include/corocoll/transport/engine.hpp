@@ -1,5 +1,9 @@
 #pragma once
 
+// The point-to-point engine: sends, matched receives, the readers of every peer, collective
+// checks, the stall round and the group's failure and close (docs/architecture.md,
+// "Point-to-point engine").
+
 #include <corocoll/core/async_scope.hpp>
 #include <corocoll/core/error.hpp>
 #include <corocoll/core/log.hpp>

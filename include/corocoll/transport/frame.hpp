@@ -1,5 +1,8 @@
 #pragma once
 
+// The frame: the header before every message on every channel, collective metadata, and the
+// abort notice.
+
 #include <corocoll/version.hpp>
 
 #include <cstddef>
@@ -149,9 +152,6 @@ struct abort_notice {
 
 /// A 64-bit FNV-1a hash: a group's name as it travels in hello frames.
 COROCOLL_DECL std::uint64_t hash64(const std::string& s) noexcept;
-
-/// Compares two byte strings in time that depends only on their lengths, for job tokens.
-COROCOLL_DECL bool constant_time_equal(const std::string& a, const std::string& b) noexcept;
 
 }  // namespace transport
 

@@ -1,5 +1,7 @@
 #pragma once
 
+// The base of every operation the reactor submits: where a completion is delivered.
+
 #include <corocoll/version.hpp>
 
 #include <liburing.h>

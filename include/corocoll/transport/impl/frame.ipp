@@ -104,15 +104,6 @@ COROCOLL_DECL std::uint64_t hash64(const std::string& s) noexcept {
     return h;
 }
 
-COROCOLL_DECL bool constant_time_equal(const std::string& a, const std::string& b) noexcept {
-    unsigned char diff = a.size() == b.size() ? 0 : 1;
-    std::size_t n = a.size() < b.size() ? a.size() : b.size();
-    for (std::size_t i = 0; i < n; ++i) {
-        diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-    }
-    return diff == 0;
-}
-
 }  // namespace transport
 
 COROCOLL_END_NAMESPACE

@@ -1,5 +1,8 @@
 #pragma once
 
+// The TCP mesh of a group: every pair of ranks gets one connection, whose two ends prove the
+// job token to each other.
+
 #include <corocoll/core/async_scope.hpp>
 #include <corocoll/core/error.hpp>
 #include <corocoll/core/log.hpp>
@@ -104,8 +107,6 @@ COROCOLL_DECL task<> connector_handshake(io::socket& s, int rank, int peer, int 
 // throws why the connection is refused. `here` is the address this rank published.
 COROCOLL_DECL task<int> listener_handshake(io::socket& s, int rank, int size, const mesh_options& o,
                                            const std::string& here, std::stop_token stop);
-
-COROCOLL_DECL std::string remaining_ms(std::chrono::steady_clock::time_point deadline);
 
 // Connects to lower rank `peer`, retrying with backoff and jitter until the deadline.
 COROCOLL_DECL task<io::socket> connect_to(io::reactor& r, rendezvous::store& store, int rank,

@@ -179,12 +179,6 @@ COROCOLL_DECL task<int> listener_handshake(io::socket& s, int rank, int size, co
     co_return peer;
 }
 
-COROCOLL_DECL std::string remaining_ms(std::chrono::steady_clock::time_point deadline) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    return std::to_string(std::max<long long>(left.count(), 0)) + " ms";
-}
-
 COROCOLL_DECL task<io::socket> connect_to(io::reactor& r, rendezvous::store& store, int rank,
                                           int peer, int size, const mesh_options& o,
                                           std::stop_token stop) {
