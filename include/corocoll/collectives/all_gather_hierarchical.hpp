@@ -12,7 +12,7 @@
 // Chosen: for all_gather of any size when the group spans several hosts and some host holds
 // more than one rank (`topology::hierarchical`).
 
-#include <corocoll/collectives/all_reduce_hierarchical.hpp>
+#include <corocoll/collectives/hierarchical_phase.hpp>
 #include <corocoll/collectives/topology.hpp>
 #include <corocoll/version.hpp>
 

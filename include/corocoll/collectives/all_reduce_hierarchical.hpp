@@ -13,8 +13,7 @@
 
 #include <corocoll/collectives/all_reduce_recursive_doubling.hpp>
 #include <corocoll/collectives/all_reduce_ring.hpp>
-#include <corocoll/collectives/broadcast_binomial.hpp>
-#include <corocoll/collectives/broadcast_chain.hpp>
+#include <corocoll/collectives/hierarchical_phase.hpp>
 #include <corocoll/collectives/reduce_binomial.hpp>
 #include <corocoll/collectives/select.hpp>
 #include <corocoll/collectives/topology.hpp>
@@ -24,19 +23,10 @@ COROCOLL_BEGIN_NAMESPACE
 
 namespace collectives {
 
-/// Rounds of each phase start here (a round is 12 bits of the step; see `context::step`).
-inline constexpr std::uint32_t hierarchical_phase_rounds = 1024;
-
 /// `c` is a call on the whole group whose hosts `t` describes.
 COROCOLL_DECL task<> all_reduce_hierarchical(context& c, const topology& t,
                                              std::span<std::byte> data, const reduction& red,
                                              thresholds th = {});
-
-/// The broadcast of a hierarchical phase among `ranks` (group ranks) from `ranks[root]`, with
-/// the algorithm `select` picks for that many ranks and bytes.
-COROCOLL_DECL task<> broadcast_among(context& c, std::span<const int> ranks,
-                                     std::span<std::byte> data, int root, std::uint32_t phase,
-                                     thresholds th);
 
 }  // namespace collectives
 

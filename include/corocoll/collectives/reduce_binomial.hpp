@@ -5,8 +5,8 @@
 // next one arrives). A non-root rank with children works in the group's scratch, so its buffer
 // is left as it was: its first child's chunks land there and its own buffer is reduced into
 // them; a leaf sends its buffer as it is; the root reduces into its buffer. Before chunks, every
-// rank also took a temporary as large as the buffer for what came in (at 64 MiB on 2 ranks:
-// 58 ms, against 6.2 ms for a broadcast of that size, most of it fresh pages' faults).
+// rank also took a temporary as large as the buffer for what came in, whose fresh pages'
+// faults dominated large calls (docs/performance.md, "Why the defaults").
 // Cost: ceil(log2 n) rounds; every rank but the root sends bytes once; the root receives
 // ceil(log2 n) * bytes and reduces as much.
 // Chosen: always for reduce (any size, any world size).

@@ -26,8 +26,8 @@ COROCOLL_DECL task<> reduce_scatter_ring(context& c, std::span<std::byte> data,
 /// straight into its destination and reduces the rank's own block of `in` into it; the
 /// destinations alternate between `out` and one block of scratch (none for 2 ranks), and the
 /// last round's is `out`. Nothing is copied and no scratch as large as `in` is needed (a
-/// copy of `in` in scratch, which the group frees above 8 MiB, cost every call of 64 MiB on
-/// 2 ranks 16,384 fresh page faults per rank: 48.9 ms, now 11.5). When `out` overlaps `in`, or the
+/// copy of `in` in scratch, which the group frees above 8 MiB, faulted in fresh pages on
+/// every large call; docs/performance.md, "Why the defaults"). When `out` overlaps `in`, or the
 /// blocks are not equal, it works on a copy of `in` in the group's scratch instead.
 COROCOLL_DECL task<> reduce_scatter_ring(context& c, std::span<std::byte> out,
                                          std::span<const std::byte> in, const reduction& red);

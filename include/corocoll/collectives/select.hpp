@@ -1,8 +1,8 @@
 #pragma once
 
 // Which algorithm each collective runs: the choice by size, group shape and transport, and
-// its override by COROCOLL_ALGO_<COLLECTIVE>. The thresholds' derivation is in
-// docs/performance.md.
+// its override by COROCOLL_ALGORITHM or `process_group::set_algorithm`. The measurements behind
+// the thresholds are in docs/architecture.md ("When they are chosen").
 
 #include <corocoll/collectives/dtype.hpp>
 #include <corocoll/collectives/reduce_op.hpp>
@@ -84,8 +84,7 @@ struct thresholds {
     /// from `shm_pair_ring_from` on.
     std::size_t shm_pair_ring_below = std::size_t{4} << 20;
     /// On more than 2 ranks a broadcast below this size goes by the binomial tree, whose root
-    /// hands its message to two children and returns (with 4 ranks on 2 cores it came out at
-    /// 1.2 µs against 1.5 for the arena at 4 B).
+    /// hands its message to two children and returns.
     std::size_t shm_broadcast_tree_below = std::size_t{4} << 10;
     /// Where the arena copies straight from the ranks' buffers (2 ranks from 16 KiB by
     /// default: `engine_options::shm_arena_single_copy_bytes`), its

@@ -38,24 +38,18 @@ struct reactor_options {
     static std::chrono::microseconds default_busy_poll() noexcept;
     /// Poll at full speed even when this host's reactors outnumber its processors
     /// (`reactor::crowded`). Off: there the reactor yields its processor (sched_yield) between
-    /// polls, since plain polling takes the cores that other ranks need (4 ranks on 2 cores:
-    /// an all_reduce of 4 B took 210 µs polling plainly, 53 µs not polling, 35-46 µs polling
-    /// with yields; ping-pong 4.5-4.9 µs against 24 µs not polling). On when the environment
-    /// sets COROCOLL_BUSY_POLL_US.
+    /// polls, since plain polling takes the cores that other ranks need. On when the
+    /// environment sets COROCOLL_BUSY_POLL_US.
     bool busy_poll_when_crowded = std::getenv("COROCOLL_BUSY_POLL_US") != nullptr;
     /// Also yield between polls while this host runs more tasks than it has processors
     /// (`reactor::host_busy`: other programs' as well as ours), unless `busy_poll_when_crowded`.
-    /// Polling plainly there takes the processor from the peer that would answer (2 ranks on
-    /// a 2-core host also compiling: a 4-byte all_reduce took 116 µs polling plainly, 35 µs
-    /// not polling, 20-27 µs polling with yields).
+    /// Polling plainly there takes the processor from the peer that would answer.
     bool yield_when_host_busy = true;
     /// The timer slack (prctl PR_SET_TIMERSLACK) of the thread that makes the reactor, for as
     /// long as the reactor lives (the thread's own value comes back when it goes, if the same
     /// thread destroys it); 0 leaves the thread's slack alone. While a shared-memory wait
     /// outlasts `busy_poll`, the loop pauses for a few microseconds at a time; with Linux's
-    /// default slack of 50 µs each pause could last 50 µs more (2 ranks, broadcast of 1 MiB
-    /// on shared memory, whose root waits out the other rank's copy: 69-93 µs against 63-75
-    /// with a slack of 1 µs).
+    /// default slack of 50 µs each pause could last 50 µs more.
     std::chrono::nanoseconds timer_slack = std::chrono::microseconds(1);
     /// IORING_SETUP_* flags the reactor may try (it still drops those the kernel rejects).
     /// Narrow it to run on the set-up an older kernel would give: 0 means a plain ring.

@@ -35,9 +35,8 @@ namespace detail {
 inline constexpr std::size_t max_transfer_per_sqe = std::size_t{1} << 30;
 // A MSG_WAITALL receive moves at most this much per SQE. io_uring hands a waiting-for-all
 // receive that stays short through many poll retries to its worker threads, where it blocks
-// in the kernel (a 64 MiB broadcast between two ranks spent a fifth of its CPU samples in
-// iou-wrk threads and ran at 2.6 GB/s); 64 KiB pieces complete in the submitting thread
-// (4.1-4.7 GB/s on the same machine), and later pieces are resubmitted as earlier ones end.
+// in the kernel; 64 KiB pieces complete in the submitting thread, and later pieces are
+// resubmitted as earlier ones end (docs/performance.md, "Why the defaults").
 inline constexpr std::size_t max_waitall_recv_per_sqe = std::size_t{64} << 10;
 
 inline std::string progress(std::size_t done, std::size_t total) {

@@ -3,36 +3,13 @@
 // `process_group`, the class users read: point-to-point messages and collectives between the
 // ranks of a group, each an awaitable, with torch.distributed's names.
 
-#include <corocoll/collectives/all_gather_bruck.hpp>
-#include <corocoll/collectives/all_gather_hierarchical.hpp>
-#include <corocoll/collectives/all_gather_ring.hpp>
-#include <corocoll/collectives/all_gather_shm.hpp>
-#include <corocoll/collectives/all_reduce_hierarchical.hpp>
-#include <corocoll/collectives/all_reduce_recursive_doubling.hpp>
-#include <corocoll/collectives/all_reduce_ring.hpp>
-#include <corocoll/collectives/all_reduce_shm.hpp>
-#include <corocoll/collectives/all_to_all_pairwise.hpp>
-#include <corocoll/collectives/barrier_dissemination.hpp>
-#include <corocoll/collectives/broadcast_binomial.hpp>
-#include <corocoll/collectives/broadcast_chain.hpp>
-#include <corocoll/collectives/broadcast_hierarchical.hpp>
-#include <corocoll/collectives/broadcast_object_binomial.hpp>
-#include <corocoll/collectives/broadcast_shm.hpp>
 #include <corocoll/collectives/checks.hpp>
 #include <corocoll/collectives/context.hpp>
+#include <corocoll/collectives/dispatch.hpp>
 #include <corocoll/collectives/dtype.hpp>
-#include <corocoll/collectives/gather_binomial.hpp>
-#include <corocoll/collectives/gather_linear.hpp>
-#include <corocoll/collectives/gather_object_direct.hpp>
-#include <corocoll/collectives/monitored_barrier_star.hpp>
 #include <corocoll/collectives/object.hpp>
-#include <corocoll/collectives/reduce_binomial.hpp>
 #include <corocoll/collectives/reduce_op.hpp>
-#include <corocoll/collectives/reduce_scatter_ring.hpp>
 #include <corocoll/collectives/reduction.hpp>
-#include <corocoll/collectives/scatter_binomial.hpp>
-#include <corocoll/collectives/scatter_linear.hpp>
-#include <corocoll/collectives/scatter_object_direct.hpp>
 #include <corocoll/collectives/select.hpp>
 #include <corocoll/collectives/topology.hpp>
 #include <corocoll/core/async_mutex.hpp>
@@ -235,22 +212,13 @@ public:
         check_root("broadcast", src);
         auto kind = collectives::collective_kind::broadcast;
         auto algo = choose(kind, bytes.size());
-        return call("broadcast", collective(
-                                     kind, element_of<R>(), std::ranges::size(data), 0, src,
-                                     [bytes, src, algo, this](collectives::context& c) -> task<> {
-                                         if (algo == collectives::algorithm::shm) {
-                                             return collectives::broadcast_shm(c, bytes, src);
-                                         }
-                                         if (algo == collectives::algorithm::hierarchical) {
-                                             return collectives::broadcast_hierarchical(
-                                                 c, topology_, bytes, src);
-                                         }
-                                         if (algo == collectives::algorithm::chain) {
-                                             return collectives::broadcast_chain(c, bytes, src);
-                                         }
-                                         return collectives::broadcast_binomial(c, bytes, src);
-                                     },
-                                     algo));
+        return call("broadcast",
+                    collective(
+                        kind, element_of<R>(), std::ranges::size(data), 0, src,
+                        [bytes, src, algo, hosts = &topology_](collectives::context& c) {
+                            return collectives::broadcast(c, algo, *hosts, bytes, src);
+                        },
+                        algo));
     }
 
     /// Reduces `data` over every rank with `op`, in place; every rank gets the result.
@@ -264,18 +232,8 @@ public:
         return call("all_reduce",
                     collective(
                         kind, red.type, std::ranges::size(data), static_cast<std::uint8_t>(op), 0,
-                        [bytes, red, algo, this](collectives::context& c) -> task<> {
-                            if (algo == collectives::algorithm::shm) {
-                                return collectives::all_reduce_shm(c, bytes, red);
-                            }
-                            if (algo == collectives::algorithm::hierarchical) {
-                                return collectives::all_reduce_hierarchical(c, topology_, bytes,
-                                                                            red);
-                            }
-                            if (algo == collectives::algorithm::ring) {
-                                return collectives::all_reduce_ring(c, bytes, red);
-                            }
-                            return collectives::all_reduce_recursive_doubling(c, bytes, red);
+                        [bytes, red, algo, hosts = &topology_](collectives::context& c) {
+                            return collectives::all_reduce(c, algo, *hosts, bytes, red);
                         },
                         algo));
     }
@@ -292,7 +250,7 @@ public:
                                   collectives::collective_kind::reduce, red.type,
                                   std::ranges::size(data), static_cast<std::uint8_t>(op), dst,
                                   [bytes, red, dst](collectives::context& c) {
-                                      return collectives::reduce_binomial(c, bytes, red, dst);
+                                      return collectives::reduce(c, bytes, red, dst);
                                   },
                                   collectives::algorithm::binomial));
     }
@@ -309,23 +267,14 @@ public:
         auto kind = collectives::collective_kind::all_gather;
         auto algo = choose(kind, out_bytes.size());
         std::size_t elem = sizeof(std::ranges::range_value_t<I>);
-        return call("all_gather_into",
-                    collective(
-                        kind, element_of<I>(), std::ranges::size(in), 0, 0,
-                        [out_bytes, in_bytes, algo, elem, this](collectives::context& c) -> task<> {
-                            if (algo == collectives::algorithm::shm) {
-                                return collectives::all_gather_shm(c, out_bytes, in_bytes);
-                            }
-                            if (algo == collectives::algorithm::hierarchical) {
-                                return collectives::all_gather_hierarchical(c, topology_, out_bytes,
-                                                                            in_bytes);
-                            }
-                            if (algo == collectives::algorithm::bruck) {
-                                return collectives::all_gather_bruck(c, out_bytes, in_bytes);
-                            }
-                            return collectives::all_gather_ring(c, out_bytes, in_bytes, elem);
-                        },
-                        algo));
+        return call(
+            "all_gather_into",
+            collective(
+                kind, element_of<I>(), std::ranges::size(in), 0, 0,
+                [out_bytes, in_bytes, algo, elem, hosts = &topology_](collectives::context& c) {
+                    return collectives::all_gather(c, algo, *hosts, out_bytes, in_bytes, elem);
+                },
+                algo));
     }
 
     /// Gathers every rank's `in` into `outs[r]` on every rank (torch's all_gather with a list).
@@ -346,16 +295,13 @@ public:
         }
         auto kind = collectives::collective_kind::gather;
         auto algo = collectives::select(kind, in_bytes.size(), size(), algorithms_);
-        return call("gather_into",
-                    collective(
-                        kind, element_of<I>(), std::ranges::size(in), 0, dst,
-                        [in_bytes, out_bytes, dst, algo](collectives::context& c) -> task<> {
-                            if (algo == collectives::algorithm::linear) {
-                                return collectives::gather_linear(c, in_bytes, out_bytes, dst);
-                            }
-                            return collectives::gather_binomial(c, in_bytes, out_bytes, dst);
-                        },
-                        algo));
+        return call("gather_into", collective(
+                                       kind, element_of<I>(), std::ranges::size(in), 0, dst,
+                                       [in_bytes, out_bytes, dst, algo](collectives::context& c) {
+                                           return collectives::gather(c, algo, in_bytes, out_bytes,
+                                                                      dst);
+                                       },
+                                       algo));
     }
 
     /// torch's gather: on `dst`, `gather_list[r]` receives rank r's `in`; elsewhere the list is
@@ -377,16 +323,13 @@ public:
         }
         auto kind = collectives::collective_kind::scatter;
         auto algo = collectives::select(kind, out_bytes.size(), size(), algorithms_);
-        return call("scatter_from",
-                    collective(
-                        kind, element_of<O>(), std::ranges::size(out), 0, src,
-                        [in_bytes, out_bytes, src, algo](collectives::context& c) -> task<> {
-                            if (algo == collectives::algorithm::linear) {
-                                return collectives::scatter_linear(c, in_bytes, out_bytes, src);
-                            }
-                            return collectives::scatter_binomial(c, in_bytes, out_bytes, src);
-                        },
-                        algo));
+        return call("scatter_from", collective(
+                                        kind, element_of<O>(), std::ranges::size(out), 0, src,
+                                        [in_bytes, out_bytes, src, algo](collectives::context& c) {
+                                            return collectives::scatter(c, algo, in_bytes,
+                                                                        out_bytes, src);
+                                        },
+                                        algo));
     }
 
     /// torch's scatter: rank r gets `scatter_list[r]` of rank `src` in `out`.
@@ -412,7 +355,7 @@ public:
                         collectives::collective_kind::reduce_scatter, red.type,
                         std::ranges::size(out), static_cast<std::uint8_t>(op), 0,
                         [out_bytes, in_bytes, red](collectives::context& c) {
-                            return collectives::reduce_scatter_ring(c, out_bytes, in_bytes, red);
+                            return collectives::reduce_scatter(c, out_bytes, in_bytes, red);
                         },
                         collectives::algorithm::ring));
     }
@@ -449,8 +392,7 @@ public:
                         collectives::collective_kind::all_to_all, element_of<I>(),
                         even ? std::ranges::size(in) : 0, 0, 0,
                         [out_bytes, in_bytes, out_off, in_off](collectives::context& c) {
-                            return collectives::all_to_all_pairwise(c, out_bytes, out_off, in_bytes,
-                                                                    in_off);
+                            return collectives::all_to_all(c, out_bytes, out_off, in_bytes, in_off);
                         },
                         collectives::algorithm::pairwise));
     }
@@ -549,114 +491,31 @@ private:
     // above wrap them in a collective_call.
 
     template <buffer R>
-    task<> all_gather_run(std::vector<R>& outs, const R& in) {
-        check_size("all_gather", "output list", outs.size(), static_cast<std::size_t>(size()));
-        detail::check_entries(rank(), "all_gather", outs, std::ranges::size(in));
-        std::vector<std::ranges::range_value_t<R>> flat(std::ranges::size(in) * size());
-        co_await all_gather_into(flat, in);
-        detail::split_into(flat, outs);
-    }
+    task<> all_gather_run(std::vector<R>& outs, const R& in);
 
     template <buffer R>
-    task<> gather_run(const R& in, std::vector<R>& gather_list, int dst) {
-        std::vector<std::ranges::range_value_t<R>> flat(
-            rank() == dst ? std::ranges::size(in) * size() : 0);
-        if (rank() == dst) {
-            check_size("gather", "gather_list", gather_list.size(),
-                       static_cast<std::size_t>(size()));
-            detail::check_entries(rank(), "gather", gather_list, std::ranges::size(in));
-        }
-        co_await gather_into(in, flat, dst);
-        if (rank() == dst) detail::split_into(flat, gather_list);
-    }
+    task<> gather_run(const R& in, std::vector<R>& gather_list, int dst);
 
     template <buffer R>
-    task<> scatter_run(R& out, const std::vector<R>& scatter_list, int src) {
-        std::vector<std::ranges::range_value_t<R>> flat;
-        if (rank() == src) {
-            check_size("scatter", "scatter_list", scatter_list.size(),
-                       static_cast<std::size_t>(size()));
-            flat = detail::concat(rank(), "scatter", "scatter_list", scatter_list,
-                                  std::ranges::size(out));
-        }
-        co_await scatter_from(out, flat, src);
-    }
+    task<> scatter_run(R& out, const std::vector<R>& scatter_list, int src);
 
     template <buffer R>
-    task<> reduce_scatter_run(R& out, const std::vector<R>& in_list, reduce_op op) {
-        check_size("reduce_scatter", "input list", in_list.size(),
-                   static_cast<std::size_t>(size()));
-        auto flat =
-            detail::concat(rank(), "reduce_scatter", "input list", in_list, std::ranges::size(out));
-        co_await reduce_scatter_into(out, flat, op);
-    }
+    task<> reduce_scatter_run(R& out, const std::vector<R>& in_list, reduce_op op);
 
     template <buffer R>
-    task<> all_to_all_run(std::vector<R>& outs, const std::vector<R>& ins) {
-        check_size("all_to_all", "input list", ins.size(), static_cast<std::size_t>(size()));
-        check_size("all_to_all", "output list", outs.size(), static_cast<std::size_t>(size()));
-        std::vector<std::size_t> in_splits = detail::sizes_of(ins);
-        std::vector<std::size_t> out_splits = detail::sizes_of(outs);
-        auto in_flat = detail::concat(rank(), "all_to_all", "input list", ins);
-        std::vector<std::ranges::range_value_t<R>> out_flat(
-            std::accumulate(out_splits.begin(), out_splits.end(), std::size_t{0}));
-        co_await all_to_all_single(out_flat, in_flat, out_splits, in_splits);
-        detail::split_into(out_flat, outs);
-    }
+    task<> all_to_all_run(std::vector<R>& outs, const std::vector<R>& ins);
 
     template <class T>
-    task<> broadcast_object_list_run(std::vector<T>& objects, int src) {
-        check_root("broadcast_object_list", src);
-        std::string bytes = rank() == src ? to_bytes(objects) : std::string{};
-        co_await object_collective(collectives::collective_kind::broadcast_object, objects.size(),
-                                   src, [&](collectives::context& c) {
-                                       return collectives::broadcast_object_binomial(c, bytes, src);
-                                   });
-        if (rank() != src) {
-            auto got = from_bytes<std::vector<T>>(bytes);
-            check_size("broadcast_object_list", "object list", objects.size(), got.size());
-            objects = std::move(got);
-        }
-    }
+    task<> broadcast_object_list_run(std::vector<T>& objects, int src);
 
     template <class T>
-    task<> gather_object_run(const T& object, std::vector<T>& out, int dst) {
-        check_root("gather_object", dst);
-        std::vector<std::string> all;
-        co_await object_collective(
-            collectives::collective_kind::gather_object, 1, dst, [&](collectives::context& c) {
-                return collectives::gather_object_direct(c, to_bytes(object), dst, false, all);
-            });
-        if (rank() == dst) out = detail::decode_all<T>(all);
-    }
+    task<> gather_object_run(const T& object, std::vector<T>& out, int dst);
 
     template <class T>
-    task<> all_gather_object_run(std::vector<T>& out, const T& object) {
-        std::vector<std::string> all;
-        co_await object_collective(
-            collectives::collective_kind::all_gather_object, 1, 0, [&](collectives::context& c) {
-                return collectives::gather_object_direct(c, to_bytes(object), 0, true, all);
-            });
-        out = detail::decode_all<T>(all);
-    }
+    task<> all_gather_object_run(std::vector<T>& out, const T& object);
 
     template <class T>
-    task<> scatter_object_list_run(T& out, const std::vector<T>& in, int src) {
-        check_root("scatter_object_list", src);
-        if (rank() == src)
-            check_size("scatter_object_list", "input list", in.size(),
-                       static_cast<std::size_t>(size()));
-        std::vector<std::string> parts;
-        if (rank() == src) {
-            for (const auto& object : in) parts.push_back(to_bytes(object));
-        }
-        std::string mine;
-        co_await object_collective(
-            collectives::collective_kind::scatter_object, 1, src, [&](collectives::context& c) {
-                return collectives::scatter_object_direct(c, parts, mine, src);
-            });
-        out = from_bytes<T>(mine);
-    }
+    task<> scatter_object_list_run(T& out, const std::vector<T>& in, int src);
 
     collective_call<> call(const char* what, task<> body) noexcept {
         return {std::move(body), this, &forgotten, what};
@@ -685,18 +544,7 @@ private:
 
     std::string prefix(const char* what) const { return collectives::error_prefix(rank(), what); }
     // The algorithm of collective `k` for `bytes`: forced, hierarchical across hosts, or by size.
-    collectives::algorithm choose(collectives::collective_kind k, std::size_t bytes) const {
-        auto a = collectives::select(k, bytes, size(), algorithms_, {}, &topology_, has_arena(),
-                                     arena_single_copy_from());
-        if (a == collectives::algorithm::shm && !has_arena()) {
-            throw std::invalid_argument(
-                prefix(collectives::kind_name(k)) +
-                "the shm algorithm needs a group whose ranks all share one host's memory, and "
-                "group '" +
-                name_ + "' has no shared-memory arena (COROCOLL_DEBUG=INFO says why at set-up)");
-        }
-        return a;
-    }
+    collectives::algorithm choose(collectives::collective_kind k, std::size_t bytes) const;
     void check_root(const char* what, int root) const {
         collectives::check_root(rank(), size(), what, root);
     }
@@ -709,48 +557,11 @@ private:
     }
 
     // Runs one collective: in issue order on this group (a FIFO lock), numbered, with the
-    // metadata every rank must agree on.
+    // metadata every rank must agree on (impl/collectives.hpp).
     template <class Body>
     task<> collective(collectives::collective_kind kind, dtype type, std::size_t count,
                       std::uint8_t redop, int root, Body body,
-                      collectives::algorithm algo = collectives::algorithm::automatic) {
-        check_open(collectives::kind_name(kind));
-        co_await collective_lock_.lock();
-        // The next collective gets the lock through the reactor's queue, after our caller
-        // has resumed: so collectives complete in issue order even when the next one could
-        // finish at once from buffered data.
-        struct release {
-            process_group& g;
-            ~release() {
-                g.engine_.end_collective();
-                // Nobody to overtake when nobody waits: the lock comes free at once, without
-                // a trip through the queue.
-                if (g.collective_lock_.has_waiters()) {
-                    g.reactor_.post(g.unlock_item_);
-                } else {
-                    g.collective_lock_.unlock();
-                }
-            }
-        } release_at_end{*this};
-        transport::collective_meta meta;
-        meta.collective = static_cast<std::uint8_t>(kind);
-        meta.redop = redop;
-        meta.dtype = static_cast<std::uint8_t>(type);
-        meta.algorithm = static_cast<std::uint8_t>(algo);
-        meta.root = static_cast<std::uint32_t>(root);
-        meta.count = count;
-        meta.seq = ++collective_seq_;
-        engine_.begin_collective(meta);
-        if (arena_) arena_->announce(meta);
-        collectives::context c{engine_, meta, deadline(), chunk_bytes_, &scratch_};
-        c.arena = arena_.get();
-        co_await body(c);
-        scratch_.trim();
-        // A call whose last message arrived after the group failed (a rank that was stopped
-        // and woke up) is not done: the other ranks reported it failed.
-        if (engine_.must_catch_up()) co_await engine_.catch_up();
-        engine_.raise_if_failed(meta);
-    }
+                      collectives::algorithm algo = collectives::algorithm::automatic);
 
     template <class Body>
     task<> object_collective(collectives::collective_kind kind, std::size_t count, int root,
@@ -797,7 +608,9 @@ inline void detail::group_disposer::operator()(process_group* g) const noexcept 
 
 COROCOLL_END_NAMESPACE
 
-// Set-up (init_process_group, new_group, split) needs the class complete.
+// The templates of impl/collectives.hpp, and set-up (init_process_group, new_group,
+// split), need the class complete.
+#include <corocoll/process_group/impl/collectives.hpp>
 #include <corocoll/process_group/init.hpp>
 
 #if COROCOLL_DEFINE_BODIES

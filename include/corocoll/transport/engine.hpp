@@ -2,7 +2,9 @@
 
 // The point-to-point engine: sends, matched receives, the readers of every peer, collective
 // checks, the stall round and the group's failure and close (docs/architecture.md,
-// "Point-to-point engine").
+// "Point-to-point engine"). Its bodies are in impl/, one file per job: engine.ipp (sends,
+// posted receives, call checks), engine_read.ipp (the readers), engine_close.ipp (the close
+// protocol and failure), engine_status.ipp (the status round).
 
 #include <corocoll/core/async_scope.hpp>
 #include <corocoll/core/error.hpp>
@@ -257,7 +259,7 @@ private:
     peer& peer_at(int p) noexcept { return peers_[static_cast<std::size_t>(p)]; }
     const peer& peer_at(int p) const noexcept { return peers_[static_cast<std::size_t>(p)]; }
 
-    std::string spell(const op_label& l) const { return l.spell(describe_); }
+    std::string describe_op(const op_label& l) const { return l.spell(describe_); }
 
     static std::vector<std::unique_ptr<channel>> tcp_channels(std::vector<io::socket> sockets,
                                                               const engine_options& o);
@@ -291,41 +293,56 @@ private:
     // "#7 all_reduce(...), #8 broadcast(...)": the last collectives this rank finished.
     std::string recent_calls() const;
 
-    task<> say_goodbyes();
+    // ---- the close protocol (docs/architecture.md, "Closing and failing") ----
+    //
+    // Two notices end a pair's stream. A *goodbye* says "I close in order; everything I sent
+    // is before this": the peer's receives that only this rank could satisfy fail, the rest
+    // go on. An *abort notice* says "the group failed, rank X is to blame, because T": the
+    // peer fails with the same culprit and text. An abort notice goes in the stream when no
+    // frame is in flight, after the frame when one is, and beside the stream (the channel's
+    // last words) where a frame may be cut off. Then the engine *shuts down*: readers stopped,
+    // channels closed.
 
-    task<> close_now();
+    // Sends a goodbye to every connected peer (5 s at most).
+    task<> send_goodbyes();
 
-    task<> say_goodbye(int p, time_point deadline);
+    // Sends a goodbye to `p`, after whatever this rank already sent it.
+    task<> send_goodbye(int p, time_point deadline);
+
+    // A goodbye came from `p`: receives that only `p` could satisfy fail; the rest go on.
+    void peer_left(int p);
+
+    // Stops the stall timer, sends goodbyes unless the group failed or they went already,
+    // fails what is pending, stops the readers and closes every channel.
+    task<> shut_down();
+
+    // How `send_abort_notice` went: not sent (no failure to tell, or the peer is gone or
+    // left), sent now, or to go after the frame in flight (`send_abort_notice_after_frame`).
+    enum class notice_sent { no, now, after_frame };
 
     // Tells peer `q` which rank made this group fail and why, so that it reports the same
     // cause and does not blame us when our connection closes first. At once where no frame
     // is being sent (the send lock is free): header and text fit the idle socket's buffer, so
-    // the non-blocking write does not come up short. `busy` when a frame is in flight: then
-    // farewell() tells it once that frame has ended.
-    enum class told { nothing, told, busy };
-
-    told tell_abort(int q);
+    // the non-blocking write does not come up short. Also left beside the stream.
+    notice_sent send_abort_notice(int q);
 
     // The abort notice for peer `q`: fills `h` and returns the text that follows it.
-    std::string abort_words(int q, frame_header& h) const;
+    std::string abort_notice_to(int q, frame_header& h) const;
 
     // A frame was in flight to `q` when the group failed (a status answer, say): the failure
     // cancelled its send, so the lock comes free at once. Where the frame went out whole, the
     // abort notice follows it; then the connection shuts.
-    task<> farewell(int q);
+    task<> send_abort_notice_after_frame(int q);
 
-    // A peer's last words name the rank that made its group fail: this group fails with the
-    // same cause and text.
-    task<> take_abort(peer& ps, int p, const abort_notice& notice);
+    // An abort notice came in `p`'s stream: reads its text, then `fail_as_notice_says`.
+    task<> receive_abort_notice(peer& ps, int p, const abort_notice& notice);
 
     // Peer `p`'s stream ended: if it left an abort notice beside the stream (a frame was cut
     // off), that is the cause; true when it did.
-    bool take_last_words(int p);
+    bool abort_notice_left_by(int p);
 
-    void apply_abort(int p, const abort_notice& notice, std::string text);
-
-    // A peer said goodbye: receives that can only be satisfied by it fail; the rest go on.
-    void depart(int p);
+    // This group fails with the notice's culprit, code and text (marked as reported by `p`).
+    void fail_as_notice_says(int p, const abort_notice& notice, std::string text);
 
     void check_peer(int r, const op_label& what) const;
 
@@ -346,6 +363,11 @@ private:
     // Reads peer `p`'s frames until its connection ends: each goes to the receive posted
     // for it, straight into that buffer, or is kept until one is posted.
     task<> read_loop(int p);
+
+    // A frame that is not a message (a goodbye, an abort notice, a status query or answer)
+    // from `p`: handled, and true when the reader goes on (false: the stream has ended).
+    // Malformed ones are protocol errors.
+    task<bool> take_control_frame(peer& ps, int p, const frame_header& h);
 
     // Completes `pr`, whose message is in, at once; or, when more of this peer's bytes are
     // already staged behind it, once the reader has gone through them (before it waits
@@ -493,7 +515,7 @@ private:
     std::stop_source failed_stop_;
     std::error_code failure_code_;
     bool closing_ = false;
-    bool goodbyes_said_ = false;
+    bool goodbyes_sent_ = false;
     std::stop_source stop_;
     describer describe_ = &detail::describe_raw;
     async_scope readers_;
@@ -530,4 +552,7 @@ COROCOLL_END_NAMESPACE
 
 #if COROCOLL_DEFINE_BODIES
 #include <corocoll/transport/impl/engine.ipp>
+#include <corocoll/transport/impl/engine_close.ipp>
+#include <corocoll/transport/impl/engine_read.ipp>
+#include <corocoll/transport/impl/engine_status.ipp>
 #endif

@@ -67,10 +67,9 @@ struct engine_options {
     std::size_t unexpected_bytes_per_peer = std::size_t{64} << 20;
     /// SO_SNDBUF for connections whose two ends have the same address (peers on this host;
     /// the kernel doubles it). A small send buffer keeps what a sender writes in the caches
-    /// until the receiver copies it out: with 256 KiB, all_gather and broadcast of 64 MiB
-    /// between two ranks ran 15-20% faster than with the kernel's autotuned buffer on a
-    /// two-core machine. Connections to other hosts keep autotuning, which a long network
-    /// path needs. 0: autotuning everywhere.
+    /// until the receiver copies it out (docs/performance.md, "Why the defaults").
+    /// Connections to other hosts keep autotuning, which a long network path needs. 0:
+    /// autotuning everywhere.
     std::size_t same_host_send_buffer = std::size_t{256} << 10;
     /// Which channel each pair of ranks gets at set-up (see `transport_choice`); unset:
     /// COROCOLL_TRANSPORT, auto when that is unset too.
@@ -81,9 +80,8 @@ struct engine_options {
     /// Payloads of at least this many bytes travel between ranks that share memory as one
     /// copy from the sender's buffer to the receiver's (process_vm_readv, where the kernel
     /// allows it); 0: always through the ring, two copies that the two ranks make at once.
-    /// Off by default: on the 2-core VM this was measured on, process_vm_readv copied at
-    /// 3-4 GB/s and the ring at 8-20 GB/s (ping-pong of 1 MiB: 103 µs against 52; all_reduce
-    /// of 64 MiB: 37 ms against 11).
+    /// Off by default: process_vm_readv measured slower than the ring, whose two copies the
+    /// two ranks make at once (docs/performance.md, "Why the defaults").
     std::size_t shm_single_copy_bytes = 0;
     /// Bytes of each of the two data sets of the arena that a group whose ranks all share
     /// one host maps (transport/shm/arena.hpp), where its shared-memory collectives put their
@@ -91,9 +89,8 @@ struct engine_options {
     /// collectives).
     std::size_t shm_arena_bytes = std::size_t{1} << 20;
     /// `shm_arena_single_copy_bytes`' default: 16 KiB in a group of 2 ranks, never in a
-    /// larger one (on the 2-core VM it was measured on, 4 ranks were slower with single copies:
-    /// broadcast of 1 MiB 321-340 µs against 176-228; 2 ranks faster from there: broadcast of
-    /// 32 KiB 2.5-2.7 against 3.5-7.9, all_gather of 1 MiB 55-68 against 113-117).
+    /// larger one, where single copies measured slower (docs/performance.md, "Why the
+    /// defaults").
     static constexpr std::size_t automatic_single_copy = ~std::size_t{0};
     /// From this many bytes (of the buffer a rank brings: a broadcast's, one all_gather
     /// block) the arena's broadcast and all_gather copy straight from the other ranks' buffers

@@ -91,7 +91,7 @@ struct peer {
     // abandons the receive, and the reader then leaves it alone.
     posted_recv* delivering = nullptr;
     // The peer closed its group (a goodbye frame): its EOF is no failure.
-    bool departed = false;
+    bool said_goodbye = false;
     bool reader_exited = false;
     // A send to this peer ended part-way through a frame: nothing more may follow it.
     bool stream_cut = false;

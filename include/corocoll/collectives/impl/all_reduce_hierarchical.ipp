@@ -9,18 +9,6 @@ COROCOLL_BEGIN_NAMESPACE
 
 namespace collectives {
 
-COROCOLL_DECL task<> broadcast_among(context& c, std::span<const int> ranks,
-                                     std::span<std::byte> data, int root, std::uint32_t phase,
-                                     thresholds th) {
-    if (ranks.size() < 2) co_return;
-    context sub = c.among(ranks, phase * hierarchical_phase_rounds);
-    if (select(collective_kind::broadcast, data.size(), sub.size(), {}, th) == algorithm::chain) {
-        co_await broadcast_chain(sub, data, root);
-    } else {
-        co_await broadcast_binomial(sub, data, root);
-    }
-}
-
 COROCOLL_DECL task<> all_reduce_hierarchical(context& c, const topology& t,
                                              std::span<std::byte> data, const reduction& red,
                                              thresholds th) {

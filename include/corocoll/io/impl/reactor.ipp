@@ -491,10 +491,9 @@ COROCOLL_DECL void reactor::wait_while_watching() noexcept {
         const bool yield = yield_between_polls();
         if (!yield) busy_turns_left_ = 15;
         ++stats_.polls;
-        // Entering the kernel costs much more than a poll of shared memory (coll_perf's shm
-        // ping-pong of 4 B took 1.7-1.8 µs one way entering at every 16th turn, 1.2-1.35
-        // entering at most every 10 µs): every 10 µs, or when there is something to submit
-        // (the completions of a deferred-task-run ring appear only then).
+        // Entering the kernel costs much more than a poll of shared memory: every 10 µs, or
+        // when there is something to submit (the completions of a deferred-task-run ring
+        // appear only then).
         if (io_uring_sq_ready(&ring_) > 0 || now - last_enter_ >= std::chrono::microseconds(10)) {
             last_enter_ = now;
             submit_and_collect();

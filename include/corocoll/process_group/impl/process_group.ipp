@@ -56,19 +56,32 @@ COROCOLL_DECL std::vector<work<int>> process_group::batch_isend_irecv(
     return out;
 }
 
+COROCOLL_DECL collectives::algorithm process_group::choose(collectives::collective_kind k,
+                                                           std::size_t bytes) const {
+    auto a = collectives::select(k, bytes, size(), algorithms_, {}, &topology_, has_arena(),
+                                 arena_single_copy_from());
+    if (a == collectives::algorithm::shm && !has_arena()) {
+        throw std::invalid_argument(
+            prefix(collectives::kind_name(k)) +
+            "the shm algorithm needs a group whose ranks all share one host's memory, and "
+            "group '" +
+            name_ + "' has no shared-memory arena (COROCOLL_DEBUG=INFO says why at set-up)");
+    }
+    return a;
+}
+
 COROCOLL_DECL collective_call<> process_group::barrier() {
-    return call("barrier", collective(collectives::collective_kind::barrier, {}, 0, 0, 0,
-                                      [](collectives::context& c) {
-                                          return collectives::barrier_dissemination(c);
-                                      }));
+    return call("barrier",
+                collective(collectives::collective_kind::barrier, {}, 0, 0, 0,
+                           [](collectives::context& c) { return collectives::barrier(c); }));
 }
 
 COROCOLL_DECL collective_call<> process_group::monitored_barrier(
     std::chrono::milliseconds timeout) {
     return call("monitored_barrier", collective(collectives::collective_kind::monitored_barrier, {},
                                                 0, 0, 0, [timeout](collectives::context& c) {
-                                                    return collectives::monitored_barrier_star(
-                                                        c, timeout);
+                                                    return collectives::monitored_barrier(c,
+                                                                                          timeout);
                                                 }));
 }
 

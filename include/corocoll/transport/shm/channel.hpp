@@ -80,9 +80,9 @@ public:
                                        bool /*may_call_kernel*/) noexcept override;
 
     bool worth_holding(std::uint64_t bytes) noexcept override { return bytes >= hold_bytes; }
-    /// Payloads from this size on are held for their receive (`worth_holding`). Buffering an
-    /// early message cost 15-45 µs per broadcast of 8-31 KiB (2 ranks) against 1-2 µs held;
-    /// below 4 KiB a held message would keep the ones behind it waiting for little gain.
+    /// Payloads from this size on are held for their receive (`worth_holding`): buffering an
+    /// early message costs a copy and an allocation that holding it saves; below 4 KiB a held
+    /// message would keep the ones behind it waiting for little gain.
     static constexpr std::size_t hold_bytes = std::size_t{4} << 10;
 
     COROCOLL_DECL bool await_readable(std::coroutine_handle<> h) noexcept override;
@@ -140,8 +140,7 @@ private:
     // A larger payload goes in records of at most this many bytes, each published as soon as
     // it is written, and the reader frees room after as many: so the writer copies one piece
     // in while the reader copies the one before out. (With the whole ring as one record, a
-    // 1 MiB message was copied in, then out, one after the other: a broadcast of 1 MiB on
-    // 2 ranks took 172-226 µs, now 62.)
+    // 1 MiB message was copied in, then out, one after the other.)
     static constexpr std::size_t stream_piece_bytes = std::size_t{64} << 10;
 
     // Writes all of `iov` (`total` bytes) as one inline record (a compact one for a small

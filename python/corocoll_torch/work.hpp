@@ -1,0 +1,109 @@
+#pragma once
+
+// The torch backend, part 4 of 7: work.
+// A private header of backend.cpp, the backend's one translation unit, which includes it after
+// torch's and corocoll's headers and the parts before it.
+
+namespace corocoll_torch {
+
+class group;
+
+/// What a corocoll operation returns to torch: completed once, from the progress thread,
+/// with the corocoll error (its text unchanged) or success.
+class work : public c10d::Work, public cc::detail::work_item {
+public:
+    work(int rank, c10d::OpType type, std::string what, std::vector<at::Tensor> outputs)
+        : c10d::Work(rank, type), what_(std::move(what)), outputs_(std::move(outputs)) {}
+
+    bool isCompleted() override { return done_.load(std::memory_order_acquire); }
+
+    int sourceRank() const override {
+        std::lock_guard lock(mutex_);
+        if (source_ < 0) {
+            throw std::runtime_error("corocoll: " + what_ +
+                                     ": sourceRank() is only known after a recv from any source "
+                                     "has completed");
+        }
+        return source_;
+    }
+
+    std::vector<at::Tensor> result() override { return outputs_; }
+
+    /// Waits for the operation, with the GIL released; `timeout` 0: up to the group's timeout,
+    /// which bounds every corocoll operation. Rethrows the operation's error.
+    bool wait(milliseconds timeout) override {
+        if (!done_.load(std::memory_order_acquire)) {
+            without_gil released;
+            if (timeout == ::kNoTimeout) {
+                drive_until_done();
+            } else if (!wait_for(timeout)) {
+                throw std::runtime_error("corocoll: " + what_ + ": wait(" +
+                                         std::to_string(timeout.count()) +
+                                         " ms) ended before the operation did; it goes on, "
+                                         "bounded by the group's timeout");
+            }
+        }
+        std::exception_ptr e;
+        {
+            std::lock_guard lock(mutex_);
+            e = exception_;
+        }
+        if (e) std::rethrow_exception(e);
+        return true;
+    }
+
+    c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+    void abort() override {
+        throw std::runtime_error("corocoll: " + what_ +
+                                 ": abort is not supported (destroy the group instead)");
+    }
+
+    /// Posts the operation to the progress thread of `g`.
+    void submit(group& g);
+
+protected:
+    /// Runs the operation on the progress thread; yields the sender of a recv, else -1.
+    virtual cc::task<int> run(cc::process_group& pg) = 0;
+    /// After success, on the progress thread: copies results out of contiguous stand-ins.
+    virtual void finish_outputs() {}
+
+private:
+    static detached drive(work* self, group* g);
+    void complete(int source, std::exception_ptr e);
+    void drive_until_done();
+    bool wait_for(milliseconds timeout);
+    void complete_future(c10::intrusive_ptr<c10::ivalue::Future> f);
+
+    std::string what_;
+    std::vector<at::Tensor> outputs_;
+    std::atomic<bool> done_{false};
+    int source_ = -1;
+    c10::intrusive_ptr<c10::ivalue::Future> future_;
+    group* group_ = nullptr;
+    // Driven by the progress thread without delay (progress_thread::make_eager); guarded by
+    // the progress thread's lock.
+    bool eager_ = false;
+};
+
+/// A `work` whose operation is the lambda `Body(cc::process_group&) -> cc::task<int>`.
+template <class Body>
+class op_work final : public work {
+public:
+    op_work(int rank, c10d::OpType type, std::string what, std::vector<at::Tensor> outputs,
+            std::vector<tensor_arg> args, Body body)
+        : work(rank, type, std::move(what), std::move(outputs)),
+          args_(std::move(args)),
+          body_(std::move(body)) {}
+
+private:
+    cc::task<int> run(cc::process_group& pg) override { return body_(pg); }
+    void finish_outputs() override {
+        for (auto& a : args_) a.write_back();
+    }
+
+    std::vector<tensor_arg> args_;
+    Body body_;
+};
+
+}  // namespace corocoll_torch
