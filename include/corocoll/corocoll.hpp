@@ -30,9 +30,9 @@
 
 #include <corocoll/transport/engine.hpp>
 #include <corocoll/transport/frame.hpp>
-#include <corocoll/transport/tcp/mesh.hpp>
 #include <corocoll/transport/peer.hpp>
 #include <corocoll/transport/posted_recv.hpp>
+#include <corocoll/transport/tcp/mesh.hpp>
 
 #include <corocoll/process_group/buffer.hpp>
 #include <corocoll/process_group/default_group.hpp>

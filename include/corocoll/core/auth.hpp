@@ -1,7 +1,7 @@
 #pragma once
 
-// What mesh set-up and the store need to prove knowledge of the job token without sending it: fresh nonces
-// and HMAC-SHA256. The HMAC comes from OpenSSL's libcrypto, which the build must provide:
+// What mesh set-up and the store need to prove knowledge of the job token without sending it: fresh
+// nonces and HMAC-SHA256. The HMAC comes from OpenSSL's libcrypto, which the build must provide:
 // Meson defines COROCOLL_WITH_OPENSSL and links libcrypto when it finds it (a vendoring
 // project defines the macro and links -lcrypto itself). Without it, a job token is refused
 // with an error that says so (see docs/security.md); set-up without a token needs neither.

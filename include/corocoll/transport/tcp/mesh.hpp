@@ -4,6 +4,7 @@
 // job token to each other.
 
 #include <corocoll/core/async_scope.hpp>
+#include <corocoll/core/auth.hpp>
 #include <corocoll/core/error.hpp>
 #include <corocoll/core/log.hpp>
 #include <corocoll/core/task.hpp>
@@ -12,7 +13,6 @@
 #include <corocoll/io/reactor.hpp>
 #include <corocoll/io/socket.hpp>
 #include <corocoll/rendezvous/store.hpp>
-#include <corocoll/core/auth.hpp>
 #include <corocoll/transport/frame.hpp>
 #include <corocoll/version.hpp>
 
@@ -81,10 +81,10 @@ COROCOLL_DECL std::string hello_problem(const frame_header& h, int rank, int siz
 // that address and both nonces. Each side proves over the other's fresh nonce, so a proof cannot be
 // replayed, and over the address it was dialled at, so a stranger whose address was written into
 // the store cannot relay the handshake to the real rank.
-COROCOLL_DECL corocoll::detail::auth_proof mesh_proof(const mesh_options& o, std::string_view role, int connector,
-                                    int listener, const std::string& listener_address,
-                                    const corocoll::detail::auth_nonce& connector_nonce,
-                                    const corocoll::detail::auth_nonce& listener_nonce);
+COROCOLL_DECL corocoll::detail::auth_proof mesh_proof(
+    const mesh_options& o, std::string_view role, int connector, int listener,
+    const std::string& listener_address, const corocoll::detail::auth_nonce& connector_nonce,
+    const corocoll::detail::auth_nonce& listener_nonce);
 
 inline std::chrono::steady_clock::time_point hello_deadline(const mesh_options& o) {
     return std::min(o.deadline, io::deadline_after(o.hello_timeout));

@@ -96,10 +96,10 @@ COROCOLL_DECL std::string hello_problem(const frame_header& h, int rank, int siz
     return {};
 }
 
-COROCOLL_DECL corocoll::detail::auth_proof mesh_proof(const mesh_options& o, std::string_view role, int connector,
-                                    int listener, const std::string& listener_address,
-                                    const corocoll::detail::auth_nonce& connector_nonce,
-                                    const corocoll::detail::auth_nonce& listener_nonce) {
+COROCOLL_DECL corocoll::detail::auth_proof mesh_proof(
+    const mesh_options& o, std::string_view role, int connector, int listener,
+    const std::string& listener_address, const corocoll::detail::auth_nonce& connector_nonce,
+    const corocoll::detail::auth_nonce& listener_nonce) {
     std::string m = "corocoll mesh 1\n" + std::string(role) + "\n" + o.group_name + "\n" +
                     std::to_string(connector) + "\n" + std::to_string(listener) + "\n" +
                     listener_address + "\n";
@@ -119,8 +119,9 @@ COROCOLL_DECL task<> connector_handshake(io::socket& s, int rank, int peer, int 
     co_await s.send(mine, by);
     frame_header r;
     co_await s.recv(bytes_of(r), by);
-    if (std::string p =
-            hello_problem(r, rank, size, peer, o, corocoll::detail::nonce_bytes + (auth ? corocoll::detail::proof_bytes : 0));
+    if (std::string p = hello_problem(
+            r, rank, size, peer, o,
+            corocoll::detail::nonce_bytes + (auth ? corocoll::detail::proof_bytes : 0));
         !p.empty()) {
         corocoll::detail::throw_error(corocoll::errc::protocol_error,
                                       "the listener answered with a bad hello: " + p);
@@ -129,7 +130,8 @@ COROCOLL_DECL task<> connector_handshake(io::socket& s, int rank, int peer, int 
     if (!auth) co_return;
     corocoll::detail::auth_proof claimed{};
     co_await s.recv(claimed, by);
-    if (!corocoll::detail::same_proof(claimed, mesh_proof(o, "listener", rank, peer, where, mine, theirs))) {
+    if (!corocoll::detail::same_proof(claimed,
+                                      mesh_proof(o, "listener", rank, peer, where, mine, theirs))) {
         corocoll::detail::throw_error(
             std::make_error_code(std::errc::permission_denied),
             "the listener did not prove it knows this job's token (COROCOLL_JOB_TOKEN): its "
@@ -148,13 +150,16 @@ COROCOLL_DECL task<int> listener_handshake(io::socket& s, int rank, int size, co
     bool auth = !o.job_token.empty();
     frame_header h;
     co_await s.recv(bytes_of(h), by);
-    if (std::string p = hello_problem(h, rank, size, -1, o, corocoll::detail::nonce_bytes); !p.empty()) {
+    if (std::string p = hello_problem(h, rank, size, -1, o, corocoll::detail::nonce_bytes);
+        !p.empty()) {
         corocoll::detail::throw_error(corocoll::errc::protocol_error, p);
     }
     auto peer = static_cast<int>(h.src);
     corocoll::detail::auth_nonce theirs{}, mine = corocoll::detail::auth_random_nonce();
     co_await s.recv(theirs, by);
-    frame_header r = make_hello(rank, peer, size, o, corocoll::detail::nonce_bytes + (auth ? corocoll::detail::proof_bytes : 0));
+    frame_header r =
+        make_hello(rank, peer, size, o,
+                   corocoll::detail::nonce_bytes + (auth ? corocoll::detail::proof_bytes : 0));
     co_await s.send(bytes_of(r), by);
     co_await s.send(mine, by);
     if (!auth) co_return peer;
@@ -170,7 +175,8 @@ COROCOLL_DECL task<int> listener_handshake(io::socket& s, int rank, int size, co
                           "this rank's proof (its COROCOLL_JOB_TOKEN differs?): " +
                           corocoll::detail::context_of(e));
     }
-    if (!corocoll::detail::same_proof(claimed, mesh_proof(o, "connector", peer, rank, here, theirs, mine))) {
+    if (!corocoll::detail::same_proof(claimed,
+                                      mesh_proof(o, "connector", peer, rank, here, theirs, mine))) {
         corocoll::detail::throw_error(std::make_error_code(std::errc::permission_denied),
                                       "rank " + std::to_string(peer) +
                                           " (so it said) did not prove it knows this job's "
