@@ -306,10 +306,9 @@ std::uint64_t peak_virtual_bytes() {
     return 0;
 }
 
-// Rank 0's engine, and raw bytes from "rank 1": a p2p header that announces `announced`
-// bytes, `sent` of them, then the end of the stream. Returns what a receive from rank 1 then
-// says.
-std::string after_announcing(std::uint64_t announced, std::size_t sent) {
+// Rank 0's engine, and raw bytes from "rank 1": header `h` (sealed here), `sent` bytes of
+// payload, then the end of the stream. Returns what a receive from rank 1 then says.
+std::string after_sending(cc::transport::frame_header h, std::size_t sent) {
     cc::io::reactor r;
     // Not a structured binding: clang 14 does not let a lambda capture one.
     auto pair = r.run(connected_pair(r));
@@ -317,11 +316,6 @@ std::string after_announcing(std::uint64_t announced, std::size_t sent) {
     std::vector<cc::io::socket> to_1(2);
     to_1[1] = std::move(pair.first);
     cc::transport::engine e(r, 0, 2, std::move(to_1));
-    cc::transport::frame_header h;
-    h.src = 1;
-    h.dst = 0;
-    h.tag = 5;
-    h.length = announced;
     h.seal();
     auto payload = pattern(sent, 4);
     std::string error;
@@ -340,6 +334,16 @@ std::string after_announcing(std::uint64_t announced, std::size_t sent) {
     return error;
 }
 
+// A p2p header from rank 1 that announces `announced` bytes, `sent` of them.
+std::string after_announcing(std::uint64_t announced, std::size_t sent) {
+    cc::transport::frame_header h;
+    h.src = 1;
+    h.dst = 0;
+    h.tag = 5;
+    h.length = announced;
+    return after_sending(h, sent);
+}
+
 }  // namespace
 
 TEST_CASE("an early message's buffer grows as its bytes arrive, not by the announced length") {
@@ -355,4 +359,18 @@ TEST_CASE("an early message's buffer grows as its bytes arrive, not by the annou
     error = after_announcing(std::uint64_t{1} << 30, std::size_t{3} << 20);
     CHECK(error.find("closed") != std::string::npos);
     CHECK(peak_virtual_bytes() - before < (std::uint64_t{256} << 20));
+}
+
+TEST_CASE("a frame whose ranks are not its connection's fails the group, naming the frame") {
+    // Rank 1's connection carries a message that says it is from rank 0, to rank 0.
+    cc::transport::frame_header h;
+    h.src = 0;
+    h.dst = 0;
+    h.tag = 5;
+    h.length = 8;
+    std::string error = after_sending(h, 8);
+    CAPTURE(error);
+    CHECK(error.find("peer rank 1") != std::string::npos);
+    CHECK(error.find("unexpected frame from rank 1 to rank 0: kind 2, from rank 0 to rank 0, "
+                     "8 bytes") != std::string::npos);
 }

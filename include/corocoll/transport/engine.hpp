@@ -369,6 +369,10 @@ private:
     // Malformed ones are protocol errors.
     task<bool> take_control_frame(peer& ps, int p, const frame_header& h);
 
+    // A protocol error naming the frame `h` that came from `p` where it has no place (its
+    // kind, or its ranks, are not what this connection carries).
+    [[noreturn]] void throw_unexpected_frame(int p, const frame_header& h) const;
+
     // Completes `pr`, whose message is in, at once; or, when more of this peer's bytes are
     // already staged behind it, once the reader has gone through them (before it waits
     // again). A rank that was stopped finds the message that ends a collective and, behind

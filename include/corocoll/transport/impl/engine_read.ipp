@@ -56,8 +56,7 @@ COROCOLL_DECL task<> engine::read_loop(int p) {
             }
             if (h.src != static_cast<std::uint32_t>(p) ||
                 h.dst != static_cast<std::uint32_t>(rank_)) {
-                corocoll::detail::throw_error(corocoll::errc::protocol_error,
-                                              "unexpected frame kind or ranks in a header");
+                throw_unexpected_frame(p, h);
             }
             ++frames_in_;
             if (!check_active(p, h)) co_return;  // the group failed
@@ -184,8 +183,16 @@ COROCOLL_DECL task<bool> engine::take_control_frame(peer& ps, int p, const frame
         take_answer(p, h.seq, bytes);
         co_return true;
     }
+    throw_unexpected_frame(p, h);
+}
+
+COROCOLL_DECL void engine::throw_unexpected_frame(int p, const frame_header& h) const {
     corocoll::detail::throw_error(corocoll::errc::protocol_error,
-                                  "unexpected frame kind or ranks in a header");
+                                  "unexpected frame from rank " + std::to_string(p) + " to rank " +
+                                      std::to_string(rank_) + ": kind " +
+                                      std::to_string(static_cast<int>(h.kind)) + ", from rank " +
+                                      std::to_string(h.src) + " to rank " + std::to_string(h.dst) +
+                                      ", " + std::to_string(h.length) + " bytes");
 }
 
 COROCOLL_DECL void engine::complete_after_staged(peer& ps, posted_recv& pr) {

@@ -9,7 +9,8 @@ COROCOLL_BEGIN_NAMESPACE
 namespace transport {
 namespace detail {
 
-inline std::size_t at(int p) noexcept { return static_cast<std::size_t>(p); }
+// A rank as an index into the per-rank vectors of set-up.
+inline std::size_t slot(int p) noexcept { return static_cast<std::size_t>(p); }
 
 // A rank's host identity as the group's topology reads it.
 inline std::string host_key(const std::string& boot, const std::string& netns,
@@ -54,12 +55,12 @@ COROCOLL_DECL task<std::vector<shm_peer_info>> exchange_records(rendezvous::stor
     co_await store.wait(keys, std::chrono::duration_cast<std::chrono::milliseconds>(
                                   std::max(mo.deadline - std::chrono::steady_clock::now(),
                                            std::chrono::steady_clock::duration{})));
-    std::vector<shm_peer_info> info(at(size));
+    std::vector<shm_peer_info> info(slot(size));
     for (int p = 0; p < size; ++p) {
         if (p == rank) continue;
         std::istringstream in(co_await store.get("mesh/shm/" + std::to_string(p)));
         std::string choice;
-        auto& i = info[at(p)];
+        auto& i = info[slot(p)];
         in >> choice >> i.boot >> i.socket_name >> i.netns >> i.tag;
         i.choice = choice == "shm"   ? transport_choice::shm
                    : choice == "tcp" ? transport_choice::tcp
@@ -71,11 +72,11 @@ COROCOLL_DECL task<std::vector<shm_peer_info>> exchange_records(rendezvous::stor
 // Phase 3: which pairs may try shared memory, and why the others may not.
 COROCOLL_DECL std::vector<pair_plan> plan_pairs(int rank, int size, const own_record& me,
                                                 const std::vector<shm_peer_info>& info) {
-    std::vector<pair_plan> plan(at(size));
+    std::vector<pair_plan> plan(slot(size));
     for (int p = 0; p < size; ++p) {
         if (p == rank) continue;
-        const auto& i = info[at(p)];
-        auto& pl = plan[at(p)];
+        const auto& i = info[slot(p)];
+        auto& pl = plan[slot(p)];
         if (me.choice == transport_choice::tcp || i.choice == transport_choice::tcp) {
             pl.why = "COROCOLL_TRANSPORT=tcp on rank " +
                      std::to_string(me.choice == transport_choice::tcp ? rank : p);
@@ -97,7 +98,7 @@ COROCOLL_DECL task<> offer_segments(io::reactor& r, std::vector<io::socket>& soc
                                     std::vector<pair_plan>& plan, std::size_t ring,
                                     std::uint64_t group, const mesh_options& mo) {
     for (int q = rank + 1; q < size; ++q) {
-        auto& pl = plan[at(q)];
+        auto& pl = plan[slot(q)];
         shm_verdict v;
         if (pl.candidate) {
             try {
@@ -105,7 +106,7 @@ COROCOLL_DECL task<> offer_segments(io::reactor& r, std::vector<io::socket>& soc
                 fd_guard memfd;
                 pl.map = create_segment(ring, pl.nonce, memfd);
                 pl.sock =
-                    co_await connect_abstract(r, info[at(q)].socket_name, mo.deadline, pl.why);
+                    co_await connect_abstract(r, info[slot(q)].socket_name, mo.deadline, pl.why);
                 if (pl.sock.fd >= 0) {
                     shm_intro intro;
                     intro.group = group;
@@ -128,7 +129,7 @@ COROCOLL_DECL task<> offer_segments(io::reactor& r, std::vector<io::socket>& soc
                 pl.sock.reset();
             }
         }
-        co_await socks[at(q)].send(std::as_bytes(std::span(&v, 1)), mo.deadline);
+        co_await socks[slot(q)].send(std::as_bytes(std::span(&v, 1)), mo.deadline);
     }
 }
 
@@ -138,13 +139,13 @@ COROCOLL_DECL task<int> read_verdicts(std::vector<io::socket>& socks, int rank,
     int count = 0;
     for (int p = 0; p < rank; ++p) {
         shm_verdict v;
-        co_await socks[at(p)].recv(std::as_writable_bytes(std::span(&v, 1)), mo.deadline);
+        co_await socks[slot(p)].recv(std::as_writable_bytes(std::span(&v, 1)), mo.deadline);
         if (v.magic != shm_verdict{}.magic) {
             corocoll::detail::throw_error(
                 corocoll::errc::protocol_error,
                 "corocoll: init: rank " + std::to_string(p) + " sent no channel verdict");
         }
-        auto& pl = plan[at(p)];
+        auto& pl = plan[slot(p)];
         if (v.offered == offered) {
             pl.nonce = v.nonce;
             pl.candidate = true;
@@ -189,13 +190,13 @@ COROCOLL_DECL task<> take_segments(io::reactor& r, fd_guard& listener, int rank,
         fd_guard memfd;
         bool ok = recv_intro(conn.fd, intro, memfd);
         auto p = static_cast<int>(intro.rank);
-        if (!ok || intro.group != group || p < 0 || p >= rank || !plan[at(p)].candidate ||
-            plan[at(p)].sock.fd >= 0 || intro.nonce != plan[at(p)].nonce) {
+        if (!ok || intro.group != group || p < 0 || p >= rank || !plan[slot(p)].candidate ||
+            plan[slot(p)].sock.fd >= 0 || intro.nonce != plan[slot(p)].nonce) {
             COROCOLL_LOG(warn, "INIT", "rank ", rank,
                          " drops a stray connection to its unix socket");
             continue;
         }
-        auto& pl = plan[at(p)];
+        auto& pl = plan[slot(p)];
         pl.map = map_segment(memfd.fd, intro, pl.nonce, pl.why);
         shm_reply reply;
         if (pl.map.addr != nullptr) {
@@ -219,7 +220,7 @@ COROCOLL_DECL task<> take_segments(io::reactor& r, fd_guard& listener, int rank,
 COROCOLL_DECL task<> read_answers(io::reactor& r, int rank, int size, std::vector<pair_plan>& plan,
                                   const mesh_options& mo) {
     for (int q = rank + 1; q < size; ++q) {
-        auto& pl = plan[at(q)];
+        auto& pl = plan[slot(q)];
         if (pl.sock.fd < 0) continue;
         shm_reply reply;
         if (!co_await unix_exchange(r, pl.sock.fd, &reply, sizeof(reply), false, mo.deadline) ||
@@ -238,13 +239,13 @@ COROCOLL_DECL task<> read_answers(io::reactor& r, int rank, int size, std::vecto
 COROCOLL_DECL std::vector<std::unique_ptr<channel>> make_channels(
     io::reactor& r, std::vector<io::socket>& socks, int rank, int size, transport_choice mine,
     const std::vector<shm_peer_info>& info, std::vector<pair_plan>& plan, const engine_options& o) {
-    std::vector<std::unique_ptr<channel>> out(at(size));
+    std::vector<std::unique_ptr<channel>> out(slot(size));
     for (int p = 0; p < size; ++p) {
         if (p == rank) continue;
-        auto& pl = plan[at(p)];
+        auto& pl = plan[slot(p)];
         std::string pair = "rank " + std::to_string(rank) + " - rank " + std::to_string(p);
         if (!pl.shm) {
-            if (mine == transport_choice::shm || info[at(p)].choice == transport_choice::shm) {
+            if (mine == transport_choice::shm || info[slot(p)].choice == transport_choice::shm) {
                 if (pl.why.empty()) pl.why = "the segment could not be shared";
                 corocoll::detail::throw_error(
                     std::make_error_code(std::errc::operation_not_supported),
@@ -253,7 +254,7 @@ COROCOLL_DECL std::vector<std::unique_ptr<channel>> make_channels(
                         pl.why);
             }
             COROCOLL_LOG(info, "INIT", pair, ": tcp (", pl.why, ")");
-            out[at(p)] = tcp_channel::make(std::move(socks[at(p)]), o.same_host_send_buffer);
+            out[slot(p)] = tcp_channel::make(std::move(socks[slot(p)]), o.same_host_send_buffer);
             continue;
         }
         int side = p < rank ? 1 : 0;
@@ -270,13 +271,13 @@ COROCOLL_DECL std::vector<std::unique_ptr<channel>> make_channels(
                      : out     ? "; single copies only from this rank"
                                : "; no single copies (process_vm_readv refused)";
         }
-        socks[at(p)].close();
+        socks[slot(p)].close();
         auto ch =
             std::make_unique<shm_channel>(r, side, pl.map.addr, pl.map.bytes, pl.sock.release(),
                                           o.shm_single_copy_bytes, o.shm_futex_wait);
         COROCOLL_LOG(info, "INIT", pair, ": shm (same boot id, one segment mapped by both", copies,
                      "; sleeps on a ", ch->sleeps_on(), ")");
-        out[at(p)] = std::move(ch);
+        out[slot(p)] = std::move(ch);
         pl.map.addr = nullptr;  // the channel owns it now
     }
     return out;
@@ -287,12 +288,14 @@ COROCOLL_DECL std::vector<std::unique_ptr<channel>> make_channels(
 COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(
     io::reactor& r, rendezvous::store& store, int rank, int size, mesh_options mo, engine_options o,
     std::vector<std::string>* hosts, std::unique_ptr<shm_arena>* arena) {
-    using detail::at;
+    using detail::slot;
     std::vector<io::socket> socks = co_await connect_mesh(r, store, rank, size, mo);
-    detail::own_record me =
-        detail::make_own_record(o.transport.value_or(transport_from_env()), o.host_tag.view());
-    if (hosts != nullptr) hosts->assign(at(size), std::string{});
-    if (hosts != nullptr) (*hosts)[at(rank)] = detail::host_key(me.boot, me.netns, me.tag);
+    // COROCOLL_TRANSPORT is read only when the options leave the choice to it: a value set in
+    // code wins, and a bad variable is then not an error.
+    transport_choice choice = o.transport ? *o.transport : transport_from_env();
+    detail::own_record me = detail::make_own_record(choice, o.host_tag.view());
+    if (hosts != nullptr) hosts->assign(slot(size), std::string{});
+    if (hosts != nullptr) (*hosts)[slot(rank)] = detail::host_key(me.boot, me.netns, me.tag);
     if (size == 1) co_return std::vector<std::unique_ptr<channel>>(1);
 
     std::size_t ring = o.shm_ring_bytes;
@@ -306,8 +309,8 @@ COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(
     auto info = co_await detail::exchange_records(store, rank, size, me, mo);
     if (hosts != nullptr) {
         for (int p = 0; p < size; ++p) {
-            const auto& i = info[at(p)];
-            if (p != rank) (*hosts)[at(p)] = detail::host_key(i.boot, i.netns, i.tag);
+            const auto& i = info[slot(p)];
+            if (p != rank) (*hosts)[slot(p)] = detail::host_key(i.boot, i.netns, i.tag);
         }
     }
     auto plan = detail::plan_pairs(rank, size, me, info);
