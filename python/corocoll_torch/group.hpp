@@ -140,7 +140,7 @@ public:
                                         int tag) override {
         auto t = one_input("send", tensors);
         check_peer("send", dst);
-        return start(c10d::OpType::SEND, "send to rank " + std::to_string(dst), {}, {},
+        return start(c10d::OpType::SEND, {"send to rank", dst}, {}, {},
                      [t, dst, tag](auto& pg) -> cc::task<int> {
                          co_await pg.send(bytes_of(t), dst, tag);
                          co_return -1;
@@ -150,8 +150,7 @@ public:
     c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
                                         int tag) override {
         check_peer("recv", src);
-        return receive(c10d::OpType::RECV, "recv from rank " + std::to_string(src), tensors, src,
-                       tag);
+        return receive(c10d::OpType::RECV, {"recv from rank", src}, tensors, src, tag);
     }
 
     c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
@@ -705,10 +704,10 @@ private:
         }
         flat_list out;
         if (adjacent && bytes > 0) {
-            // A view over the same storage, from the first tensor's place on.
-            out.flat = at::empty({0}, in.options())
-                           .set_(list[0].storage(), list[0].storage_offset(),
-                                 {in.numel() * getSize()}, {1});
+            // The list's own memory, from the first tensor's place on, without a call through
+            // torch's dispatcher (from_blob makes the tensor directly; it owns nothing: the
+            // Work keeps the list's tensors, and so their storage, until the operation ends).
+            out.flat = at::from_blob(list[0].data_ptr(), {in.numel() * getSize()}, in.options());
             return out;
         }
         out.flat = at::empty({in.numel() * getSize()}, in.options());
@@ -741,11 +740,11 @@ private:
         return at::cat(parts);
     }
 
-    c10::intrusive_ptr<c10d::Work> receive(c10d::OpType type, std::string what,
+    c10::intrusive_ptr<c10d::Work> receive(c10d::OpType type, op_label what,
                                            std::vector<at::Tensor>& tensors, int src, int tag) {
         auto a = one_inout("recv", tensors);
         at::Tensor t = a.dense;
-        return start(type, std::move(what), tensors, {a}, [t, src, tag](auto& pg) -> cc::task<int> {
+        return start(type, what, tensors, {a}, [t, src, tag](auto& pg) -> cc::task<int> {
             auto b = writable_bytes_of(t);
             co_return co_await pg.recv(b, src, tag);
         });
@@ -759,12 +758,11 @@ private:
     }
 
     template <class Body>
-    c10::intrusive_ptr<c10d::Work> start(c10d::OpType type, std::string what,
+    c10::intrusive_ptr<c10d::Work> start(c10d::OpType type, op_label what,
                                          std::vector<at::Tensor> outputs,
                                          std::vector<tensor_arg> args, Body body) {
-        auto w = c10::make_intrusive<op_work<Body>>(getRank(), type, what + " on " + who(),
-                                                    std::move(outputs), std::move(args),
-                                                    std::move(body));
+        auto w = c10::make_intrusive<op_work<Body>>(
+            getRank(), getSize(), type, what, std::move(outputs), std::move(args), std::move(body));
         w->submit(*this);
         return w;
     }
@@ -779,8 +777,11 @@ private:
                                          bool reduces = false) {
         c10::intrusive_ptr<c10d::Work> w;
         bool known = with_element(t.scalar_type(), [&](auto elem) {
-            w = start(type, what, outputs, args,
-                      [t, body, elem](cc::process_group& pg) { return body(pg, elem, t); });
+            // Called at most once, and then `outputs` and `args` are not used again.
+            w = start(type, what, std::move(outputs), std::move(args),
+                      [t, body = std::move(body), elem](cc::process_group& pg) {
+                          return body(pg, elem, t);
+                      });
         });
         if (known) return w;
         if (reduces) {

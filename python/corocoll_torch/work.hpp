@@ -8,19 +8,28 @@ namespace corocoll_torch {
 
 class group;
 
+/// What an operation is, for its errors: `op` names it ("allreduce", "send to rank"), `peer`
+/// is the rank a send or recv names (appended to `op`), else -1. Made into words only when
+/// an error needs them, never per call.
+struct op_label {
+    op_label(const char* o, int p = -1) : op(o), peer(p) {}  // implicit: a name is a label
+    const char* op;
+    int peer;
+};
+
 /// What a corocoll operation returns to torch: completed once, from the progress thread,
 /// with the corocoll error (its text unchanged) or success.
 class work : public c10d::Work, public cc::detail::work_item {
 public:
-    work(int rank, c10d::OpType type, std::string what, std::vector<at::Tensor> outputs)
-        : c10d::Work(rank, type), what_(std::move(what)), outputs_(std::move(outputs)) {}
+    work(int rank, int size, c10d::OpType type, op_label label, std::vector<at::Tensor> outputs)
+        : c10d::Work(rank, type), label_(label), size_(size), outputs_(std::move(outputs)) {}
 
     bool isCompleted() override { return done_.load(std::memory_order_acquire); }
 
     int sourceRank() const override {
         std::lock_guard lock(mutex_);
         if (source_ < 0) {
-            throw std::runtime_error("corocoll: " + what_ +
+            throw std::runtime_error("corocoll: " + what() +
                                      ": sourceRank() is only known after a recv from any source "
                                      "has completed");
         }
@@ -37,7 +46,7 @@ public:
             if (timeout == ::kNoTimeout) {
                 drive_until_done();
             } else if (!wait_for(timeout)) {
-                throw std::runtime_error("corocoll: " + what_ + ": wait(" +
+                throw std::runtime_error("corocoll: " + what() + ": wait(" +
                                          std::to_string(timeout.count()) +
                                          " ms) ended before the operation did; it goes on, "
                                          "bounded by the group's timeout");
@@ -55,7 +64,7 @@ public:
     c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
     void abort() override {
-        throw std::runtime_error("corocoll: " + what_ +
+        throw std::runtime_error("corocoll: " + what() +
                                  ": abort is not supported (destroy the group instead)");
     }
 
@@ -75,7 +84,11 @@ private:
     bool wait_for(milliseconds timeout);
     void complete_future(c10::intrusive_ptr<c10::ivalue::Future> f);
 
-    std::string what_;
+    // "allreduce on rank 0 of 2": the operation, as its errors name it.
+    std::string what() const;
+
+    op_label label_;
+    int size_;
     std::vector<at::Tensor> outputs_;
     std::atomic<bool> done_{false};
     int source_ = -1;
@@ -90,9 +103,9 @@ private:
 template <class Body>
 class op_work final : public work {
 public:
-    op_work(int rank, c10d::OpType type, std::string what, std::vector<at::Tensor> outputs,
+    op_work(int rank, int size, c10d::OpType type, op_label label, std::vector<at::Tensor> outputs,
             std::vector<tensor_arg> args, Body body)
-        : work(rank, type, std::move(what), std::move(outputs)),
+        : work(rank, size, type, label, std::move(outputs)),
           args_(std::move(args)),
           body_(std::move(body)) {}
 
@@ -105,5 +118,11 @@ private:
     std::vector<tensor_arg> args_;
     Body body_;
 };
+
+inline std::string work::what() const {
+    std::string s = label_.op;
+    if (label_.peer >= 0) s += " " + std::to_string(label_.peer);
+    return s + " on rank " + std::to_string(rank_) + " of " + std::to_string(size_);
+}
 
 }  // namespace corocoll_torch

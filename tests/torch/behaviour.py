@@ -63,8 +63,8 @@ def works(rank, n, port):
         assert not req.is_completed()
         # Rank 1 sends only once "go" is set, so this wait(timeout) ends first: it raises,
         # naming the call, and the receive goes on.
-        expect_error(lambda: req.wait(timeout=timedelta(milliseconds=1)), "recv from rank 1",
-                     "wait(")
+        expect_error(lambda: req.wait(timeout=timedelta(milliseconds=1)),
+                     "recv from rank 1 on rank 0 of 2: wait(1 ms) ended before the operation did")
         assert not req.is_completed()
 
         # "go" is set by a thread of ours that needs the GIL 200 times: this rank's wait must
@@ -81,7 +81,11 @@ def works(rank, n, port):
               flush=True)
     else:
         store.wait(["go"])
-        dist.send(torch.tensor([1.0, 2.0, 3.0]), dst=0)
+        req = dist.isend(torch.tensor([1.0, 2.0, 3.0]), dst=0)
+        req.wait()
+        # A Work names its operation, the peer and the rank in its own errors.
+        expect_error(req.source_rank,
+                     "send to rank 0 on rank 1 of 2: sourceRank() is only known after a recv")
     # Unsupported calls name themselves.
     pg = dist.distributed_c10d._get_default_group()
     expect_error(lambda: pg.allreduce([torch.zeros(2), torch.zeros(2)]).wait(), "allreduce",
