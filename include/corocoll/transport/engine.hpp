@@ -4,7 +4,8 @@
 // checks, the stall round and the group's failure and close (docs/architecture.md,
 // "Point-to-point engine"). Its bodies are in impl/, one file per job: engine.ipp (sends,
 // posted receives, call checks), engine_read.ipp (the readers), engine_close.ipp (the close
-// protocol and failure), engine_status.ipp (the status round).
+// protocol and failure), engine_status.ipp (the stall timer, this rank's answers, and the
+// engine's side of the status round, which status_round.hpp runs).
 
 #include <corocoll/core/async_scope.hpp>
 #include <corocoll/core/error.hpp>
@@ -21,6 +22,7 @@
 #include <corocoll/transport/posted_recv.hpp>
 #include <corocoll/transport/recv_op.hpp>
 #include <corocoll/transport/status.hpp>
+#include <corocoll/transport/status_round.hpp>
 #include <corocoll/transport/tcp/channel.hpp>
 #include <corocoll/version.hpp>
 
@@ -70,7 +72,7 @@ namespace transport {
 /// both fail the group at once, with a report of what each rank was doing. Every collective
 /// frame carries a fingerprint of its sender's earlier collectives, and a frame of a
 /// collective that this rank ran differently fails the group when it arrives.
-class engine {
+class engine : private status_round::host {
     using posted_recv = detail::posted_recv;
     using peer = detail::peer;
     using op_label = detail::op_label;
@@ -413,14 +415,24 @@ private:
     // the connection is free.
     void answer(int p, std::uint64_t id);
 
-    void take_answer(int p, std::uint64_t id, const std::string& bytes);
-
-    // Asks every peer what it is doing, waits for the answers (the answer window at most),
-    // then judges them: a receive past its deadline fails the group, naming the rank to
-    // blame; a stall fails it only when a rank did not answer or the calls differ.
-    task<> run_status_round();
-
+    // Starts a status round (`round_`) unless one runs or the group failed or closes.
     void start_status_round() noexcept;
+
+    // What the status round asks of the engine (status_round::host). The virtual functions
+    // defined in impl/ carry COROCOLL_DECL here too (docs/architecture.md, "Compile time and
+    // separate compilation").
+    detail::rank_status status_now() const override { return my_status(); }
+    bool can_ask(int p) const noexcept override {
+        const peer& ps = peer_at(p);
+        return !ps.said_goodbye && ps.connected();
+    }
+    COROCOLL_DECL void ask(int p, std::uint64_t id, time_point until) override;
+    bool ended() const noexcept override { return failure_ || closing_; }
+    COROCOLL_DECL status_round::subject round_subject() const override;
+    void fail_group(int culprit, std::error_code code, const std::string& text) override {
+        fail_verbatim(culprit, code, text);
+    }
+    COROCOLL_DECL void stall_explained(const std::string& report) override;
 
     // A receive's deadline passed (it waits in the expired queue): the group fails once the
     // ranks have been asked who to blame.
@@ -506,14 +518,8 @@ private:
     struct stall_timer_entry : io::timer_entry {
         engine* owner = nullptr;
     } stall_timer_;
-    // The status round this rank runs (one at a time).
-    struct status_round {
-        bool running = false;
-        std::uint64_t id = 0;
-        std::vector<std::optional<detail::rank_status>> answers;
-        int missing = 0;
-        std::stop_source wake;
-    } round_;
+    // The status round this rank runs when it waits too long (one at a time).
+    status_round round_{*this, reactor_, rank_, size_};
     std::string failure_text_;
     int failed_peer_ = -1;
     std::stop_source failed_stop_;

@@ -199,7 +199,7 @@ COROCOLL_DECL void engine::abort_all() {
     for (auto& p : peers_) matching_.fail_all(p.posted, failure_);
     matching_.fail_all(matching_.any_source_queue(), failure_);
     matching_.fail_all(matching_.expired_queue(), failure_);
-    round_.wake.request_stop();
+    round_.stop();
 }
 
 }  // namespace transport

@@ -180,7 +180,7 @@ COROCOLL_DECL task<bool> engine::take_control_frame(peer& ps, int p, const frame
         h.length <= detail::rank_status::max_bytes(size_)) {
         std::string bytes(h.length, '\0');
         co_await ps.read_payload(std::as_writable_bytes(std::span(bytes)), stop_.get_token());
-        take_answer(p, h.seq, bytes);
+        round_.take_answer(p, h.seq, bytes);
         co_return true;
     }
     throw_unexpected_frame(p, h);

@@ -1,5 +1,7 @@
 // The bodies of <corocoll/transport/engine.hpp>, part 4 of 4:
-// the status round: what this rank is doing, the stall timer, and who to blame.
+// what this rank is doing (its answers to status queries), the stall timer, and the engine's
+// side of the status round (status_round.hpp asks and judges; this says what it is about and
+// carries its questions and verdict).
 // Inline where corocoll is header-only, compiled once in separate compilation (version.hpp).
 #pragma once
 
@@ -108,78 +110,34 @@ COROCOLL_DECL void engine::answer(int p, std::uint64_t id) {
                                      std::chrono::steady_clock::now() + answer_window()));
 }
 
-COROCOLL_DECL void engine::take_answer(int p, std::uint64_t id, const std::string& bytes) {
-    status_round& rd = round_;
-    if (!rd.running || id != rd.id || rd.answers[static_cast<std::size_t>(p)]) return;
-    auto status = detail::rank_status::decode(bytes);
-    if (!status) return;
-    rd.answers[static_cast<std::size_t>(p)] = std::move(*status);
-    if (--rd.missing == 0) rd.wake.request_stop();
-}
-
-COROCOLL_DECL task<> engine::run_status_round() {
-    status_round& rd = round_;
-    rd.running = true;
-    rd.id += 1;
-    rd.wake = std::stop_source();
-    rd.answers.assign(static_cast<std::size_t>(size_), std::nullopt);
-    rd.answers[static_cast<std::size_t>(rank_)] = my_status();
-    rd.missing = 0;
-    time_point until = std::chrono::steady_clock::now() + answer_window();
+COROCOLL_DECL void engine::ask(int p, std::uint64_t id, time_point until) {
     frame_header q;
     q.kind = frame_kind::status_query;
-    q.seq = rd.id;
-    for (int p = 0; p < size_; ++p) {
-        if (p == rank_) continue;
-        peer& ps = peer_at(p);
-        if (ps.said_goodbye || !ps.connected()) {
-            detail::rank_status gone;
-            gone.left = true;
-            rd.answers[static_cast<std::size_t>(p)] = gone;
-            continue;
-        }
-        ++rd.missing;
-        readers_.spawn(send_status_frame(p, q, {}, until));
-    }
-    if (rd.missing > 0) {
-        try {
-            co_await reactor_.sleep_until(until, rd.wake.get_token());
-        } catch (const std::system_error&) {
-            // every answer came (or the group failed)
-        }
-    }
-    rd.running = false;
-    if (failure_ || closing_) co_return;
-    const posted_recv* expired = matching_.expired_queue().front();
-    const bool shared = expired == nullptr && shared_expired_;
-    auto why = expired != nullptr || shared ? detail::status_reason::deadline
-                                            : detail::status_reason::stalled;
-    std::string waiting = expired != nullptr ? describe_wait(*expired)
-                          : shared           ? shared_what_
-                                             : "its receives, with no progress for " +
-                                         std::to_string(stall_interval().count()) + " ms";
-    int src = expired != nullptr ? expired->src : shared ? shared_culprit_ : any_source;
-    auto verdict =
-        detail::judge_status(rd.answers, rank_, why, src, waiting, answer_window(), describe_);
-    if (shared && !verdict.fail) {
-        // Every rank answered and none disagrees, yet the step never came: blame the rank
-        // waited for, as a receive past its deadline does.
-        verdict.fail = true;
-        verdict.timed_out = true;
-        verdict.culprit = shared_culprit_;
-        verdict.text = "rank " + std::to_string(rank_) + " timed out waiting in " + shared_what_ +
-                       "; " + verdict.text;
-    }
-    if (verdict.fail) {
-        fail_verbatim(verdict.culprit,
-                      verdict.timed_out ? std::make_error_code(std::errc::timed_out)
-                                        : make_error_code(corocoll::errc::protocol_error),
-                      verdict.text);
+    q.seq = id;
+    readers_.spawn(send_status_frame(p, q, {}, until));
+}
+
+COROCOLL_DECL status_round::subject engine::round_subject() const {
+    status_round::subject s;
+    if (const posted_recv* expired = matching_.expired_queue().front()) {
+        s.why = detail::status_reason::deadline;
+        s.waited_for = expired->src;
+        s.waiting = describe_wait(*expired);
+    } else if (shared_expired_) {
+        s.why = detail::status_reason::deadline;
+        s.waited_for = shared_culprit_;
+        s.waiting = shared_what_;
     } else {
-        COROCOLL_LOG(warn, "P2P", "rank ", rank_, " made no progress for ",
-                     stall_interval().count(), " ms: ", verdict.text);
-        progress_at_ = std::chrono::steady_clock::now();
+        s.waiting = "its receives, with no progress for " +
+                    std::to_string(stall_interval().count()) + " ms";
     }
+    return s;
+}
+
+COROCOLL_DECL void engine::stall_explained(const std::string& report) {
+    COROCOLL_LOG(warn, "P2P", "rank ", rank_, " made no progress for ", stall_interval().count(),
+                 " ms: ", report);
+    progress_at_ = std::chrono::steady_clock::now();
 }
 
 COROCOLL_DECL void engine::shared_wait_expired(int culprit, std::string what) {
@@ -191,9 +149,9 @@ COROCOLL_DECL void engine::shared_wait_expired(int culprit, std::string what) {
 }
 
 COROCOLL_DECL void engine::start_status_round() noexcept {
-    if (round_.running || failure_ || closing_) return;
+    if (round_.running() || failure_ || closing_) return;
     try {
-        readers_.spawn(run_status_round());
+        readers_.spawn(round_.run(answer_window(), describe_));
     } catch (const std::exception&) {
         // Out of memory: the receive that expired stays until the group closes.
     }
