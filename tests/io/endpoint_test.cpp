@@ -39,3 +39,16 @@ TEST_CASE("localhost resolves through getaddrinfo to a loopback address") {
     CHECK(e.port() == 1234);
     CHECK((e.host() == "127.0.0.1" || e.host() == "::1"));
 }
+
+// Where the system cannot resolve it (no /etc/hosts), resolve() falls back to 127.0.0.1 for
+// exactly these names.
+TEST_CASE("localhost names are those RFC 6761 reserves") {
+    for (const char* yes :
+         {"localhost", "LocalHost", "localhost.", "rank0.localhost", "a.b.LOCALHOST."}) {
+        CHECK_MESSAGE(cc::io::endpoint::is_localhost_name(yes), yes);
+    }
+    for (const char* no : {"", ".", "localhos", "notlocalhost", "localhost.example", "xlocalhost",
+                           "localhost..", "127.0.0.1"}) {
+        CHECK_MESSAGE(!cc::io::endpoint::is_localhost_name(no), no);
+    }
+}

@@ -15,6 +15,7 @@ Usage: multinode_test.py <corocollrun> <launcher_worker>
 """
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -58,8 +59,11 @@ def make_hosts():
 
 def remove_hosts():
     for ns in NS:
-        subprocess.run(["ip", "netns", "del", ns], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
+        try:
+            subprocess.run(["ip", "netns", "del", ns], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+        except FileNotFoundError:
+            return
 
 
 def clean_env():
@@ -113,6 +117,9 @@ def main():
     worker = os.path.abspath(sys.argv[2])
     if os.geteuid() != 0:
         print("skip: making network namespaces needs root")
+        return SKIP
+    if shutil.which("ip") is None:
+        print("skip: no `ip` (iproute2) to make network namespaces with")
         return SKIP
     try:
         make_hosts()

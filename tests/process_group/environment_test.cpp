@@ -9,6 +9,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -165,4 +166,36 @@ TEST_CASE("read_environment accepts every documented value") {
     CHECK(s.timeout == 60s);
     CHECK(s.busy_poll == 0us);
     CHECK(s.stall == 2500ms);
+}
+
+// A build without libcrypto cannot prove a job token: every rank says so before the store is
+// reached (not only the ranks that get as far as the mesh, while the others find rank 0 and
+// its store gone). A build with it takes the token.
+TEST_CASE("COROCOLL_JOB_TOKEN is refused up front where the build cannot use it") {
+    auto with_token = [](const char* name) -> const char* {
+        return std::string_view(name) == "COROCOLL_JOB_TOKEN" ? "a-token" : nullptr;
+    };
+    auto empty_token = [](const char* name) -> const char* {
+        return std::string_view(name) == "COROCOLL_JOB_TOKEN" ? "" : nullptr;
+    };
+    CHECK_NOTHROW(cc::read_environment(empty_token));
+    if (cc::detail::token_auth_available()) {
+        CHECK_NOTHROW(cc::read_environment(with_token));
+        return;
+    }
+    CHECK_THROWS_WITH_AS(cc::read_environment(with_token),
+                         doctest::Contains("COROCOLL_JOB_TOKEN is set, but this build of "
+                                           "corocoll has no libcrypto"),
+                         std::invalid_argument);
+    scoped_env env{
+        {"COROCOLL_JOB_TOKEN", "a-token"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "1"}};
+    cc::io::reactor r;
+    cc::init_options o;
+    o.rank = 1;
+    o.world_size = 2;
+    o.timeout = 3s;
+    CHECK_THROWS_WITH_AS(r.run(cc::init_process_group(r, o)),
+                         doctest::Contains("init_process_group: rank 1: COROCOLL_JOB_TOKEN is "
+                                           "set, but this build of corocoll has no libcrypto"),
+                         std::invalid_argument);
 }

@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <cctype>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -35,8 +36,14 @@ public:
     static endpoint parse(std::string_view text);
 
     /// Looks `host` up (a name or a numeric address) and returns its first address for TCP.
-    /// Blocks in getaddrinfo: meant for start-up, not for a hot path.
+    /// Blocks in getaddrinfo: meant for start-up, not for a hot path. A localhost name that
+    /// the system cannot resolve (a root without /etc/hosts: a minimal container or chroot) is
+    /// the IPv4 loopback address, as RFC 6761 asks of resolvers.
     static endpoint resolve(const std::string& host, std::uint16_t port);
+
+    /// "localhost", or a name under it ("a.localhost"), in any case, with or without the
+    /// final dot: the names RFC 6761 reserves for the loopback address.
+    static bool is_localhost_name(std::string_view host) noexcept;
 
     /// The IPv4 loopback address with `port` (0: let the kernel pick one at bind).
     static endpoint loopback(std::uint16_t port = 0) { return from_numeric("127.0.0.1", port); }

@@ -5,6 +5,7 @@
 // rather than a failure (or an abort) halfway through set-up.
 
 #include <corocoll/collectives/select.hpp>
+#include <corocoll/core/auth.hpp>
 #include <corocoll/core/log.hpp>
 #include <corocoll/rendezvous/launch_env.hpp>
 #include <corocoll/transport/channel.hpp>

@@ -50,12 +50,24 @@ COROCOLL_DECL endpoint endpoint::resolve(const std::string& host, std::uint16_t 
     addrinfo* found = nullptr;
     std::string service = std::to_string(port);
     if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0) {
+        if (is_localhost_name(host)) return loopback(port);
         throw std::runtime_error("corocoll: cannot resolve host '" + host +
                                  "': " + gai_strerror(rc));
     }
     endpoint e(found->ai_addr, found->ai_addrlen);
     freeaddrinfo(found);
     return e;
+}
+
+COROCOLL_DECL bool endpoint::is_localhost_name(std::string_view host) noexcept {
+    if (!host.empty() && host.back() == '.') host.remove_suffix(1);
+    constexpr std::string_view name = "localhost";
+    if (host.size() < name.size()) return false;
+    std::string_view tail = host.substr(host.size() - name.size());
+    for (std::size_t i = 0; i < name.size(); ++i) {
+        if (std::tolower(static_cast<unsigned char>(tail[i])) != name[i]) return false;
+    }
+    return host.size() == name.size() || host[host.size() - name.size() - 1] == '.';
 }
 
 COROCOLL_DECL std::uint16_t endpoint::port() const noexcept {

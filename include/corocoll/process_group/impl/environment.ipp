@@ -65,6 +65,17 @@ COROCOLL_DECL environment_settings read_environment(const rendezvous::env_lookup
         out.busy_poll = std::chrono::microseconds(*us);
     }
     if (const char* v = env("COROCOLL_STALL_S")) out.stall = transport::parse_stall(v);
+    // Checked here, on every rank, before the store is reached: found at the mesh, only the
+    // ranks that got there said why (rank 0 then left, taking its store with it, and the
+    // others reported a reset connection).
+    if (const char* v = env("COROCOLL_JOB_TOKEN");
+        v != nullptr && *v != '\0' && !corocoll::detail::token_auth_available()) {
+        throw std::invalid_argument(
+            "COROCOLL_JOB_TOKEN is set, but this build of corocoll has no libcrypto for "
+            "HMAC-SHA256 (build with OpenSSL's libcrypto, which Meson finds, or define "
+            "COROCOLL_WITH_OPENSSL and link -lcrypto); unset the token to run without "
+            "authentication");
+    }
     return out;
 }
 
