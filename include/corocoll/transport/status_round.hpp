@@ -27,8 +27,11 @@ COROCOLL_BEGIN_NAMESPACE
 
 namespace transport {
 
+/// The asking side of a status round (see the top of this file); one per engine, one round
+/// at a time, on the engine's reactor.
 class status_round {
 public:
+    /// Deadlines are points on the steady clock.
     using time_point = std::chrono::steady_clock::time_point;
 
     /// What a round is about, as the engine sees it once the answers are in.
@@ -45,6 +48,7 @@ public:
     /// What the round needs of the engine that runs it.
     class host {
     public:
+        /// Deadlines are points on the steady clock.
         using time_point = std::chrono::steady_clock::time_point;
 
         /// This rank's own answer.
@@ -68,6 +72,7 @@ public:
         ~host() = default;
     };
 
+    /// A round of rank `rank` of a group of `size`, run on `r`, for host `h`.
     status_round(host& h, io::reactor& r, int rank, int size) noexcept
         : host_(h), reactor_(r), rank_(rank), size_(size) {}
     status_round(const status_round&) = delete;
