@@ -72,7 +72,7 @@ namespace transport {
 /// both fail the group at once, with a report of what each rank was doing. Every collective
 /// frame carries a fingerprint of its sender's earlier collectives, and a frame of a
 /// collective that this rank ran differently fails the group when it arrives.
-class engine : private status_round::host {
+class engine final : private status_round::host {
     using posted_recv = detail::posted_recv;
     using peer = detail::peer;
     using op_label = detail::op_label;
