@@ -43,6 +43,12 @@ inline constexpr bool token_auth_available() noexcept {
 #endif
 }
 
+/// Why a job token is refused where `token_auth_available()` is false (set-up's error text).
+inline constexpr const char* no_token_auth =
+    "COROCOLL_JOB_TOKEN is set, but this build of corocoll has no libcrypto for HMAC-SHA256 "
+    "(build with OpenSSL's libcrypto, which Meson finds, or define COROCOLL_WITH_OPENSSL and "
+    "link -lcrypto); unset the token to run without authentication";
+
 /// 32 bytes from the kernel's CSPRNG (getrandom), never reused.
 COROCOLL_DECL auth_nonce auth_random_nonce();
 

@@ -70,11 +70,7 @@ COROCOLL_DECL environment_settings read_environment(const rendezvous::env_lookup
     // others reported a reset connection).
     if (const char* v = env("COROCOLL_JOB_TOKEN");
         v != nullptr && *v != '\0' && !corocoll::detail::token_auth_available()) {
-        throw std::invalid_argument(
-            "COROCOLL_JOB_TOKEN is set, but this build of corocoll has no libcrypto for "
-            "HMAC-SHA256 (build with OpenSSL's libcrypto, which Meson finds, or define "
-            "COROCOLL_WITH_OPENSSL and link -lcrypto); unset the token to run without "
-            "authentication");
+        throw std::invalid_argument(corocoll::detail::no_token_auth);
     }
     return out;
 }

@@ -230,12 +230,9 @@ COROCOLL_DECL task<std::vector<io::socket>> connect_mesh(io::reactor& r, rendezv
     std::vector<io::socket> peers(static_cast<std::size_t>(size));
     if (size == 1) co_return peers;
     if (!o.job_token.empty() && !corocoll::detail::token_auth_available()) {
-        throw std::invalid_argument(
-            "corocoll: init: rank " + std::to_string(rank) +
-            ": COROCOLL_JOB_TOKEN is set, but this build of corocoll has no libcrypto for "
-            "HMAC-SHA256 (build with OpenSSL's libcrypto, which Meson finds, or define "
-            "COROCOLL_WITH_OPENSSL and link -lcrypto); unset the token to run without "
-            "authentication");
+        // Where set-up did not read the environment (a group built on a given store).
+        throw std::invalid_argument("corocoll: init: rank " + std::to_string(rank) + ": " +
+                                    corocoll::detail::no_token_auth);
     }
     io::acceptor listener = io::acceptor::listen(r, o.listen_on);
     const std::string here = listener.local_endpoint().to_string();
