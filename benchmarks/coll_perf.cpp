@@ -569,12 +569,20 @@ cc::task<> benchmark(cc::process_group& pg, const config& c) {
             if (auto k = kind_of(op)) pg.set_algorithm(*k, algorithm_of(c.algorithm));
         }
         if (report != nullptr) {
-            char line[160];
+            char line[320];
             std::snprintf(line, sizeof line,
                           "corocoll coll_perf: %s on %d ranks, iters %d, warm-up %d, check %d, "
                           "algorithm %s",
                           op.c_str(), n, c.sweep.iters, c.sweep.warmup, c.sweep.check ? 1 : 0,
                           c.algorithm.empty() ? "auto" : c.algorithm.c_str());
+            report->comment(line);
+            const auto& t = pg.size_thresholds();
+            std::snprintf(line, sizeof line,
+                          "caches %s; 2-rank arena thresholds: ring from %zu KiB below %zu KiB, "
+                          "single-copy broadcast by tree from %zu KiB",
+                          cc::describe(cc::machine_cache_sizes()).c_str(),
+                          t.shm_pair_ring_from >> 10, t.shm_pair_ring_below >> 10,
+                          t.shm_pair_single_copy_tree_from >> 10);
             report->comment(line);
             report->comment("");
             report->table(table_columns());

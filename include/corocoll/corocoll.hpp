@@ -8,6 +8,7 @@
 #include <corocoll/core/async_mutex.hpp>
 #include <corocoll/core/async_scope.hpp>
 #include <corocoll/core/awaitable_traits.hpp>
+#include <corocoll/core/cache_sizes.hpp>
 #include <corocoll/core/error.hpp>
 #include <corocoll/core/offload.hpp>
 #include <corocoll/core/sync_wait.hpp>

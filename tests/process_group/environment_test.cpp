@@ -95,7 +95,8 @@ TEST_CASE("every COROCOLL_* value is checked before the store is reached") {
         {"COROCOLL_TRANSPORT", "udp"}, {"COROCOLL_DEBUG", "verbose"},
         {"COROCOLL_TIMEOUT", "30s"},   {"COROCOLL_TIMEOUT", "0"},
         {"COROCOLL_TIMEOUT", "-1"},    {"COROCOLL_BUSY_POLL_US", "fast"},
-        {"COROCOLL_STALL_S", "1m"},    {"COROCOLL_ALGORITHM", "all_reduce:ring"}};
+        {"COROCOLL_STALL_S", "1m"},    {"COROCOLL_ALGORITHM", "all_reduce:ring"},
+        {"COROCOLL_CACHE_L2", "2MB"}};
     for (auto [n, v] : bad) {
         std::string name = n, value = v;
         CAPTURE(name);

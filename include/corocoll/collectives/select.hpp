@@ -91,6 +91,18 @@ struct thresholds {
     /// all_gather stays ahead of the ring at every size, and its broadcast up to (not
     /// including) this size, from which the tree's pipelined pieces win again.
     std::size_t shm_pair_single_copy_tree_from = std::size_t{2} << 20;
+
+    /// The L2 (per core) of the machine the shared-memory thresholds above were measured on.
+    /// Three of them mark where a 2-rank call's working set (its buffers, the arena's slots,
+    /// the other rank's buffer read through the kernel) outgrows a core's L2:
+    /// `shm_pair_ring_from`, `shm_pair_ring_below` and `shm_pair_single_copy_tree_from`.
+    static constexpr std::size_t measured_l2 = std::size_t{2} << 20;
+
+    /// The thresholds for cores with `l2` bytes of L2: the three above scaled by `l2` over
+    /// `measured_l2`, rounded to a power of two and kept between a quarter and four times
+    /// (a 512 KiB L2 moves them to 128 KiB, 1 MiB and 512 KiB); every other threshold, and
+    /// all of them where `l2` is 0 (not known), as measured.
+    static thresholds for_l2(std::size_t l2) noexcept;
 };
 
 /// Algorithms forced per collective; `automatic` leaves the choice to size and world size.

@@ -6,6 +6,7 @@
 
 #include <corocoll/collectives/select.hpp>
 #include <corocoll/core/auth.hpp>
+#include <corocoll/core/cache_sizes.hpp>
 #include <corocoll/core/log.hpp>
 #include <corocoll/rendezvous/launch_env.hpp>
 #include <corocoll/transport/channel.hpp>
@@ -14,6 +15,7 @@
 #include <corocoll/version.hpp>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
@@ -39,6 +41,9 @@ struct environment_settings {
     std::optional<std::chrono::microseconds> busy_poll;
     /// COROCOLL_STALL_S, in seconds (0: off): see `transport::engine_options::stall`.
     std::optional<std::chrono::milliseconds> stall;
+    /// COROCOLL_CACHE_L2, in bytes (a size such as 512K): the L2 that `machine_cache_sizes`
+    /// reports instead of sysfs's, from which size thresholds follow. 0: unset.
+    std::size_t cache_l2 = 0;
 };
 
 namespace detail {
@@ -56,8 +61,8 @@ COROCOLL_DECL std::chrono::milliseconds parse_timeout(const char* v);
 }  // namespace detail
 
 /// Reads and checks every COROCOLL_* variable that shapes a group: COROCOLL_ALGORITHM,
-/// COROCOLL_TRANSPORT, COROCOLL_DEBUG, COROCOLL_TIMEOUT, COROCOLL_BUSY_POLL_US and
-/// COROCOLL_STALL_S. A value
+/// COROCOLL_TRANSPORT, COROCOLL_DEBUG, COROCOLL_TIMEOUT, COROCOLL_BUSY_POLL_US,
+/// COROCOLL_STALL_S and COROCOLL_CACHE_L2. A value
 /// that is not understood throws `std::invalid_argument` naming the variable, the value and
 /// what it may be. `init_process_group` calls it before it reaches the store; costs a few
 /// `getenv` calls.

@@ -13,6 +13,7 @@
 #include <corocoll/collectives/select.hpp>
 #include <corocoll/collectives/topology.hpp>
 #include <corocoll/core/async_mutex.hpp>
+#include <corocoll/core/cache_sizes.hpp>
 #include <corocoll/core/error.hpp>
 #include <corocoll/core/task.hpp>
 #include <corocoll/core/work.hpp>
@@ -129,6 +130,10 @@ public:
     std::size_t arena_single_copy_from() const noexcept {
         return arena_ && arena_->single_copies() ? arena_->single_copy_from() : 0;
     }
+    /// The sizes at which this group's choice of algorithm changes: those that depend on a
+    /// core's L2 follow the L2 of rank 0's machine where the group has an arena, of this one
+    /// elsewhere (`collectives::thresholds::for_l2`, `machine_cache_sizes`).
+    const collectives::thresholds& size_thresholds() const noexcept { return thresholds_; }
     /// The group's namespace in the rendezvous store.
     rendezvous::store& store() const noexcept { return *store_; }
     /// The same, shared: another group (the GPU layer's NCCL group) may rendezvous through it.
@@ -294,7 +299,7 @@ public:
             check_size("gather", "output", std::ranges::size(out), std::ranges::size(in) * size());
         }
         auto kind = collectives::collective_kind::gather;
-        auto algo = collectives::select(kind, in_bytes.size(), size(), algorithms_);
+        auto algo = collectives::select(kind, in_bytes.size(), size(), algorithms_, thresholds_);
         return call("gather_into", collective(
                                        kind, element_of<I>(), std::ranges::size(in), 0, dst,
                                        [in_bytes, out_bytes, dst, algo](collectives::context& c) {
@@ -322,7 +327,7 @@ public:
             check_size("scatter", "input", std::ranges::size(in), std::ranges::size(out) * size());
         }
         auto kind = collectives::collective_kind::scatter;
-        auto algo = collectives::select(kind, out_bytes.size(), size(), algorithms_);
+        auto algo = collectives::select(kind, out_bytes.size(), size(), algorithms_, thresholds_);
         return call("scatter_from", collective(
                                         kind, element_of<O>(), std::ranges::size(out), 0, src,
                                         [in_bytes, out_bytes, src, algo](collectives::context& c) {
@@ -586,6 +591,7 @@ private:
     int subgroups_ = 0;
     // Before engine_: a bad COROCOLL_ALGORITHM throws before any reader starts.
     collectives::algorithm_choice algorithms_ = collectives::algorithm_choice::from_env();
+    collectives::thresholds thresholds_;
     transport::engine engine_;
     bool closed_ = false;
     bool close_finished_ = false;

@@ -4,6 +4,9 @@
 
 #include <corocoll/collectives/select.hpp>
 
+#include <algorithm>
+#include <cmath>
+
 COROCOLL_BEGIN_NAMESPACE
 
 namespace collectives {
@@ -171,6 +174,21 @@ COROCOLL_DECL std::string algorithm_choice::names_of(std::optional<collective_ki
         if (!k || supports(*k, a)) out += std::string(", ") + algorithm_name(a);
     }
     return out;
+}
+
+COROCOLL_DECL thresholds thresholds::for_l2(std::size_t l2) noexcept {
+    thresholds t;
+    if (l2 == 0) return t;
+    // The power of two nearest to l2 / measured_l2, as a shift between -2 and 2.
+    const double ratio = static_cast<double>(l2) / static_cast<double>(measured_l2);
+    const long shift = std::clamp(std::lround(std::log2(ratio)), -2L, 2L);
+    auto scaled = [shift](std::size_t v) {
+        return shift >= 0 ? v << static_cast<unsigned>(shift) : v >> static_cast<unsigned>(-shift);
+    };
+    t.shm_pair_ring_from = scaled(t.shm_pair_ring_from);
+    t.shm_pair_ring_below = scaled(t.shm_pair_ring_below);
+    t.shm_pair_single_copy_tree_from = scaled(t.shm_pair_single_copy_tree_from);
+    return t;
 }
 
 COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,

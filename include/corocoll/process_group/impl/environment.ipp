@@ -65,6 +65,13 @@ COROCOLL_DECL environment_settings read_environment(const rendezvous::env_lookup
         out.busy_poll = std::chrono::microseconds(*us);
     }
     if (const char* v = env("COROCOLL_STALL_S")) out.stall = transport::parse_stall(v);
+    if (const char* v = env("COROCOLL_CACHE_L2"); v != nullptr && *v != '\0') {
+        out.cache_l2 = parse_cache_size(v);
+        if (out.cache_l2 == 0) {
+            throw std::invalid_argument(
+                detail::env_error("COROCOLL_CACHE_L2", v, corocoll::detail::cache_size_expected));
+        }
+    }
     // Checked here, on every rank, before the store is reached: found at the mesh, only the
     // ranks that got there said why (rank 0 then left, taking its store with it, and the
     // others reported a reset connection).

@@ -176,6 +176,8 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
     io::endpoint listen_on, std::shared_ptr<rendezvous::tcp_store_server> hosted,
     std::stop_token stop) {
     auto deadline = io::deadline_after(timeout);
+    // A COROCOLL_CACHE_L2 that is not a size stops every rank here, before any connection.
+    const cache_sizes& caches = machine_cache_sizes();
     transport::mesh_options mesh;
     mesh.stop = std::move(stop);
     mesh.deadline = deadline;
@@ -220,7 +222,9 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
                       std::to_string(arena->single_copy_from() >> 10) + " KiB";
         COROCOLL_LOG(info, "INIT", "group '", name, "': a shared-memory arena of 2 x ",
                      arena->set_bytes() >> 10,
-                     " KiB (all_reduce, broadcast, all_gather through shared memory", copies, ")");
+                     " KiB (all_reduce, broadcast, all_gather through shared memory", copies,
+                     "); size thresholds from rank 0's L2 of ", arena->l2_bytes() >> 10,
+                     " KiB; this rank's caches: ", describe(caches));
     }
     co_await forget_setup_keys(*group_store, rank, size);
     COROCOLL_LOG(info, "INIT", "group '", name, "' ready: rank ", rank, " of ", size);

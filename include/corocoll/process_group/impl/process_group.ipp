@@ -24,6 +24,8 @@ COROCOLL_DECL process_group::process_group(io::reactor& r, int rank, int size, s
       engine_(r, rank, size, std::move(peers), limits),
       topology_(std::move(hosts)),
       arena_(std::move(arena)) {
+    thresholds_ =
+        collectives::thresholds::for_l2(arena_ ? arena_->l2_bytes() : machine_cache_sizes().l2);
     engine_.set_describer(&collectives::describe);
     unlock_item_.lock = &collective_lock_;
     unlock_item_.run_ = [](corocoll::detail::work_item* item) noexcept {
@@ -58,8 +60,8 @@ COROCOLL_DECL std::vector<work<int>> process_group::batch_isend_irecv(
 
 COROCOLL_DECL collectives::algorithm process_group::choose(collectives::collective_kind k,
                                                            std::size_t bytes) const {
-    auto a = collectives::select(k, bytes, size(), algorithms_, {}, &topology_, has_arena(),
-                                 arena_single_copy_from());
+    auto a = collectives::select(k, bytes, size(), algorithms_, thresholds_, &topology_,
+                                 has_arena(), arena_single_copy_from());
     if (a == collectives::algorithm::shm && !has_arena()) {
         throw std::invalid_argument(
             prefix(collectives::kind_name(k)) +

@@ -75,6 +75,9 @@ struct arena_header {
     std::uint64_t set_bytes = 0;  // bytes of each of the two data sets
     // The creator's `single_copy_from` (see shm_arena::single_copy): one value for the group.
     std::uint64_t single_copy_from = 0;
+    // The creator's L2 in bytes (machine_cache_sizes; 0: not known), from which every rank
+    // derives the group's size thresholds alike (collectives::thresholds::for_l2).
+    std::uint64_t l2_bytes = 0;
 };
 
 // What one rank brings to the steps of one parity (see `arena_line`): one cache line, so that
@@ -163,6 +166,9 @@ public:
     /// The group's size from which calls copy straight between the ranks' buffers, when
     /// allowed (0: never).
     std::size_t single_copy_from() const noexcept { return single_copy_from_; }
+    /// The L2 of rank 0's cores (bytes, 0: not known), kept in the arena so that every rank
+    /// derives the same size thresholds from it.
+    std::size_t l2_bytes() const noexcept { return l2_bytes_; }
 
     /// Offers this rank's buffer `at` of `bytes` bytes with the next step (in its small
     /// buffer): from that step on the others may copy from it (`copy_from`), until this rank
@@ -349,6 +355,7 @@ private:
     // The ranks a suspended step still waits for (what a status answer lists); sized once.
     std::vector<int> missing_;
     std::size_t single_copy_from_ = 0;
+    std::size_t l2_bytes_ = 0;
     bool single_copy_allowed_ = false;
     bool backward_ = false;
 };

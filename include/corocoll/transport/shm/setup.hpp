@@ -140,10 +140,11 @@ COROCOLL_DECL mapping map_shared(int fd, std::uint64_t bytes, std::size_t least,
 // A fresh segment of two rings of `ring_bytes`, with `nonce` in it.
 COROCOLL_DECL mapping create_segment(std::size_t ring_bytes, std::uint64_t nonce, fd_guard& memfd);
 
-// A fresh arena for `ranks` ranks with data sets of `set_bytes`, with `nonce` and the
-// group's `single_copy_from` (see shm_arena::single_copy) in it.
+// A fresh arena for `ranks` ranks with data sets of `set_bytes`, with `nonce`, the
+// group's `single_copy_from` (see shm_arena::single_copy) and this core's L2 (`l2_bytes`) in it.
 COROCOLL_DECL mapping create_arena(int ranks, std::size_t set_bytes, std::uint64_t nonce,
-                                   std::size_t single_copy_from, fd_guard& memfd);
+                                   std::size_t single_copy_from, std::size_t l2_bytes,
+                                   fd_guard& memfd);
 
 // Maps the arena rank 0 passed; empty with `why` when it is not what `intro` says.
 COROCOLL_DECL mapping map_arena(int fd, const shm_intro& intro, int ranks, std::string& why);

@@ -15,6 +15,7 @@ COROCOLL_DECL shm_arena::shm_arena(void* mapping, std::size_t bytes, int rank)
     set_bytes_ = static_cast<std::size_t>(h->set_bytes);
     data_ = base_ + data_offset(size_);
     single_copy_from_ = static_cast<std::size_t>(h->single_copy_from);
+    l2_bytes_ = static_cast<std::size_t>(h->l2_bytes);
     step_ = std::max(line(rank_).steps[0].arrived.load(std::memory_order_relaxed),
                      line(rank_).steps[1].arrived.load(std::memory_order_relaxed));
     line(rank_).pid = static_cast<std::int64_t>(::getpid());

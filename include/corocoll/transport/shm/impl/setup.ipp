@@ -2,6 +2,7 @@
 // inline where corocoll is header-only, compiled once in separate compilation (version.hpp).
 #pragma once
 
+#include <corocoll/core/cache_sizes.hpp>
 #include <corocoll/transport/shm/setup.hpp>
 
 COROCOLL_BEGIN_NAMESPACE
@@ -123,7 +124,8 @@ COROCOLL_DECL mapping create_segment(std::size_t ring_bytes, std::uint64_t nonce
 }
 
 COROCOLL_DECL mapping create_arena(int ranks, std::size_t set_bytes, std::uint64_t nonce,
-                                   std::size_t single_copy_from, fd_guard& memfd) {
+                                   std::size_t single_copy_from, std::size_t l2_bytes,
+                                   fd_guard& memfd) {
     mapping m =
         create_shared("corocoll-arena", shm_arena::bytes_for(ranks, set_bytes), "arena", memfd);
     auto* h = new (m.addr) arena_header;
@@ -131,6 +133,7 @@ COROCOLL_DECL mapping create_arena(int ranks, std::size_t set_bytes, std::uint64
     h->ranks = static_cast<std::uint64_t>(ranks);
     h->set_bytes = set_bytes;
     h->single_copy_from = single_copy_from;
+    h->l2_bytes = l2_bytes;
     auto* lines = reinterpret_cast<arena_line*>(static_cast<std::byte*>(m.addr) + 128);
     for (int k = 0; k < ranks; ++k) new (&lines[k]) arena_line;
     return m;
@@ -274,7 +277,7 @@ COROCOLL_DECL task<> share_arena(io::reactor& r, rendezvous::store& store, int r
             try {
                 std::size_t single = arena_single_copy_bytes;
                 if (single == ~std::size_t{0}) single = size == 2 ? std::size_t{16} << 10 : 0;
-                map = create_arena(size, set, intro.nonce, single, memfd);
+                map = create_arena(size, set, intro.nonce, single, machine_cache_sizes().l2, memfd);
                 intro.map_bytes = map.bytes;
             } catch (const std::system_error& e) {
                 why = e.what();

@@ -1,0 +1,162 @@
+#include <corocoll/corocoll.hpp>
+
+#include <doctest/doctest.h>
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace cc = corocoll;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr std::size_t kib = std::size_t{1} << 10;
+constexpr std::size_t mib = std::size_t{1} << 20;
+
+// A folder laid out as sysfs lays out one CPU's caches, removed when the test ends.
+struct fake_cache_dir {
+    fake_cache_dir() {
+        std::string pattern = (std::filesystem::temp_directory_path() / "cache_sizes.XXXXXX");
+        if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+        path = pattern;
+    }
+    fake_cache_dir(const fake_cache_dir&) = delete;
+    fake_cache_dir& operator=(const fake_cache_dir&) = delete;
+    ~fake_cache_dir() { std::filesystem::remove_all(path); }
+    void add(int index, const char* level, const char* type, const char* size) const {
+        auto dir = path / ("index" + std::to_string(index));
+        std::filesystem::create_directories(dir);
+        std::ofstream(dir / "level") << level << "\n";
+        std::ofstream(dir / "type") << type << "\n";
+        std::ofstream(dir / "size") << size << "\n";
+    }
+    std::filesystem::path path;
+};
+
+}  // namespace
+
+TEST_CASE("cache sizes are read as sysfs writes them: bytes with K, M or G") {
+    CHECK(cc::parse_cache_size("48K") == 48 * kib);
+    CHECK(cc::parse_cache_size("2048K\n") == 2 * mib);
+    CHECK(cc::parse_cache_size("300M") == 300 * mib);
+    CHECK(cc::parse_cache_size("1G") == std::size_t{1} << 30);
+    CHECK(cc::parse_cache_size("524288") == 512 * kib);
+    for (const char* bad : {"", "K", "2MB", "2 M", "-1", "1.5M", "2k", "99999999999999999999"}) {
+        CAPTURE(bad);
+        CHECK(cc::parse_cache_size(bad) == 0);
+    }
+}
+
+TEST_CASE("a CPU's sysfs cache folder gives L1d, L2 and L3, leaving the instruction cache out") {
+    fake_cache_dir dir;
+    dir.add(0, "1", "Data", "32K");
+    dir.add(1, "1", "Instruction", "64K");
+    dir.add(2, "2", "Unified", "512K");
+    dir.add(3, "3", "Unified", "8192K");
+    auto c = cc::read_cache_sizes(dir.path.string());
+    CHECK(c.l1d == 32 * kib);
+    CHECK(c.l2 == 512 * kib);
+    CHECK(c.l3 == 8 * mib);
+    CHECK(c.source == dir.path.string());
+    CHECK(cc::describe(c) == "L1d 32 KiB, L2 512 KiB, L3 8 MiB (" + dir.path.string() + ")");
+
+    SUBCASE("a level without a size stays unknown") {
+        dir.add(3, "3", "Unified", "");
+        auto d = cc::read_cache_sizes(dir.path.string());
+        CHECK(d.l3 == 0);
+        CHECK(d.l2 == 512 * kib);
+    }
+}
+
+TEST_CASE("a missing sysfs folder gives unknown sizes, and thresholds as measured") {
+    auto c = cc::read_cache_sizes("/nonexistent/cpu0/cache");
+    CHECK(c.l1d == 0);
+    CHECK(c.l2 == 0);
+    CHECK(c.l3 == 0);
+    CHECK(c.source == "unknown");
+    auto t = cc::collectives::thresholds::for_l2(c.l2);
+    cc::collectives::thresholds measured;
+    CHECK(t.shm_pair_ring_from == measured.shm_pair_ring_from);
+    CHECK(t.shm_pair_ring_below == measured.shm_pair_ring_below);
+    CHECK(t.shm_pair_single_copy_tree_from == measured.shm_pair_single_copy_tree_from);
+}
+
+TEST_CASE("the L2-bound thresholds follow the L2, to a power of two, within 4x either way") {
+    using cc::collectives::thresholds;
+    struct row {
+        std::size_t l2, ring_from, ring_below, tree_from;
+    };
+    const row rows[] = {
+        {2 * mib, 512 * kib, 4 * mib, 2 * mib},      // the machine they were measured on
+        {512 * kib, 128 * kib, 1 * mib, 512 * kib},  // a quarter
+        {1280 * kib, 256 * kib, 2 * mib, 1 * mib},   // 1.25 MiB: nearest power of two, a half
+        {1 * mib, 256 * kib, 2 * mib, 1 * mib},     {4 * mib, 1 * mib, 8 * mib, 4 * mib},
+        {256 * kib, 128 * kib, 1 * mib, 512 * kib},  // kept at a quarter
+        {64 * mib, 2 * mib, 16 * mib, 8 * mib},      // kept at four times
+    };
+    for (const auto& r : rows) {
+        CAPTURE(r.l2);
+        auto t = thresholds::for_l2(r.l2);
+        CHECK(t.shm_pair_ring_from == r.ring_from);
+        CHECK(t.shm_pair_ring_below == r.ring_below);
+        CHECK(t.shm_pair_single_copy_tree_from == r.tree_from);
+        // Thresholds of TCP and of more than 2 ranks do not depend on a core's L2.
+        CHECK(t.all_reduce_ring_bytes == thresholds{}.all_reduce_ring_bytes);
+        CHECK(t.shm_broadcast_tree_below == thresholds{}.shm_broadcast_tree_below);
+    }
+}
+
+TEST_CASE(
+    "a 2-rank all_reduce between the L2-bound thresholds goes by the ring, by the arena "
+    "elsewhere") {
+    using namespace cc::collectives;
+    const algorithm_choice none;
+    auto pick = [&](std::size_t bytes, std::size_t l2) {
+        return select(collective_kind::all_reduce, bytes, 2, none, thresholds::for_l2(l2), nullptr,
+                      true, 16 * kib);
+    };
+    CHECK(pick(256 * kib, 2 * mib) == algorithm::shm);
+    CHECK(pick(256 * kib, 512 * kib) == algorithm::ring);
+    CHECK(pick(2 * mib, 512 * kib) == algorithm::shm);
+    CHECK(pick(2 * mib, 2 * mib) == algorithm::ring);
+}
+
+// Children of spawn_ranks read the machine's caches afresh: this process never asks first.
+TEST_CASE("COROCOLL_CACHE_L2 moves a group's thresholds, and the group still computes right") {
+    ::setenv("COROCOLL_CACHE_L2", "512K", 1);
+    cc::spawn_options o;
+    o.timeout = 60s;
+    auto result = cc::spawn_ranks(
+        2,
+        [](cc::process_group& pg) -> cc::task<> {
+            if (cc::machine_cache_sizes().l2 != 512 * kib) {
+                throw std::runtime_error("machine_cache_sizes: " +
+                                         cc::describe(cc::machine_cache_sizes()));
+            }
+            const auto& t = pg.size_thresholds();
+            if (t.shm_pair_ring_from != 128 * kib ||
+                t.shm_pair_single_copy_tree_from != 512 * kib) {
+                throw std::runtime_error("thresholds not derived from a 512 KiB L2: ring from " +
+                                         std::to_string(t.shm_pair_ring_from));
+            }
+            // 256 KiB: the ring here, the arena with the measured thresholds.
+            std::vector<float> v(64 * 1024, static_cast<float>(pg.rank() + 1));
+            co_await pg.all_reduce(v);
+            for (float x : v) {
+                if (x != 3.0f) throw std::runtime_error("all_reduce gave " + std::to_string(x));
+            }
+        },
+        o);
+    ::unsetenv("COROCOLL_CACHE_L2");
+    for (const auto& rank : result.ranks) {
+        CAPTURE(rank.describe());
+        CHECK(rank.ok());
+    }
+}
