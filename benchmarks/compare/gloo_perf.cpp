@@ -5,15 +5,17 @@
 //                                                   [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1]
 //
 //   --coll  ping_pong (one-way time = round trip / 2, between ranks 0 and 1, through unbound
-//           buffers), all_reduce (sum, in place), broadcast (root 0, in place), all_gather
-//           (out of place), reduce_scatter (sum, in place: gloo::ReduceScatterHalvingDoubling,
-//           the only reduce_scatter this Gloo has, leaves each rank's part at the start of its
-//           input) or all_to_all (out of place, gloo::alltoall)
+//           buffers), all_reduce (sum, in place), broadcast (root 0, in place), reduce (sum to
+//           root 0, in place), all_gather (out of place), reduce_scatter (sum, in place:
+//           gloo::ReduceScatterHalvingDoubling, the only reduce_scatter this Gloo has, leaves
+//           each rank's part at the start of its input), gather (to root 0), scatter (from
+//           root 0) or all_to_all (out of place, gloo::alltoall)
 //   -b, -e, -f, -n, -w, -c  as coll_perf's (benchmarks/common/args.hpp); the type is float
 //
-// A size is coll_perf's (nccl-tests'): the buffer of ping_pong, all_reduce and broadcast; the
-// whole gathered buffer of all_gather; the whole input of reduce_scatter and all_to_all (each
-// rank keeps size / n of reduce_scatter's, and sends size / n of all_to_all's to each rank).
+// A size is coll_perf's (nccl-tests'): the buffer of ping_pong, all_reduce, broadcast and
+// reduce; the whole gathered buffer of all_gather and gather; the whole input of
+// reduce_scatter, scatter and all_to_all (each rank keeps size / n of reduce_scatter's and
+// scatter's, and sends size / n of all_to_all's to each rank).
 // reduce_scatter's timed iterations reduce what the last one left, as any in-place reduction
 // does; only the checked run starts from fresh inputs.
 //
@@ -31,10 +33,13 @@
 #include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
+#include <gloo/gather.h>
 #include <gloo/math.h>
+#include <gloo/reduce.h>
 #include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
+#include <gloo/scatter.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 
@@ -61,11 +66,24 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 using reduce_fn = void (*)(void*, const void*, const void*, std::size_t);
 
-enum class op { ping_pong, all_reduce, broadcast, all_gather, reduce_scatter, all_to_all };
+enum class op {
+    ping_pong,
+    all_reduce,
+    broadcast,
+    reduce,
+    all_gather,
+    reduce_scatter,
+    gather,
+    scatter,
+    all_to_all
+};
 
 // The ops whose size is split over the ranks (count elements per rank), as coll_perf's
 // elements() splits them.
-bool split(op o) { return o == op::all_gather || o == op::reduce_scatter || o == op::all_to_all; }
+bool split(op o) {
+    return o == op::all_gather || o == op::reduce_scatter || o == op::gather || o == op::scatter ||
+           o == op::all_to_all;
+}
 
 struct config {
     op what = op::all_reduce;
@@ -85,14 +103,20 @@ config parse(int argc, char** argv) {
                  "coll_perf's measurements through Gloo's C++ API, for run_compare.py.\nRanks "
                  "come from RANK, WORLD_SIZE and GLOO_PERF_STORE (an empty directory).");
     a.one_of("--coll", c.name,
-             {"ping_pong", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"},
+             {"ping_pong", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
+              "gather", "scatter", "all_to_all"},
              "the collective");
     c.sweep.declare(a);
     perf::parse_or_exit(a, argc, argv);
-    const std::pair<const char*, op> names[] = {
-        {"ping_pong", op::ping_pong},           {"all_reduce", op::all_reduce},
-        {"broadcast", op::broadcast},           {"all_gather", op::all_gather},
-        {"reduce_scatter", op::reduce_scatter}, {"all_to_all", op::all_to_all}};
+    const std::pair<const char*, op> names[] = {{"ping_pong", op::ping_pong},
+                                                {"all_reduce", op::all_reduce},
+                                                {"broadcast", op::broadcast},
+                                                {"all_gather", op::all_gather},
+                                                {"reduce_scatter", op::reduce_scatter},
+                                                {"all_to_all", op::all_to_all},
+                                                {"reduce", op::reduce},
+                                                {"gather", op::gather},
+                                                {"scatter", op::scatter}};
     for (const auto& [name, o] : names) {
         if (c.name == name) c.what = o;
     }
@@ -131,11 +155,18 @@ public:
           what_(what),
           count_(count),
           n_(static_cast<std::size_t>(context_->size)),
-          a_(what == op::reduce_scatter || what == op::all_to_all ? count * n_ : count),
-          b_(what == op::all_gather || what == op::all_to_all ? count * n_ : 0),
+          a_(what == op::reduce_scatter || what == op::scatter || what == op::all_to_all
+                 ? count * n_
+                 : count),
+          b_(what == op::all_gather || what == op::gather || what == op::all_to_all ? count * n_
+             : what == op::scatter                                                  ? count
+                                                                                    : 0),
           all_reduce_(context_),
           broadcast_(context_),
+          reduce_(context_),
           all_gather_(context_),
+          gather_(context_),
+          scatter_(context_),
           all_to_all_(context_) {
         switch (what_) {
             case op::ping_pong:
@@ -151,10 +182,32 @@ public:
                 broadcast_.setRoot(0);
                 broadcast_.setTag(measured_tag);
                 break;
+            case op::reduce:
+                reduce_.setOutput(a_.data(), count_);  // no input: in place, as all_reduce
+                reduce_.setRoot(0);
+                reduce_.setReduceFunction(static_cast<reduce_fn>(&gloo::sum<float>));
+                reduce_.setTag(measured_tag);
+                break;
             case op::all_gather:
                 all_gather_.setInput(a_.data(), count_);
                 all_gather_.setOutput(b_.data(), b_.size());
                 all_gather_.setTag(measured_tag);
+                break;
+            case op::gather:
+                gather_.setInput(a_.data(), count_);
+                if (context_->rank == 0) gather_.setOutput(b_.data(), b_.size());
+                gather_.setRoot(0);
+                gather_.setTag(measured_tag);
+                break;
+            case op::scatter:
+                if (context_->rank == 0) {
+                    std::vector<float*> blocks;
+                    for (std::size_t r = 0; r < n_; ++r) blocks.push_back(a_.data() + r * count_);
+                    scatter_.setInputs(blocks, count_);
+                }
+                scatter_.setOutput(b_.data(), count_);
+                scatter_.setRoot(0);
+                scatter_.setTag(measured_tag);
                 break;
             case op::reduce_scatter:
                 // Its constructor sets up its buffers with every peer: collective, once per size.
@@ -181,8 +234,17 @@ public:
             case op::broadcast:
                 gloo::broadcast(broadcast_);
                 break;
+            case op::reduce:
+                gloo::reduce(reduce_);
+                break;
             case op::all_gather:
                 gloo::allgather(all_gather_);
+                break;
+            case op::gather:
+                gloo::gather(gather_);
+                break;
+            case op::scatter:
+                gloo::scatter(scatter_);
                 break;
             case op::reduce_scatter:
                 reduce_scatter_->run();
@@ -214,6 +276,8 @@ public:
         std::fill(b_.begin(), b_.end(), 0.0f);
         run_once();
         if (what_ == op::ping_pong && rank > 1) return 0;  // not part of it
+        // A reduce's or gather's result is the root's alone.
+        if ((what_ == op::reduce || what_ == op::gather) && rank != 0) return 0;
         const std::vector<float>& result = b_.empty() ? a_ : b_;
         // reduce_scatter's part is the start of its input; the rest is Gloo's scratch.
         std::size_t size = what_ == op::reduce_scatter ? count_ : result.size();
@@ -263,11 +327,15 @@ private:
         const auto rank = static_cast<std::size_t>(context_->rank);
         switch (what_) {
             case op::all_reduce:
+            case op::reduce:
                 return sum_over_ranks(j);
             case op::reduce_scatter:
                 return sum_over_ranks(rank * count_ + j);
             case op::all_gather:
+            case op::gather:
                 return value(static_cast<int>(j / count_), j % count_);
+            case op::scatter:
+                return value(0, rank * count_ + j);
             case op::all_to_all:
                 return value(static_cast<int>(j / count_ + 2 * rank), j % count_);
             default:
@@ -285,7 +353,10 @@ private:
     std::vector<float> b_;  // the output of all_gather and all_to_all, count_ * n_
     gloo::AllreduceOptions all_reduce_;
     gloo::BroadcastOptions broadcast_;
+    gloo::ReduceOptions reduce_;
     gloo::AllgatherOptions all_gather_;
+    gloo::GatherOptions gather_;
+    gloo::ScatterOptions scatter_;
     gloo::AlltoallOptions all_to_all_;
     std::unique_ptr<gloo::ReduceScatterHalvingDoubling<float>> reduce_scatter_;
     std::unique_ptr<gloo::transport::UnboundBuffer> ping_pong_;
@@ -324,16 +395,19 @@ int benchmark(const config& c) {
         }
         double algbw = perf::algbw_gbs(moved, time_us);
         if (out) {
-            bool in_place =
-                c.what == op::all_reduce || c.what == op::broadcast || c.what == op::reduce_scatter;
-            bool reduces = c.what == op::all_reduce || c.what == op::reduce_scatter;
+            bool in_place = c.what == op::all_reduce || c.what == op::broadcast ||
+                            c.what == op::reduce || c.what == op::reduce_scatter;
+            bool reduces =
+                c.what == op::all_reduce || c.what == op::reduce || c.what == op::reduce_scatter;
+            bool rooted = c.what == op::broadcast || c.what == op::reduce || c.what == op::gather ||
+                          c.what == op::scatter;
             out->row({{"op", c.name},
                       {"ranks", n},
                       {"size", moved},
                       {"count", count},
                       {"type", "float"},
                       {"redop", reduces ? "sum" : "none"},
-                      {"root", c.what == op::broadcast ? 0 : -1},
+                      {"root", rooted ? 0 : -1},
                       {"placement", in_place ? "in-place" : "out-of-place"},
                       {"time_us", {time_us, 3}},
                       {"algbw_gbs", {algbw, 4}},

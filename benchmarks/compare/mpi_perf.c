@@ -4,14 +4,16 @@
  *   mpi_perf [--coll COLL] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1]
  *
  *   --coll  ping_pong (one-way time = round trip / 2, between ranks 0 and 1), all_reduce (sum,
- *           in place), broadcast (root 0, in place), all_gather (out of place),
- *           reduce_scatter (sum, out of place: MPI_Reduce_scatter_block) or all_to_all (out of
- *           place: MPI_Alltoall)
+ *           in place), broadcast (root 0, in place), reduce (sum to root 0, in place there),
+ *           all_gather (out of place), reduce_scatter (sum, out of place:
+ *           MPI_Reduce_scatter_block), gather (to root 0), scatter (from root 0) or all_to_all
+ *           (out of place: MPI_Alltoall)
  *   -b, -e, -f, -n, -w, -c  as coll_perf's; the type is float
  *
- * A size is coll_perf's (nccl-tests'): the buffer of ping_pong, all_reduce and broadcast; the
- * whole gathered buffer of all_gather; the whole input of reduce_scatter and all_to_all (each
- * rank keeps size / n of reduce_scatter's, and sends size / n of all_to_all's to each rank).
+ * A size is coll_perf's (nccl-tests'): the buffer of ping_pong, all_reduce, broadcast and
+ * reduce; the whole gathered buffer of all_gather and gather; the whole input of
+ * reduce_scatter, scatter and all_to_all (each rank keeps size / n of reduce_scatter's and
+ * scatter's, and sends size / n of all_to_all's to each rank).
  * Sizes, element counts, timing (warm-up, barrier, timed loop, mean per iteration, largest
  * over the ranks), checked values, busbw factors and the JSON rows on rank 0's stdout are
  * coll_perf's with -d float -o sum -F json, so that the runner can put the rows side by side.
@@ -29,15 +31,31 @@
 #include <string.h>
 #include <time.h>
 
-enum op { ping_pong, all_reduce, broadcast, all_gather, reduce_scatter, all_to_all, op_count };
+enum op {
+    ping_pong,
+    all_reduce,
+    broadcast,
+    reduce,
+    all_gather,
+    reduce_scatter,
+    gather,
+    scatter,
+    all_to_all,
+    op_count
+};
 static const char* const op_names[] = {"ping_pong",  "all_reduce",     "broadcast",
-                                       "all_gather", "reduce_scatter", "all_to_all"};
+                                       "reduce",     "all_gather",     "reduce_scatter",
+                                       "gather",     "scatter",        "all_to_all"};
 
 /* The ops whose size is split over the ranks (count elements per rank), as coll_perf's
  * elements() splits them. */
 static int split(enum op op) {
-    return op == all_gather || op == reduce_scatter || op == all_to_all;
+    return op == all_gather || op == reduce_scatter || op == gather || op == scatter ||
+           op == all_to_all;
 }
+
+/* The ops with a root (always rank 0), whose other ranks have no result to check. */
+static int rooted(enum op op) { return op == broadcast || op == reduce || op == gather || op == scatter; }
 
 struct config {
     enum op op;
@@ -101,8 +119,8 @@ static struct config parse(int argc, char** argv) {
             }
             if (!found) {
                 usage_error(flag, v,
-                            "expected ping_pong, all_reduce, broadcast, all_gather, "
-                            "reduce_scatter or all_to_all");
+                            "expected ping_pong, all_reduce, broadcast, reduce, all_gather, "
+                            "reduce_scatter, gather, scatter or all_to_all");
             }
         } else if (strcmp(flag, "-b") == 0) {
             c.min_bytes = parse_size(flag, v);
@@ -136,19 +154,22 @@ struct bench {
     int n;
     size_t count; /* elements per rank: the part each rank gives (all_gather), gets
                      (reduce_scatter) or exchanges with each rank (all_to_all) */
-    float* a;     /* the input: count elements, count * n for reduce_scatter and all_to_all */
+    float* a;     /* the input: count elements, count * n for reduce_scatter, scatter and
+                     all_to_all */
     float* b;     /* the output of the out-of-place ops: count * n elements, count for
-                     reduce_scatter */
+                     reduce_scatter and scatter */
 };
 
 /* Elements in the input and in the output of the out-of-place ops (0: there is none). */
 static size_t input_count(const struct bench* x) {
-    int whole = x->op == reduce_scatter || x->op == all_to_all;
+    int whole = x->op == reduce_scatter || x->op == scatter || x->op == all_to_all;
     return x->count * (whole ? (size_t)x->n : 1);
 }
 static size_t output_count(const struct bench* x) {
-    if (x->op == all_gather || x->op == all_to_all) return x->count * (size_t)x->n;
-    return x->op == reduce_scatter ? x->count : 0;
+    if (x->op == all_gather || x->op == gather || x->op == all_to_all) {
+        return x->count * (size_t)x->n;
+    }
+    return x->op == reduce_scatter || x->op == scatter ? x->count : 0;
 }
 
 static void run_once(const struct bench* x) {
@@ -169,8 +190,18 @@ static void run_once(const struct bench* x) {
         case broadcast:
             MPI_Bcast(x->a, count, MPI_FLOAT, 0, MPI_COMM_WORLD);
             break;
+        case reduce:
+            MPI_Reduce(x->rank == 0 ? MPI_IN_PLACE : x->a, x->a, count, MPI_FLOAT, MPI_SUM, 0,
+                       MPI_COMM_WORLD);
+            break;
         case all_gather:
             MPI_Allgather(x->a, count, MPI_FLOAT, x->b, count, MPI_FLOAT, MPI_COMM_WORLD);
+            break;
+        case gather:
+            MPI_Gather(x->a, count, MPI_FLOAT, x->b, count, MPI_FLOAT, 0, MPI_COMM_WORLD);
+            break;
+        case scatter:
+            MPI_Scatter(x->a, count, MPI_FLOAT, x->b, count, MPI_FLOAT, 0, MPI_COMM_WORLD);
             break;
         case reduce_scatter:
             MPI_Reduce_scatter_block(x->a, x->b, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
@@ -218,11 +249,15 @@ static float sum_over_ranks(const struct bench* x, size_t i) {
 static float expected(const struct bench* x, size_t j) {
     switch (x->op) {
         case all_reduce:
+        case reduce:
             return sum_over_ranks(x, j);
         case reduce_scatter:
             return sum_over_ranks(x, (size_t)x->rank * x->count + j);
         case all_gather:
+        case gather:
             return value((int)(j / x->count), j % x->count);
+        case scatter:
+            return value(0, (size_t)x->rank * x->count + j);
         case all_to_all:
             return value((int)(j / x->count) + 2 * x->rank, j % x->count);
         default:
@@ -251,6 +286,7 @@ static long long check_op(const struct bench* x) {
     }
     run_once(x);
     if (x->op == ping_pong && x->rank > 1) return 0; /* not part of it */
+    if (x->op != broadcast && x->op != scatter && rooted(x->op) && x->rank != 0) return 0;
     long long wrong = 0;
     for (size_t j = 0; j < total; ++j) {
         if (result[j] != expected(x, j)) ++wrong;
@@ -301,16 +337,15 @@ int main(int argc, char** argv) {
             }
             double algbw = time_us > 0 ? (double)moved / time_us / 1e3 : 0;
             if (rank == 0) {
-                int rooted = c.op == broadcast;
-                int reduces = c.op == all_reduce || c.op == reduce_scatter;
-                int in_place = c.op == all_reduce || c.op == broadcast;
+                int reduces = c.op == all_reduce || c.op == reduce || c.op == reduce_scatter;
+                int in_place = c.op == all_reduce || c.op == broadcast || c.op == reduce;
                 printf(
                     "%s  {\"op\": \"%s\", \"ranks\": %d, \"size\": %zu, \"count\": %zu, "
                     "\"type\": \"float\", \"redop\": \"%s\", \"root\": %d, "
                     "\"placement\": \"%s\", \"time_us\": %.3f, \"algbw_gbs\": %.4f, "
                     "\"busbw_gbs\": %.4f, \"wrong\": %lld}",
                     rows > 0 ? ",\n" : "", op_names[c.op], n, moved, count,
-                    reduces ? "sum" : "none", rooted ? 0 : -1,
+                    reduces ? "sum" : "none", rooted(c.op) ? 0 : -1,
                     in_place ? "in-place" : "out-of-place", time_us, algbw,
                     algbw * bus_factor(c.op, n), wrong);
                 fflush(stdout);

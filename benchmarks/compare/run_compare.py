@@ -4,7 +4,7 @@
     python3 benchmarks/compare/run_compare.py [--ranks 2,4,8] [--ops OP,...] [--systems SYS,...]
         [-b 4] [-e 64M] [-f 4] [--time-per-size SECONDS | --iters N] [--out-dir docs]
         [--build-dir DIR] [--coll-perf PATH] [--corocollrun PATH] [--python PATH]
-        [--timeout SECONDS] [--quick]
+        [--timeout SECONDS] [--quick] [--section NAME]
 
 Every system runs the same ops at the same sizes with the same iterations, timed the way
 corocoll's coll_perf times them (warm-up, barrier, timed loop, mean per iteration, largest over
@@ -18,8 +18,17 @@ as n/a and is not a failure.
 
 Writes, under --out-dir: performance.md (only between <!-- compare:begin --> and
 <!-- compare:end -->; the rest of the file is kept), perf/<op>_<N>ranks.png (latency and busbw
-against size) and perf/results.json (every row, with its system and iterations). Plots need
+against size), perf/heat_<system>_<N>ranks.png (sweep_summary.py's heat maps) and
+perf/results.json (every row, with its system and iterations). With --section NAME, the
+markers are <!-- compare:NAME:begin --> and <!-- compare:NAME:end --> and the files go to
+perf/NAME/, so that a sweep keeps its own section beside the others. The section opens with
+sweep_summary.py's view: each corocoll system's time over the best peer's at every cell, with
+cells over 1.25x and cliffs (a size over 2x as slow as the next) flagged. Plots need
 matplotlib (Debian's python3-matplotlib, for /usr/bin/python3).
+
+The whole space (issue 32's sweep; hours on 2 cores, so not part of any test):
+
+    python3 benchmarks/compare/run_compare.py --section sweep --ranks 2,3,4,8 -b 4 -e 64M -f 2
 """
 
 import argparse
@@ -38,13 +47,17 @@ import tempfile
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+
+sys.dont_write_bytecode = True  # no __pycache__ beside the sources for the import below
+import sweep_summary  # noqa: E402 (beside this file)
 from fractions import Fraction
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 
-OPS = ("ping_pong", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all")
+OPS = ("ping_pong", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather",
+       "scatter", "all_to_all")
 
 # What each system is, as the markdown names it.
 SYSTEMS = {
@@ -154,6 +167,8 @@ def parse_args():
                    help="seconds one invocation (one system, op, rank count) may take")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 2 ranks, 4 B to 64 KiB, 20 iterations")
+    p.add_argument("--section", default="",
+                   help="a section of its own in performance.md, and perf/NAME/ for its files")
     a = p.parse_args()
     if a.quick:
         a.ranks, a.min_bytes, a.max_bytes, a.factor, a.iters = [2], 4, 64 << 10, 4, 20
@@ -570,10 +585,19 @@ def reproduce(a):
     argv += ["--iters", str(a.iters)] if a.iters else ["--time-per-size", repr(a.time_per_size)]
     if a.out_dir.resolve() != (REPO / "docs").resolve():
         argv += ["--out-dir", str(a.out_dir)]
+    if a.section:
+        argv += ["--section", a.section]
     return shlex.join(argv)
 
 
-def section(a, m, results, plots):
+def markers(a):
+    """The markers around this run's section of performance.md."""
+    if not a.section:
+        return BEGIN_MARK, END_MARK
+    return f"<!-- compare:{a.section}:begin -->", f"<!-- compare:{a.section}:end -->"
+
+
+def section(a, m, results, plots, summary):
     if a.iters:
         policy = f"{a.iters} timed iterations at every size, {max(2, a.iters // 10)} warm-up"
     else:
@@ -584,11 +608,13 @@ def section(a, m, results, plots):
     ref = reference(a.systems)
     cpus = m["cpus"] or 0
     oversubscribed = " and ".join(f"{n} ranks" for n in a.ranks if n > cpus)
+    begin, end = markers(a)
+    title = "corocoll beside Gloo, torch.distributed, Open MPI and MPICH"
     out = [
-        BEGIN_MARK,
+        begin,
         "<!-- Written by benchmarks/compare/run_compare.py; edits here are overwritten. -->",
         "",
-        "## corocoll beside Gloo, torch.distributed, Open MPI and MPICH",
+        f"## {title}" + (f": {a.section}" if a.section else ""),
         "",
         f"Machine: {m['cpu']}, {m['cpus']} CPUs, Linux {m['kernel']}; measured {m['date']}; "
         f"corocoll {m['corocoll_commit']}, {m['compiler']}.",
@@ -606,11 +632,14 @@ def section(a, m, results, plots):
         "all_reduce sums in place and broadcast is from rank 0 in place, on a buffer of that "
         "size; all_gather's size is the whole gathered buffer; reduce_scatter's (a sum) and "
         "all_to_all's is the whole input of each rank, of which each rank keeps, or sends to "
-        "each rank, size / n; ping_pong's time is half a round trip between ranks 0 and 1. "
-        "All work out of place except all_reduce, broadcast and Gloo C++'s reduce_scatter "
-        "(gloo::ReduceScatterHalvingDoubling, the only one it has, works in place). busbw is "
-        "nccl-tests' (all_reduce 2(n−1)/n × algbw; all_gather, reduce_scatter and all_to_all "
-        "(n−1)/n; the others 1). Every size is checked once after timing (the check row gives "
+        "each rank, size / n; reduce sums to rank 0 in place; gather's size is the whole "
+        "buffer gathered on rank 0 and scatter's the whole buffer rank 0 scatters; "
+        "ping_pong's time is half a round trip between ranks 0 and 1. "
+        "All work out of place except all_reduce, broadcast, reduce and Gloo C++'s "
+        "reduce_scatter (gloo::ReduceScatterHalvingDoubling, the only one it has, works in "
+        "place). busbw is nccl-tests' (all_reduce 2(n−1)/n × algbw; all_gather, "
+        "reduce_scatter, gather, scatter and all_to_all (n−1)/n; the others 1). Every size "
+        "is checked once after timing (the check row gives "
         "the total of wrong elements); n/a marks an op the system does not have. "
         f"Iterations: {policy}.",
         "",
@@ -635,6 +664,7 @@ def section(a, m, results, plots):
             first.setdefault(system, o.commands[0])
     for s in a.systems:
         out.append(f"| {s} | {SYSTEMS[s]} | `{first.get(s, '(not run)')}` |")
+    out += ["", summary]
     for ranks in a.ranks:
         for op in a.ops:
             note = f" (oversubscribed: {ranks} ranks on {cpus} CPUs)" if ranks > cpus else ""
@@ -644,7 +674,7 @@ def section(a, m, results, plots):
             png = plots.get((op, ranks))
             if png:
                 out += ["", f"![{op}, {ranks} ranks: time and busbw against size]({png})"]
-    out += ["", END_MARK]
+    out += ["", end]
     return "\n".join(out)
 
 
@@ -681,7 +711,8 @@ def main():
             for system in a.systems:
                 results[(system, op, ranks)] = measure(a, system, op, ranks,
                                                        build_errors.get(system))
-    perf_dir = a.out_dir / "perf"
+    perf_dir = a.out_dir / "perf" / a.section if a.section else a.out_dir / "perf"
+    link = f"perf/{a.section}/" if a.section else "perf/"
     perf_dir.mkdir(parents=True, exist_ok=True)
     plots = {}
     for ranks in a.ranks:
@@ -690,7 +721,7 @@ def main():
             if can_plot and any(o.rows for o in outcomes.values()):
                 name = f"{op}_{ranks}ranks.png"
                 plot(perf_dir / name, op, ranks, a.systems, outcomes)
-                plots[(op, ranks)] = f"perf/{name}"
+                plots[(op, ranks)] = f"{link}{name}"
     m = machine()
     raw = {"machine": m, "command": reproduce(a),
            "rows": [r for o in results.values() for r in o.rows],
@@ -699,8 +730,10 @@ def main():
            "not_available": [{"system": s, "op": op, "ranks": n, "why": o.not_available}
                              for (s, op, n), o in results.items() if o.not_available]}
     (perf_dir / "results.json").write_text(json.dumps(raw, indent=1) + "\n")
-    text = section(a, m, results, plots)
-    write_markdown(a.out_dir / "performance.md", text)
+    summary = sweep_summary.summary(raw["rows"], a.systems, a.ops,
+                                    perf_dir if can_plot else None, link)
+    text = section(a, m, results, plots, summary)
+    write_markdown(a.out_dir / "performance.md", text, *markers(a))
     print(text)
     failed = raw["failures"]
     print(f"run_compare: wrote {a.out_dir / 'performance.md'}, {perf_dir}/; "

@@ -9,15 +9,17 @@ torch_users.py can set torch beside corocoll.
           for a build tree) and dist.init_process_group("corocoll"), nothing else changed
 
   --coll  ping_pong (one-way time = round trip / 2, between ranks 0 and 1, dist.send/recv),
-          all_reduce (sum, in place), broadcast (root 0, in place), all_gather (into views of
-          one flat tensor: torch 1.13's Gloo backend has no all_gather_into_tensor),
-          reduce_scatter (sum, out of place, from views of one flat tensor) or all_to_all
-          (dist.all_to_all_single, out of place)
+          all_reduce (sum, in place), broadcast (root 0, in place), reduce (sum to root 0, in
+          place), all_gather (into views of one flat tensor: torch 1.13's Gloo backend has no
+          all_gather_into_tensor), reduce_scatter (sum, out of place, from views of one flat
+          tensor), gather (to root 0, into views of one flat tensor), scatter (from root 0, from
+          views of one flat tensor) or all_to_all (dist.all_to_all_single, out of place)
   -b, -e, -f, -n, -w, -c  as coll_perf's; the type is float32
 
-A size is coll_perf's (nccl-tests'): the buffer of ping_pong, all_reduce and broadcast; the whole
-gathered buffer of all_gather; the whole input of reduce_scatter and all_to_all (each rank keeps
-size / n of reduce_scatter's, and sends size / n of all_to_all's to each rank).
+A size is coll_perf's (nccl-tests'): the buffer of ping_pong, all_reduce, broadcast and reduce;
+the whole gathered buffer of all_gather and gather; the whole input of reduce_scatter, scatter
+and all_to_all (each rank keeps size / n of reduce_scatter's and scatter's, and sends size / n of
+all_to_all's to each rank).
 
 An op the backend cannot do (torch 1.13's Gloo has no reduce_scatter) prints one line
 "torch_perf: n/a: <why>" on stderr and exits with 77; run_compare.py shows it as n/a.
@@ -40,9 +42,11 @@ import torch.distributed as dist
 sys.dont_write_bytecode = True  # no __pycache__ beside the sources for the import below
 from run_compare import parse_size  # noqa: E402 (the runner's, beside this file: sizes read alike)
 
-OPS = ("ping_pong", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all")
+OPS = ("ping_pong", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather",
+       "scatter", "all_to_all")
 # The ops whose size is split over the ranks (count elements per rank), as coll_perf splits them.
-SPLIT = ("all_gather", "reduce_scatter", "all_to_all")
+SPLIT = ("all_gather", "reduce_scatter", "gather", "scatter", "all_to_all")
+ROOTED = ("broadcast", "reduce", "gather", "scatter")
 NOT_AVAILABLE_EXIT = 77  # what run_compare.py reads as n/a (with the "n/a:" line)
 
 
@@ -80,17 +84,19 @@ class Bench:
         self.count = count
         self.rank = dist.get_rank()
         self.n = dist.get_world_size()
-        whole = op in ("reduce_scatter", "all_to_all")
+        whole = op in ("reduce_scatter", "scatter", "all_to_all")
         self.a = torch.zeros(count * (self.n if whole else 1), dtype=torch.float32)
         self.b = None
-        if op in ("all_gather", "all_to_all"):
+        if op in ("all_gather", "gather", "all_to_all"):
             self.b = torch.zeros(count * self.n, dtype=torch.float32)
-        elif op == "reduce_scatter":
+        elif op in ("reduce_scatter", "scatter"):
             self.b = torch.zeros(count, dtype=torch.float32)
-        if op == "all_gather":
+        if op in ("all_gather", "gather"):
             self.parts = list(self.b.chunk(self.n))
-        elif op == "reduce_scatter":
+        elif op in ("reduce_scatter", "scatter"):
             self.parts = list(self.a.chunk(self.n))
+        if op in ("gather", "scatter") and self.rank != 0:
+            self.parts = None  # the root's alone
         self.run_once = getattr(self, op)
 
     def ping_pong(self):
@@ -107,8 +113,17 @@ class Bench:
     def broadcast(self):
         dist.broadcast(self.a, 0)
 
+    def reduce(self):
+        dist.reduce(self.a, 0)
+
     def all_gather(self):
         dist.all_gather(self.parts, self.a)
+
+    def gather(self):
+        dist.gather(self.a, self.parts, dst=0)
+
+    def scatter(self):
+        dist.scatter(self.b, self.parts, src=0)
 
     def reduce_scatter(self):
         dist.reduce_scatter(self.b, self.parts)
@@ -142,14 +157,19 @@ class Bench:
         self.run_once()
         if self.op == "ping_pong" and self.rank > 1:
             return 0  # not part of it
-        if self.op == "all_reduce":
+        if self.op in ("reduce", "gather") and self.rank != 0:
+            return 0  # the root's result alone
+        if self.op in ("all_reduce", "reduce"):
             want = sum(values(r, c) for r in range(n))
             got = self.a
         elif self.op == "reduce_scatter":
             want = sum(values(r, c * n) for r in range(n))[self.rank * c:(self.rank + 1) * c]
             got = self.b
-        elif self.op == "all_gather":
+        elif self.op in ("all_gather", "gather"):
             want = torch.cat([values(r, c) for r in range(n)])
+            got = self.b
+        elif self.op == "scatter":
+            want = values(0, c * n)[self.rank * c:(self.rank + 1) * c]
             got = self.b
         elif self.op == "all_to_all":
             want = torch.cat([values(s + 2 * self.rank, c) for s in range(n)])
@@ -175,9 +195,10 @@ def json_row(op, n, size, count, time_us, wrong):
     return ('{"op": "%s", "ranks": %d, "size": %d, "count": %d, "type": "float", "redop": "%s", '
             '"root": %d, "placement": "%s", "time_us": %.3f, "algbw_gbs": %.4f, '
             '"busbw_gbs": %.4f, "wrong": %d}'
-            % (op, n, size, count, "sum" if op in ("all_reduce", "reduce_scatter") else "none",
-               0 if op == "broadcast" else -1,
-               "in-place" if op in ("all_reduce", "broadcast") else "out-of-place",
+            % (op, n, size, count,
+               "sum" if op in ("all_reduce", "reduce", "reduce_scatter") else "none",
+               0 if op in ROOTED else -1,
+               "in-place" if op in ("all_reduce", "broadcast", "reduce") else "out-of-place",
                time_us, algbw, algbw * bus_factor(op, n), wrong))
 
 
