@@ -130,7 +130,7 @@ cc::io::reactor_stats stats_during(cc::io::reactor& r, F body) {
 
 TEST_CASE("the idle reactor sleeps in the kernel instead of spinning") {
     // Whether other programs keep this host busy (then polls yield) is not ours to know here.
-    cc::io::reactor r({.yield_when_host_busy = false});
+    cc::io::reactor r({.yield_when_host_busy = false, .yield_after = 50us});
     auto s = stats_during(r, [&] { r.run(r.sleep_for(200ms)); });
     CAPTURE(s.turns);
     CAPTURE(s.polls);
@@ -470,13 +470,27 @@ TEST_CASE("a timer entry wakes a reactor that has nothing in flight, without spi
 // the kernel until the timer. How much processor time the window costs: timing_test.
 TEST_CASE("busy polling is bounded: the reactor polls for busy_poll, then sleeps in the kernel") {
     // Whether other programs keep this host busy is not ours to know here.
-    cc::io::reactor r({.busy_poll = 60ms, .yield_when_host_busy = false});
+    cc::io::reactor r({.busy_poll = 60ms, .yield_when_host_busy = false, .yield_after = 60ms});
     auto s = stats_during(r, [&] { r.run(r.sleep_for(400ms)); });
     CAPTURE(s.polls);
     CHECK(s.polls >= 1);
     CHECK(s.kernel_waits >= 1);
     CHECK(s.turns <= 3);
     if (!cc::io::reactor::crowded()) CHECK(s.yields == 0);
+}
+
+TEST_CASE("a wait that outlasts yield_after yields between its further polls, still bounded") {
+    // 20 ms of plain polls, then 40 ms of polls with a yield between them, then a kernel wait.
+    cc::io::reactor r({.busy_poll = 60ms, .yield_when_host_busy = false, .yield_after = 20ms});
+    auto s = stats_during(r, [&] { r.run(r.sleep_for(400ms)); });
+    CAPTURE(s.polls);
+    CAPTURE(s.yields);
+    if (!cc::io::reactor::crowded()) {
+        CHECK(s.yields >= 1);
+        CHECK(s.yields < s.polls - 1);  // the first 20 ms did not yield
+    }
+    CHECK(s.kernel_waits >= 1);
+    CHECK(s.turns <= 3);
 }
 
 TEST_CASE("where reactors outnumber processors, busy polling yields between polls, still bounded") {

@@ -37,14 +37,24 @@ struct reactor_options {
     /// `busy_poll`'s default: COROCOLL_BUSY_POLL_US when set and valid, else 50 µs.
     static std::chrono::microseconds default_busy_poll() noexcept;
     /// Poll at full speed even when this host's reactors outnumber its processors
-    /// (`reactor::crowded`). Off: there the reactor yields its processor (sched_yield) between
-    /// polls, since plain polling takes the cores that other ranks need. On when the
-    /// environment sets COROCOLL_BUSY_POLL_US.
+    /// (`reactor::crowded`), and for the whole of `busy_poll` (no `yield_after`). Off: there
+    /// the reactor yields its processor (sched_yield) between polls, since plain polling takes
+    /// the cores that other ranks need. On when the environment sets COROCOLL_BUSY_POLL_US.
     bool busy_poll_when_crowded = std::getenv("COROCOLL_BUSY_POLL_US") != nullptr;
     /// Also yield between polls while this host runs more tasks than it has processors
     /// (`reactor::host_busy`: other programs' as well as ours), unless `busy_poll_when_crowded`.
     /// Polling plainly there takes the processor from the peer that would answer.
     bool yield_when_host_busy = true;
+    /// A wait that has busy polled this long yields the processor (sched_yield) between its
+    /// further polls. Where the peer that would answer shares this processor (the scheduler
+    /// sometimes leaves two ranks of a freshly started job on one), polling plainly holds it
+    /// off until `busy_poll` runs out and this rank sleeps: every message then costs a sleep
+    /// and a wake-up. Yielding hands the processor over at once, and two ranks that stay
+    /// runnable let the scheduler move one of them to an idle processor. Where the peer has a
+    /// processor of its own, a sched_yield with nothing else to run returns at once. 0: yield
+    /// from the first poll; `busy_poll` or more: never (but where crowded or busy, above).
+    /// Not with `busy_poll_when_crowded`.
+    std::chrono::microseconds yield_after{10};
     /// The timer slack (prctl PR_SET_TIMERSLACK) of the thread that makes the reactor, for as
     /// long as the reactor lives (the thread's own value comes back when it goes, if the same
     /// thread destroys it); 0 leaves the thread's slack alone. While a shared-memory wait
@@ -75,7 +85,8 @@ struct reactor_stats {
     /// Looks at the completion queue that did not sleep: each step of busy polling, each turn
     /// of a spinning reactor, each busy turn while a `poll_entry` is watched.
     std::uint64_t polls = 0;
-    /// sched_yield calls between polls, made where this host is `reactor::crowded`.
+    /// sched_yield calls between polls: where this host is `reactor::crowded` or busy, and in
+    /// waits that outlast `reactor_options::yield_after`.
     std::uint64_t yields = 0;
     /// io_uring_enter calls that may sleep until a completion or a time: waits with nothing to
     /// poll for, after busy polling, and the pauses while entries are watched.
