@@ -471,3 +471,64 @@ TEST_CASE("two ranks on one processor pass the processor between them instead of
         }
     }
 }
+
+TEST_CASE("two ranks left on one processor of several move apart") {
+    cpu_set_t all;
+    CPU_ZERO(&all);
+    REQUIRE(::sched_getaffinity(0, sizeof(all), &all) == 0);
+    if (CPU_COUNT(&all) < 2) {
+        MESSAGE("one processor: nowhere to move to");
+        return;
+    }
+    int cpu = 0;
+    while (!CPU_ISSET(cpu, &all)) ++cpu;
+    // Shared memory only: over TCP each wake-up from the network stack pulls the woken rank
+    // back beside its waker, and a move does not last (architecture.md, the reactor).
+    cc::spawn_options o;
+    o.timeout = 60s;
+    cc::init_options init;
+    init.limits.transport = cc::transport::transport_choice::shm;
+    // Both ranks start on one processor (pinned, then allowed every processor again, which
+    // moves neither) and exchange 300 small messages; then each says where it runs.
+    auto result = cc::spawn_ranks(
+        2,
+        [cpu, all](cc::process_group& pg) -> cc::task<> {
+            cpu_set_t one;
+            CPU_ZERO(&one);
+            CPU_SET(cpu, &one);
+            if (::sched_setaffinity(0, sizeof(one), &one) != 0 ||
+                ::sched_setaffinity(0, sizeof(all), &all) != 0) {
+                throw std::runtime_error("sched_setaffinity failed");
+            }
+            auto before = pg.reactor().stats();
+            std::vector<int> v(1);
+            for (int i = 0; i < 300; ++i) {
+                if (pg.rank() == 0) {
+                    co_await pg.send(v, 1);
+                    co_await pg.recv(v, 1);
+                } else {
+                    co_await pg.recv(v, 0);
+                    co_await pg.send(v, 0);
+                }
+            }
+            auto after = pg.reactor().stats();
+            std::vector<int> where{::sched_getcpu(), static_cast<int>(after.moves - before.moves),
+                                   static_cast<int>(after.yields - before.yields),
+                                   static_cast<int>(after.kernel_waits - before.kernel_waits)};
+            std::vector<int> both(8);
+            co_await pg.all_gather_into(both, where);
+            if (pg.rank() == 0 && both[0] == both[4]) {
+                throw std::runtime_error(
+                    "after 300 ping-pongs both ranks still run on processor " +
+                    std::to_string(both[0]) + " (moves, yields, kernel waits: " +
+                    std::to_string(both[1]) + ", " + std::to_string(both[2]) + ", " +
+                    std::to_string(both[3]) + " and " + std::to_string(both[5]) + ", " +
+                    std::to_string(both[6]) + ", " + std::to_string(both[7]) + ")");
+            }
+        },
+        init, o);
+    for (const auto& rank : result.ranks) {
+        CAPTURE(rank.describe());
+        CHECK(rank.ok());
+    }
+}

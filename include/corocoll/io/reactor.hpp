@@ -297,6 +297,21 @@ private:
 
     // Whether busy polling gives the processor away between polls (see `reactor_options`).
     bool yield_between_polls() const noexcept;
+    // sched_yield between polls; where many yields give the processor to another task, on a
+    // host neither crowded nor busy, moves this thread to another of its processors
+    // (`reactor_stats::moves`).
+    void yield_processor() noexcept;
+    // A yield that took this long gave the processor away ...
+    static constexpr std::chrono::microseconds handover_time{4};
+    // ... and this many such of `yield_window` yields, the peer shares this processor (a
+    // ping-pong on one processor hands over at one yield in three or more; ranks on
+    // processors of their own, only when some other task takes theirs for a moment).
+    static constexpr int yield_window = 64;
+    static constexpr int handovers_to_move = 16;
+    // ... the last this many of them included.
+    static constexpr int handover_streak = 4;
+    // The least time between two moves.
+    static constexpr std::chrono::milliseconds move_interval{10};
 
     // Submits and sleeps in the kernel until a completion or for `d`, whichever is first.
     void wait_at_most(std::chrono::steady_clock::duration d) noexcept;
@@ -353,6 +368,10 @@ private:
     // Looks at the watched entries between full turns while busy polling.
     static constexpr int tight_polls = 8;
     bool clock_skipped_ = false;
+    int yields_seen_ = 0;      // of the current window of `yield_window`
+    int handovers_ = 0;        // of those, yields that gave the processor away
+    int handover_streak_ = 0;  // such yields in a row, the last one included
+    std::chrono::steady_clock::time_point last_move_{};
     std::chrono::steady_clock::time_point last_enter_{};
     reactor_stats stats_;
     int depth_ = 0;

@@ -97,6 +97,9 @@ struct reactor_stats {
     /// Of those, sleeps with an IORING_OP_FUTEX_WAIT in flight for a watched entry (a shared
     /// memory channel's): the peer ends them with one FUTEX_WAKE.
     std::uint64_t futex_sleeps = 0;
+    /// Times the loop moved its thread off a processor it found shared with the peer it
+    /// waited for (see `reactor_options::yield_after`).
+    std::uint64_t moves = 0;
     /// Completed reads of the eventfd that `post` from another thread writes to: how often
     /// other threads woke the loop (posts that come before the loop reads it count once).
     std::uint64_t wakeups = 0;

@@ -500,8 +500,7 @@ COROCOLL_DECL void reactor::wait_while_watching() noexcept {
             submit_and_collect();
         }
         if (yield) {
-            ++stats_.yields;
-            sched_yield();
+            yield_processor();
         }
         return;
     }
@@ -541,6 +540,49 @@ COROCOLL_DECL bool reactor::sleep_watched() noexcept {
     return refused == nullptr;
 }
 
+COROCOLL_DECL void reactor::yield_processor() noexcept {
+    ++stats_.yields;
+    const auto before = std::chrono::steady_clock::now();
+    sched_yield();
+    // A sched_yield with nothing else to run here returns within a microsecond or so; one
+    // that took longer gave the processor to another task for a while.
+    const auto back = std::chrono::steady_clock::now();
+    if (back - before >= handover_time) {
+        ++handovers_;
+        ++handover_streak_;
+    } else {
+        handover_streak_ = 0;
+    }
+    if (++yields_seen_ < yield_window) return;
+    // The last few yields handed over too: a peer that has just moved away leaves this one
+    // alone on its processor, and its quick yields keep it from following.
+    const bool shared = handovers_ >= handovers_to_move && handover_streak_ >= handover_streak;
+    yields_seen_ = handovers_ = 0;
+    if (!shared) return;
+    // Handed over at a good part of its yields, on a host whose ranks do not outnumber its
+    // processors: the task that ran is most likely the peer this loop waits for (each answer
+    // needs it to run), sharing this processor while another may stand idle. The scheduler
+    // keeps such a pair together a long time (each one's wake-ups pull the other back; tasks
+    // that ran moments ago count as cache-hot and are not moved), so the thread moves itself:
+    // barred from this processor it is migrated at once, and let back it stays where it went.
+    // Only the one that runs moves; its peer then has the processor to itself and stops seeing
+    // hand-overs. Where other programs keep every processor busy a move gains nothing but
+    // costs little: at most one per `move_interval`. (Not skipped where `host_busy`: two ranks
+    // on one processor and a moment's third task look busy, and that is when a move helps.)
+    if (crowded() || back - last_move_ < move_interval) return;
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0 || CPU_COUNT(&allowed) < 2) return;
+    const int here = ::sched_getcpu();
+    if (here < 0 || !CPU_ISSET(here, &allowed)) return;
+    cpu_set_t elsewhere = allowed;
+    CPU_CLR(here, &elsewhere);
+    if (::sched_setaffinity(0, sizeof(elsewhere), &elsewhere) != 0) return;
+    ::sched_setaffinity(0, sizeof(allowed), &allowed);
+    last_move_ = back;
+    ++stats_.moves;
+}
+
 COROCOLL_DECL bool reactor::poll_briefly(bool yield) noexcept {
     // Deferred or cooperative task work (the completions) runs only when we enter the
     // kernel; a plain ring's completions just appear. The first entry also submits.
@@ -558,8 +600,7 @@ COROCOLL_DECL bool reactor::poll_briefly(bool yield) noexcept {
         if (now >= until) return false;
         if (enter) io_uring_get_events(&ring_);
         if (yield || (now >= yield_from && !options_.busy_poll_when_crowded)) {
-            ++stats_.yields;
-            sched_yield();
+            yield_processor();
         }
     }
 }
