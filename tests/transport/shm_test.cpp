@@ -5,6 +5,7 @@
 
 #include "../support/pattern.hpp"
 #include "../support/ranks.hpp"
+#include "../support/sanitized.hpp"
 
 #include <corocoll/corocoll.hpp>
 
@@ -461,6 +462,12 @@ cc::spawn_result ping_pong_on_one_cpu(cc::transport::transport_choice choice, in
 }  // namespace
 
 TEST_CASE("two ranks on one processor pass the processor between them instead of sleeping") {
+    if (sanitized) {
+        // An instrumented rank takes longer than the busy-poll window to answer: its peer then
+        // sleeps whatever it does (TSan: 800 kernel waits with or without yields).
+        MESSAGE("sanitized build: answers take longer than busy polling lasts; not checked");
+        return;
+    }
     for (auto choice :
          {cc::transport::transport_choice::shm, cc::transport::transport_choice::tcp}) {
         CAPTURE(choice == cc::transport::transport_choice::tcp);
