@@ -43,9 +43,9 @@ enum op {
     all_to_all,
     op_count
 };
-static const char* const op_names[] = {"ping_pong",  "all_reduce",     "broadcast",
-                                       "reduce",     "all_gather",     "reduce_scatter",
-                                       "gather",     "scatter",        "all_to_all"};
+static const char* const op_names[] = {"ping_pong", "all_reduce", "broadcast",
+                                       "reduce",    "all_gather", "reduce_scatter",
+                                       "gather",    "scatter",    "all_to_all"};
 
 /* The ops whose size is split over the ranks (count elements per rank), as coll_perf's
  * elements() splits them. */
@@ -54,8 +54,10 @@ static int split(enum op op) {
            op == all_to_all;
 }
 
-/* The ops with a root (always rank 0), whose other ranks have no result to check. */
-static int rooted(enum op op) { return op == broadcast || op == reduce || op == gather || op == scatter; }
+/* The ops with a root (always rank 0). */
+static int rooted(enum op op) {
+    return op == broadcast || op == reduce || op == gather || op == scatter;
+}
 
 struct config {
     enum op op;
