@@ -618,11 +618,20 @@ def machine():
     packages = {}
     for pkg in ("libgloo0", "openmpi-bin", "mpich", "python3-torch", "liburing2"):
         packages[pkg] = command_output(["dpkg-query", "-W", "-f=${Version}", pkg]) or "not found"
+    caches = []
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind, size = ((index / f).read_text().strip() for f in ("level", "type", "size"))
+        except OSError:
+            continue
+        if kind != "Instruction":
+            caches.append(f"L{level}{'d' if kind == 'Data' else ''} {size}")
     commit = command_output(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])
     if commit and command_output(["git", "-C", str(REPO), "status", "--porcelain",
                                   "--untracked-files=no"]):
         commit += " with local changes"
     return {"cpu": cpu, "cpus": os.cpu_count(), "kernel": platform.release(),
+            "caches": ", ".join(caches) or "unknown",
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "packages": packages, "corocoll_commit": commit or "unknown",
             "compiler": command_output(["g++", "--version"]).split("\n")[0]}
@@ -670,7 +679,8 @@ def section(a, m, results, plots, summary):
         "",
         f"## {title}" + (f": {a.section}" if a.section else ""),
         "",
-        f"Machine: {m['cpu']}, {m['cpus']} CPUs, Linux {m['kernel']}; measured {m['date']}; "
+        f"Machine: {m['cpu']}, {m['cpus']} CPUs, caches {m['caches']} (cpu0); Linux "
+        f"{m['kernel']}; measured {m['date']}; "
         f"corocoll {m['corocoll_commit']}, {m['compiler']}.",
         "Packages: " + ", ".join(f"{k} {v}" for k, v in m["packages"].items()) + ".",
         "",
