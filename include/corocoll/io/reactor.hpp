@@ -298,7 +298,7 @@ private:
     // Whether busy polling gives the processor away between polls (see `reactor_options`).
     bool yield_between_polls() const noexcept;
     // sched_yield between polls; where many yields give the processor to another task, on a
-    // host neither crowded nor busy, moves this thread to another of its processors
+    // host that is not crowded, moves this thread to another of its processors
     // (`reactor_stats::moves`).
     void yield_processor() noexcept;
     // A yield that took this long gave the processor away ...

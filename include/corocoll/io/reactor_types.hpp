@@ -49,9 +49,9 @@ struct reactor_options {
     /// further polls. Where the peer that would answer shares this processor (the scheduler
     /// sometimes leaves two ranks of a freshly started job on one), polling plainly holds it
     /// off until `busy_poll` runs out and this rank sleeps: every message then costs a sleep
-    /// and a wake-up. Yielding hands the processor over at once, and two ranks that stay
-    /// runnable let the scheduler move one of them to an idle processor. Where the peer has a
-    /// processor of its own, a sched_yield with nothing else to run returns at once. 0: yield
+    /// and a wake-up. Yielding hands the processor over at once, and a rank whose yields keep
+    /// handing it over moves itself to another processor (`reactor_stats::moves`). Where the peer
+    /// has a processor of its own, a sched_yield with nothing else to run returns at once. 0: yield
     /// from the first poll; `busy_poll` or more: never (but where crowded or busy, above).
     /// Not with `busy_poll_when_crowded`.
     std::chrono::microseconds yield_after{10};
