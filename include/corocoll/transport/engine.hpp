@@ -158,6 +158,9 @@ public:
     void begin_collective(collective_meta& meta);
     /// The running collective is over (done or failed): it joins the fingerprint.
     void end_collective() noexcept;
+    /// How many buffered frames `begin_collective` has looked at, in all (a count for tests:
+    /// each early frame is looked at about once, however far ahead its sender ran).
+    std::uint64_t frames_checked_at_begin() const noexcept { return frames_checked_at_begin_; }
 
     /// Whether a collective that just ended must first let the readers catch up
     /// (`catch_up`): true when this rank's reactor did not run for a while (stopped, or its
@@ -499,6 +502,7 @@ private:
     // Progress, for the stall checks: frames that arrived, sends that wait for room, and when
     // the count last moved (or nothing waited).
     std::uint64_t frames_in_ = 0;
+    std::uint64_t frames_checked_at_begin_ = 0;
     hold_counts holds_;
     // The stall timer fired late (the reactor did not run for a while) since the last
     // `catch_up`: a collective that ends now must first read what arrived meanwhile, even

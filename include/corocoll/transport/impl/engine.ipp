@@ -81,6 +81,13 @@ COROCOLL_DECL void engine::begin_collective(collective_meta& meta) {
     has_active_ = true;
     for (int p = 0; p < size_ && !failure_; ++p) {
         for (const auto& m : peer_at(p).unexpected) {
+            ++frames_checked_at_begin_;
+            // A rank sends the frames of its collectives in their order (they run one at a
+            // time, and a peer's sends keep theirs): what follows a later collective's frame
+            // is later still, and is checked when its own call begins or its frame is read.
+            // Looking further made a root whose senders ran ahead read its whole backlog at
+            // every call.
+            if (m.header.kind == frame_kind::collective && m.header.seq > meta.seq) break;
             if (!check_active(p, m.header)) return;
         }
         // A header a reader holds back (the buffer bound) is already here too.
