@@ -401,12 +401,45 @@ namespace {
 // tests running beside this one. The two cases run as a test of their own, alone:
 // tests/meson.build.)
 // (Processes, not threads: two reactors of one process count as crowded and yield anyway.)
-cc::spawn_result ping_pong_on_one_cpu(cc::transport::transport_choice choice, int ops) {
+// The processors this process may run on.
+cpu_set_t allowed_cpus() {
     cpu_set_t all;
     CPU_ZERO(&all);
     REQUIRE(::sched_getaffinity(0, sizeof(all), &all) == 0);
+    return all;
+}
+
+int first_cpu_of(const cpu_set_t& set) {
     int cpu = 0;
-    while (!CPU_ISSET(cpu, &all)) ++cpu;
+    while (!CPU_ISSET(cpu, &set)) ++cpu;
+    return cpu;
+}
+
+// Pins the calling rank to processor `cpu`.
+void pin_to(int cpu) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (::sched_setaffinity(0, sizeof(one), &one) != 0) {
+        throw std::runtime_error("sched_setaffinity failed");
+    }
+}
+
+// `ops` ping-pongs of `v` between ranks 0 and 1.
+cc::task<> ping_pong(cc::process_group& pg, std::vector<int>& v, int ops) {
+    for (int i = 0; i < ops; ++i) {
+        if (pg.rank() == 0) {
+            co_await pg.send(v, 1);
+            co_await pg.recv(v, 1);
+        } else {
+            co_await pg.recv(v, 0);
+            co_await pg.send(v, 0);
+        }
+    }
+}
+
+cc::spawn_result ping_pong_on_one_cpu(cc::transport::transport_choice choice, int ops) {
+    int cpu = first_cpu_of(allowed_cpus());
     cc::spawn_options o;
     o.timeout = 60s;
     cc::init_options init;
@@ -414,27 +447,14 @@ cc::spawn_result ping_pong_on_one_cpu(cc::transport::transport_choice choice, in
     return cc::spawn_ranks(
         2,
         [cpu, ops](cc::process_group& pg) -> cc::task<> {
-            cpu_set_t one;
-            CPU_ZERO(&one);
-            CPU_SET(cpu, &one);
-            if (::sched_setaffinity(0, sizeof(one), &one) != 0) {
-                throw std::runtime_error("sched_setaffinity failed");
-            }
+            pin_to(cpu);
             std::vector<std::uint64_t> mine(2), theirs(2);
             std::uint64_t best_waits = ~std::uint64_t{0}, best_yields = 0;
             std::vector<int> v(1);
             for (int round = 0; round < 10; ++round) {
                 co_await pg.barrier();
                 auto before = pg.reactor().stats();
-                for (int i = 0; i < ops; ++i) {
-                    if (pg.rank() == 0) {
-                        co_await pg.send(v, 1);
-                        co_await pg.recv(v, 1);
-                    } else {
-                        co_await pg.recv(v, 0);
-                        co_await pg.send(v, 0);
-                    }
-                }
+                co_await ping_pong(pg, v, ops);
                 auto after = pg.reactor().stats();
                 mine = {after.kernel_waits - before.kernel_waits, after.yields - before.yields};
                 if (pg.rank() == 0) {
@@ -484,15 +504,12 @@ TEST_CASE("two ranks on one processor pass the processor between them instead of
 }
 
 TEST_CASE("two ranks left on one processor of several move apart") {
-    cpu_set_t all;
-    CPU_ZERO(&all);
-    REQUIRE(::sched_getaffinity(0, sizeof(all), &all) == 0);
+    cpu_set_t all = allowed_cpus();
     if (CPU_COUNT(&all) < 2) {
         MESSAGE("one processor: nowhere to move to");
         return;
     }
-    int cpu = 0;
-    while (!CPU_ISSET(cpu, &all)) ++cpu;
+    int cpu = first_cpu_of(all);
     // Shared memory only: over TCP each wake-up from the network stack pulls the woken rank
     // back beside its waker, and a move does not last (architecture.md, the reactor).
     cc::spawn_options o;
@@ -504,24 +521,13 @@ TEST_CASE("two ranks left on one processor of several move apart") {
     auto result = cc::spawn_ranks(
         2,
         [cpu, all](cc::process_group& pg) -> cc::task<> {
-            cpu_set_t one;
-            CPU_ZERO(&one);
-            CPU_SET(cpu, &one);
-            if (::sched_setaffinity(0, sizeof(one), &one) != 0 ||
-                ::sched_setaffinity(0, sizeof(all), &all) != 0) {
+            pin_to(cpu);
+            if (::sched_setaffinity(0, sizeof(all), &all) != 0) {
                 throw std::runtime_error("sched_setaffinity failed");
             }
             auto before = pg.reactor().stats();
             std::vector<int> v(1);
-            for (int i = 0; i < 300; ++i) {
-                if (pg.rank() == 0) {
-                    co_await pg.send(v, 1);
-                    co_await pg.recv(v, 1);
-                } else {
-                    co_await pg.recv(v, 0);
-                    co_await pg.send(v, 0);
-                }
-            }
+            co_await ping_pong(pg, v, 300);
             auto after = pg.reactor().stats();
             std::vector<int> where{::sched_getcpu(), static_cast<int>(after.moves - before.moves),
                                    static_cast<int>(after.yields - before.yields),

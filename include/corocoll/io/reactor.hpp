@@ -297,6 +297,11 @@ private:
 
     // Whether busy polling gives the processor away between polls (see `reactor_options`).
     bool yield_between_polls() const noexcept;
+    // Whether a wait that has polled for `waited` yields between its further polls
+    // (`reactor_options::yield_after`).
+    bool polled_long_enough(std::chrono::steady_clock::duration waited) const noexcept {
+        return !options_.busy_poll_when_crowded && waited >= options_.yield_after;
+    }
     // sched_yield between polls; where many yields give the processor to another task, on a
     // host that is not crowded, moves this thread to another of its processors
     // (`reactor_stats::moves`).

@@ -488,8 +488,7 @@ COROCOLL_DECL void reactor::wait_while_watching() noexcept {
     }
     auto idle = now - watch_progress_;
     if (idle < options_.busy_poll || now < busy_until_) {
-        const bool yield = yield_between_polls() ||
-                           (!options_.busy_poll_when_crowded && idle >= options_.yield_after);
+        const bool yield = yield_between_polls() || polled_long_enough(idle);
         if (!yield) busy_turns_left_ = 15;
         ++stats_.polls;
         // Entering the kernel costs much more than a poll of shared memory: every 10 µs, or
@@ -590,7 +589,6 @@ COROCOLL_DECL bool reactor::poll_briefly(bool yield) noexcept {
     submit_and_collect();
     const auto start = std::chrono::steady_clock::now();
     const auto until = start + options_.busy_poll;
-    const auto yield_from = start + options_.yield_after;
     for (;;) {
         ++stats_.polls;
         if (io_uring_cq_ready(&ring_) > 0) return true;
@@ -599,9 +597,7 @@ COROCOLL_DECL bool reactor::poll_briefly(bool yield) noexcept {
         if (!timers_.empty() && timers_.front()->when <= now) return true;
         if (now >= until) return false;
         if (enter) io_uring_get_events(&ring_);
-        if (yield || (now >= yield_from && !options_.busy_poll_when_crowded)) {
-            yield_processor();
-        }
+        if (yield || polled_long_enough(now - start)) yield_processor();
     }
 }
 
