@@ -388,19 +388,6 @@ TEST_CASE(
 
 namespace {
 
-// Ranks 0 and 1, processes pinned to one processor, exchange small messages. A rank that polls
-// for its busy-poll time there takes the processor from the peer that would answer, then
-// sleeps; the peer runs, answers and wakes it: every message cost a sleep and a wake-up
-// (about 115 µs where it should take one), and it is how the scheduler sometimes leaves two
-// ranks of a freshly started job on one processor (issue 32's sweep: 1 run in 3 of a 2-rank
-// all_to_all of 64 B took 8-40 µs per call instead of 1). Up to 10 rounds of `ops` 4-byte
-// ping-pongs; rank 0 throws, naming the best round's counts, unless in some round both ranks
-// together waited in the kernel at most ops / 4 times and yielded their processor. (Ranks that
-// sleep wait about twice per ping-pong: 809 and 702 times in 400 over shm and TCP before the
-// reactor yielded; ranks that pass the processor, 0-47 times so far, the most with other
-// tests running beside this one. The two cases run as a test of their own, alone:
-// tests/meson.build.)
-// (Processes, not threads: two reactors of one process count as crowded and yield anyway.)
 // The processors this process may run on.
 cpu_set_t allowed_cpus() {
     cpu_set_t all;
@@ -438,6 +425,19 @@ cc::task<> ping_pong(cc::process_group& pg, std::vector<int>& v, int ops) {
     }
 }
 
+// Ranks 0 and 1, processes pinned to one processor, exchange small messages. A rank that polls
+// for its busy-poll time there takes the processor from the peer that would answer, then
+// sleeps; the peer runs, answers and wakes it: every message cost a sleep and a wake-up
+// (about 115 µs where it should take one), and it is how the scheduler sometimes leaves two
+// ranks of a freshly started job on one processor (issue 32's sweep: 1 run in 3 of a 2-rank
+// all_to_all of 64 B took 8-40 µs per call instead of 1). Up to 10 rounds of `ops` 4-byte
+// ping-pongs; rank 0 throws, naming the best round's counts, unless in some round both ranks
+// together waited in the kernel at most ops / 4 times and yielded their processor. (Ranks that
+// sleep wait about twice per ping-pong: 809 and 702 times in 400 over shm and TCP before the
+// reactor yielded; ranks that pass the processor, 0-47 times so far, the most with other
+// tests running beside this one. The two cases run as a test of their own, alone:
+// tests/meson.build.)
+// (Processes, not threads: two reactors of one process count as crowded and yield anyway.)
 cc::spawn_result ping_pong_on_one_cpu(cc::transport::transport_choice choice, int ops) {
     int cpu = first_cpu_of(allowed_cpus());
     cc::spawn_options o;
