@@ -82,6 +82,15 @@ void check_store_semantics(cc::io::reactor& r, rdv::store& a, rdv::store& b) {
         CHECK_FALSE(co_await a.check(keys("k", "missing")));
         co_await b.wait(keys("k", "n", "cs"), 1s);
 
+        // multi_get: every value in the order asked, a key asked twice, bytes as they are.
+        auto got = co_await b.multi_get(keys("n", "cs", "bin", "n"));
+        REQUIRE(got.size() == 4);
+        CHECK(got[0] == "-2");
+        CHECK(got[1] == "second");
+        CHECK(got[2] == binary);
+        CHECK(got[3] == "-2");
+        CHECK((co_await a.multi_get(keys())).empty());
+
         std::int64_t count = co_await a.num_keys();
         CHECK(co_await b.delete_key("k"));
         CHECK_FALSE(co_await b.delete_key("k"));
@@ -112,6 +121,22 @@ void check_get_waits_and_times_out(cc::io::reactor& r, rdv::store& a, rdv::store
     CHECK(std::string(e.what()).find("'never'") != std::string::npos);
     CHECK(elapsed_ms(t0) >= 95.0);
     CHECK(elapsed_ms(t0) < 2000.0);
+    // multi_get waits for every key too, and its timeout names the missing one.
+    auto many = [&]() -> cc::task<> {
+        auto setter = [&]() -> cc::task<> {
+            co_await r.sleep_for(20ms);
+            co_await a.set("late2", "there");
+        };
+        auto getter = [&]() -> cc::task<std::vector<std::string>> {
+            co_return co_await b.multi_get(keys("late", "late2"), 5s);
+        };
+        auto [unused, values] = co_await cc::when_all(setter(), getter());
+        CHECK(values == keys("here", "there"));
+    };
+    r.run(many());
+    auto m = expect_system_error([&] { r.run(b.multi_get(keys("late", "never2"), 100ms)); });
+    CHECK(m.code() == std::errc::timed_out);
+    CHECK(std::string(m.what()).find("never2'") != std::string::npos);
     b.set_timeout(80ms);
     auto g = expect_system_error([&] { r.run(b.get("absent")); });
     CHECK(g.code() == std::errc::timed_out);

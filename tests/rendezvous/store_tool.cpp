@@ -33,6 +33,10 @@ cc::task<> client_script(cc::io::reactor& r, std::uint16_t port) {
     expect(co_await s->add("counter", 7) == 12, "add 7 to torch's 5");
     std::vector<std::string> present{"from_torch", "counter", "to_delete"};
     expect(co_await s->check(present), "check torch's keys");
+    // One round trip to corocoll's server; a WAIT and a GET per key to torch's.
+    auto values = co_await s->multi_get(present);
+    expect(values.size() == 3 && values[0] == "hello-cpp" && values[1] == "12",
+           "multi_get of torch's keys");
     expect(co_await s->delete_key("to_delete"), "delete_key to_delete");
     expect(!co_await s->delete_key("to_delete"), "second delete_key");
     co_await s->set("from_cpp", "hello-torch");

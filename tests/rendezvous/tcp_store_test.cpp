@@ -324,6 +324,79 @@ TEST_CASE("tcp store server: ADD past the int64 range closes a torch client's co
     CHECK(c.closed_by_server());
 }
 
+TEST_CASE("tcp store server: MULTI_GET answers every key in order; a missing one is refused") {
+    rdv::tcp_store_server server(cc::io::endpoint::loopback(0));
+    cc::io::reactor r;
+    auto s = r.run(rdv::tcp_store::connect(r, server.local_endpoint(), 5s));
+    r.run(s->set("a", "1"));
+    r.run(s->set("b", std::string("\0two", 4)));
+    raw_client c(server.port());
+    REQUIRE(c.send(request().u8(0xC0).u64(rdv::detail::hello_magic).bytes));
+    REQUIRE(c.recv(8).size() == 8);
+    // Status ok, then "/b"'s and "/a"'s values as byte vectors.
+    REQUIRE(c.send(request().u8(0xC2).u64(2).str("/b").str("/a").bytes));
+    std::string expected = request().u8(0).str(std::string("\0two", 4)).str("1").bytes;
+    CHECK(c.recv(expected.size()) == expected);
+    REQUIRE(c.send(request().u8(0xC2).u64(2).str("/a").str("/missing").bytes));
+    std::string refused = c.recv(1 + 8 + 200, 5000);
+    REQUIRE(refused.size() > 9);
+    CHECK(refused[0] == static_cast<char>(rdv::detail::reply_status::invalid));
+    CHECK(refused.find("MULTI_GET '/missing': no such key") != std::string::npos);
+    CHECK(c.closed_by_server());
+    CHECK(server.stats().requests_refused == 1);
+}
+
+TEST_CASE("tcp store server: 1,000 clients of one process are all connected at once and served") {
+    static constexpr int n = 1000;
+    // This process holds both ends of every connection; the server raises the soft limit to
+    // the hard one when it starts.
+    rlimit lim{};
+    REQUIRE(::getrlimit(RLIMIT_NOFILE, &lim) == 0);
+    if (lim.rlim_max < 2 * n + 100) {
+        MESSAGE("skipped: RLIMIT_NOFILE's hard limit " << lim.rlim_max << " is under "
+                                                       << 2 * n + 100);
+        return;
+    }
+    rdv::tcp_store_server server(cc::io::endpoint::loopback(0));
+    CHECK(server.stats().descriptor_limit == lim.rlim_max);
+    cc::io::reactor r;
+    std::uint64_t most_open = 0;
+    auto body = [&]() -> cc::task<> {
+        std::vector<std::shared_ptr<rdv::tcp_store>> clients;
+        for (int i = 0; i < n; ++i) {
+            clients.push_back(co_await rdv::tcp_store::connect(r, server.local_endpoint(), 30s));
+        }
+        most_open = server.stats().open_connections;
+        // Each sets its key, counts itself, and gets its own and its neighbour's values in one
+        // MULTI_GET, which waits for the neighbour; then all wait for the count.
+        std::vector<cc::task<>> work;
+        for (int i = 0; i < n; ++i) {
+            work.push_back([](rdv::tcp_store& s, int id) -> cc::task<> {
+                co_await s.set("k" + std::to_string(id), std::to_string(id));
+                co_await s.add("count", 1);
+                // Named: g++ 12.2 rejects a braced initializer_list inside co_await.
+                std::vector<std::string> mine{"k" + std::to_string(id),
+                                              "k" + std::to_string((id + 1) % n)};
+                auto v = co_await s.multi_get(std::move(mine), 60s);
+                CHECK(v[0] == std::to_string(id));
+                CHECK(v[1] == std::to_string((id + 1) % n));
+                std::vector<std::string> all;
+                for (int k = 0; k < n; k += 97) all.push_back("k" + std::to_string(k));
+                co_await s.wait(std::move(all), 60s);
+            }(*clients[static_cast<std::size_t>(i)], i));
+        }
+        co_await cc::when_all(std::move(work));
+        CHECK(co_await clients[0]->get("count") == std::to_string(n));
+    };
+    r.run(body());
+    CHECK(most_open == n);
+    auto st = server.stats();
+    CHECK(st.connections_accepted == n);
+    CHECK(st.accept_failures == 0);
+    CHECK(st.requests_refused == 0);
+    CHECK(server.last_accept_error().empty());
+}
+
 TEST_CASE("tcp store server: at EMFILE the accept loop backs off and serves once fds free up") {
     // The server runs in a child process whose descriptor limit is lowered; this process
     // connects to it. No thread runs here while it forks. A socket pair, not pipes, links
@@ -349,7 +422,10 @@ TEST_CASE("tcp store server: at EMFILE the accept loop backs off and serves once
             // 1: the parent's five clients are connected and it waited a while; report.
             if (::recv(parent, &go, 1, 0) != 1) ::_exit(5);
             auto st = server.stats();
-            std::uint64_t report[2] = {st.accept_failures, st.connections_accepted};
+            std::string why = server.last_accept_error();
+            bool named = why.find("RLIMIT_NOFILE") != std::string::npos &&
+                         why.find("2 client connections") != std::string::npos;
+            std::uint64_t report[3] = {st.accept_failures, st.connections_accepted, named};
             if (::send(parent, report, sizeof(report), MSG_NOSIGNAL) != sizeof(report)) ::_exit(6);
             // 2: the parent saw its last client served; or it went away.
             ::recv(parent, &go, 1, 0);
@@ -386,9 +462,10 @@ TEST_CASE("tcp store server: at EMFILE the accept loop backs off and serves once
     CHECK(clients[1].recv(8).size() == 8);
     std::this_thread::sleep_for(500ms);  // the server meets EMFILE for about this long
     REQUIRE(tell_child());
-    std::uint64_t report[2] = {0, 0};
+    std::uint64_t report[3] = {0, 0, 0};
     REQUIRE(::recv(child, report, sizeof(report), MSG_WAITALL) == sizeof(report));
     CHECK(report[1] == 2);
+    CHECK(report[2] == 1);  // the error names RLIMIT_NOFILE and the connections held
     // A loop that retries at once fails thousands of times in half a second; one that backs
     // off, from 10 ms doubling, a handful.
     CHECK(report[0] >= 1);

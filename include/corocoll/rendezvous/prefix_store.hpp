@@ -44,6 +44,9 @@ public:
     COROCOLL_DECL task<bool> check(std::vector<std::string> keys) override;
     task<bool> delete_key(std::string key) override { return base_->delete_key(full(key)); }
     task<std::int64_t> num_keys() override { return base_->num_keys(); }
+    COROCOLL_DECL task<std::vector<std::string>> multi_get(std::vector<std::string> keys,
+                                                           duration timeout) override;
+    using store::multi_get;
 
 private:
     std::string full(const std::string& key) const { return prefix_ + "/" + key; }

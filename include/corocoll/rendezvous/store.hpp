@@ -53,9 +53,18 @@ public:
     virtual task<bool> delete_key(std::string key) = 0;
     /// Number of keys in the store.
     virtual task<std::int64_t> num_keys() = 0;
+    /// Waits (up to `timeout`) until every key of `keys` exists and returns their values in
+    /// the order of `keys`, as c10d's `multi_get`. This default waits once and gets each key;
+    /// `tcp_store` asks its server for all of them in one round trip.
+    COROCOLL_DECL virtual task<std::vector<std::string>> multi_get(std::vector<std::string> keys,
+                                                                   duration timeout);
 
     /// `wait(keys, timeout())`.
     task<> wait(std::vector<std::string> keys) { return wait(std::move(keys), timeout_); }
+    /// `multi_get(keys, timeout())`.
+    task<std::vector<std::string>> multi_get(std::vector<std::string> keys) {
+        return multi_get(std::move(keys), timeout_);
+    }
 
     /// The timeout of `get` and of `wait` without an explicit one.
     duration timeout() const noexcept { return timeout_; }

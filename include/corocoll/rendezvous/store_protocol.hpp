@@ -45,6 +45,12 @@ namespace detail {
 // the status byte) is a byte vector of HMAC-SHA256(token, "corocoll store server" | client
 // nonce | server nonce), so that the client knows the server too. Neither side ever sends
 // the token. torch's clients cannot do this: a server with a token refuses them.
+//
+// MULTI_GET (0xC2), the second extension, is laid out as WAIT (a u64 key count, then the
+// keys) and answered with one byte vector per key, in the request's order; a missing key
+// refuses the whole request, naming the key. corocoll's client sends it only to a server
+// that answered HELLO (torch 1.13's has no such query), right behind a WAIT for the same keys,
+// so that one round trip waits for the keys and brings their values.
 enum class query : std::uint8_t {
     set = 0,
     compare_set = 1,
@@ -57,6 +63,7 @@ enum class query : std::uint8_t {
     delete_key = 8,
     hello = 0xC0,
     auth = 0xC1,
+    multi_get = 0xC2,
 };
 inline constexpr std::uint8_t check_ready = 0;
 inline constexpr std::uint8_t check_not_ready = 1;
@@ -145,7 +152,7 @@ struct store_limits {
 /// One request, as parsed.
 struct store_request {
     query q{};
-    std::vector<std::string> keys;  // one for most queries, any number for CHECK and WAIT
+    std::vector<std::string> keys;  // one for most queries, any number for CHECK, WAIT and MULTI_GET
     std::string value;              // SET's value, COMPARE_SET's expected value
     std::string desired;            // COMPARE_SET's desired value
     std::int64_t delta = 0;         // ADD

@@ -75,6 +75,12 @@ public:
 
     COROCOLL_DECL task<std::int64_t> num_keys() override;
 
+    /// One round trip to a corocoll server (a WAIT and a MULTI_GET sent together); to torch's
+    /// server, which has no MULTI_GET, a WAIT and a GET per key.
+    COROCOLL_DECL task<std::vector<std::string>> multi_get(std::vector<std::string> keys,
+                                                           duration timeout) override;
+    using store::multi_get;
+
 private:
     static std::string wire_key(const std::string& key) { return "/" + key; }
 
@@ -88,6 +94,9 @@ private:
     }
     task<detail::wire_reader> request(const detail::wire_writer& w, std::string what,
                                       duration timeout);
+    // Reads a reply's status (from a server that answered HELLO) and returns a reader for
+    // the rest; a refusal drops the connection and throws, naming `what` and the reason.
+    task<detail::wire_reader> reply_of(std::string what, duration timeout, io::op_options o);
 
     // Awaits one read of a reply; any failure leaves the stream unusable, so the connection
     // is dropped and the error says which request it was.

@@ -15,13 +15,17 @@
 #include <corocoll/rendezvous/store_protocol.hpp>
 #include <corocoll/version.hpp>
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <stop_token>
@@ -133,6 +137,10 @@ struct tcp_store_server_options {
     /// those two requests, so that strangers cost the clients that hold the token nothing of
     /// the byte budget.
     std::chrono::milliseconds auth_timeout = std::chrono::seconds(10);
+    /// Raise this process's soft RLIMIT_NOFILE to its hard limit when the server starts, so
+    /// that it can hold as many clients as the system lets it (a server of 10,000 clients
+    /// needs 10,000 descriptors; the usual soft limit is 1,024).
+    bool raise_descriptor_limit = true;
 };
 
 /// What a `tcp_store_server` has done and holds, for tests and monitoring. Counters only grow;
@@ -155,6 +163,9 @@ struct tcp_store_server_stats {
     /// Connections dropped because a request or reply missed its deadline, or the
     /// connection sat idle past its bound.
     std::uint64_t timed_out = 0;
+    /// The process's soft RLIMIT_NOFILE when the server started (after raising it, see
+    /// `tcp_store_server_options::raise_descriptor_limit`).
+    std::uint64_t descriptor_limit = 0;
 };
 
 /// Tag for `tcp_store_server`'s constructor that binds without starting the server's thread.
@@ -173,7 +184,9 @@ inline constexpr deferred_start_t deferred_start{};
 /// Hostile or broken clients cost bounded memory and time (`tcp_store_server_options`):
 /// buffers grow as bytes arrive, up to one request's limit per connection and a budget over
 /// all of them; a request must arrive whole within a deadline; a WAIT whose client goes away
-/// is dropped with its descriptor; at EMFILE the accept loop backs off.
+/// is dropped with its descriptor; at EMFILE the accept loop backs off, and says which limit
+/// (`last_accept_error`). It raises the process's descriptor limit as far as it may when it
+/// starts, and has served 10,000 concurrent clients (benchmarks/store_load.cpp).
 class tcp_store_server {
 public:
     /// Listens on `where` (port 0: the kernel chooses; see `port()`) and serves from a thread
@@ -212,6 +225,12 @@ public:
     /// A snapshot of the server's counters (any thread; each value is read on its own).
     tcp_store_server_stats stats() const noexcept;
 
+    /// Why the last accept failed, naming the limit when it was the descriptors
+    /// (RLIMIT_NOFILE); empty when none has. The server also writes it to standard error at
+    /// the first failure of a run of them, since the clients it cannot accept see only a
+    /// silent connection.
+    std::string last_accept_error() const;
+
 private:
     struct counters {
         std::atomic<std::uint64_t> connections_accepted{0};
@@ -222,6 +241,7 @@ private:
         std::atomic<std::uint64_t> peak_buffered_bytes{0};
         std::atomic<std::uint64_t> requests_refused{0};
         std::atomic<std::uint64_t> timed_out{0};
+        std::atomic<std::uint64_t> descriptor_limit{0};
     };
 
     struct shutdown_item : corocoll::detail::work_item {
@@ -314,6 +334,9 @@ private:
 
     detail::refusal busy(const std::string& what) const;
 
+    // Records (and at the first of a run of failures, prints) why an accept failed.
+    void accept_failed(std::error_code e, bool first_in_a_row);
+
     // Counts `bytes` for connection `c` in the server's budget instead of what it had; false
     // (and nothing changed) if that is more than the budget allows.
     bool recharge(connection& c, std::uint64_t bytes) noexcept;
@@ -329,6 +352,8 @@ private:
     bool stopping_ = false;
     detail::store_table table_;
     counters counters_;
+    mutable std::mutex accept_error_mutex_;
+    std::string accept_error_;
 };
 
 }  // namespace rendezvous

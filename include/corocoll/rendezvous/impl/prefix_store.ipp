@@ -18,6 +18,12 @@ COROCOLL_DECL task<bool> prefix_store::check(std::vector<std::string> keys) {
     return base_->check(std::move(keys));
 }
 
+COROCOLL_DECL task<std::vector<std::string>> prefix_store::multi_get(std::vector<std::string> keys,
+                                                                    duration timeout) {
+    for (auto& k : keys) k = full(k);
+    return base_->multi_get(std::move(keys), timeout);
+}
+
 COROCOLL_DECL task<std::string> prefix_store::with_timeout_get(std::string key) {
     // Named: g++ 12.2 rejects an initializer_list temporary inside co_await
     // ("array used as initializer").

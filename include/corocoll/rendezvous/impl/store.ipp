@@ -7,6 +7,16 @@
 COROCOLL_BEGIN_NAMESPACE
 
 namespace rendezvous {
+
+COROCOLL_DECL task<std::vector<std::string>> store::multi_get(std::vector<std::string> keys,
+                                                             duration timeout) {
+    co_await wait(keys, timeout);
+    std::vector<std::string> values;
+    values.reserve(keys.size());
+    for (auto& k : keys) values.push_back(co_await get(std::move(k)));
+    co_return values;
+}
+
 namespace detail {
 
 COROCOLL_DECL std::int64_t parse_store_int(const std::string& key, const std::string& text) {

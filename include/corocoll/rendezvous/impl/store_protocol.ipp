@@ -119,6 +119,7 @@ COROCOLL_DECL parse_result request_parser::parse(std::string_view in) {
                 break;
             case query::check:
             case query::wait:
+            case query::multi_get:
                 if (field_ == 0) {
                     stop = integer_field(in, key_count_);
                     if (!stop && key_count_ > limits_.max_keys_per_request) {
@@ -201,7 +202,10 @@ COROCOLL_DECL std::string request_parser::name() const {
                                             "ADD",        "CHECK",       "WAIT",
                                             "GETNUMKEYS", "WATCH_KEY",   "DELETE_KEY"};
     auto q = static_cast<unsigned>(req_.q);
-    std::string out = q < std::size(names) ? names[q] : req_.q == query::auth ? "AUTH" : "HELLO";
+    std::string out = q < std::size(names)          ? names[q]
+                      : req_.q == query::auth      ? "AUTH"
+                      : req_.q == query::multi_get ? "MULTI_GET"
+                                                   : "HELLO";
     if (!req_.keys.empty()) out += " '" + req_.keys.front() + "'";
     return out;
 }

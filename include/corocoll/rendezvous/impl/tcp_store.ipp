@@ -82,6 +82,38 @@ COROCOLL_DECL task<> tcp_store::wait(std::vector<std::string> keys, duration tim
     }
 }
 
+COROCOLL_DECL task<std::vector<std::string>> tcp_store::multi_get(std::vector<std::string> keys,
+                                                                 duration timeout) {
+    // Known since connect: a torch server closed the connection at our HELLO.
+    if (!status_replies_) co_return co_await store::multi_get(std::move(keys), timeout);
+    auto lock = co_await mutex_.scoped_lock();
+    detail::wire_writer w;
+    w.u8(static_cast<std::uint8_t>(detail::query::wait));
+    w.u64(keys.size());
+    for (const auto& k : keys) w.bytes(wire_key(k));
+    w.u8(static_cast<std::uint8_t>(detail::query::multi_get));
+    w.u64(keys.size());
+    for (const auto& k : keys) w.bytes(wire_key(k));
+    std::string what = "multi_get " + rendezvous::detail::join_keys(keys);
+    auto in = co_await request(w, what, timeout);
+    std::uint8_t reply = co_await guarded(in.u8(), what, timeout);
+    if (reply != detail::wait_stop_waiting) {
+        broken_ = true;
+        corocoll::detail::throw_error(corocoll::errc::protocol_error,
+                                      "corocoll: store " + server_.to_string() + ": " + what +
+                                          ": unexpected reply " + std::to_string(reply));
+    }
+    // The MULTI_GET's reply: its status, then the values.
+    auto values_in = co_await reply_of(what, timeout, io::op_options(io::deadline_after(timeout)));
+    std::vector<std::string> values;
+    values.reserve(keys.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+        values.push_back(co_await guarded(values_in.bytes(detail::max_value_bytes, "value"), what,
+                                          timeout));
+    }
+    co_return values;
+}
+
 COROCOLL_DECL task<bool> tcp_store::check(std::vector<std::string> keys) {
     auto lock = co_await mutex_.scoped_lock();
     detail::wire_writer w;
@@ -121,6 +153,11 @@ COROCOLL_DECL task<detail::wire_reader> tcp_store::request(const detail::wire_wr
         broken_ = true;
         fail(e, what);
     }
+    co_return co_await reply_of(what, timeout, std::move(o));
+}
+
+COROCOLL_DECL task<detail::wire_reader> tcp_store::reply_of(std::string what, duration timeout,
+                                                            io::op_options o) {
     detail::wire_reader in(sock_, o);
     if (status_replies_) {
         std::uint8_t status = co_await guarded(in.u8(), what, timeout);
@@ -162,7 +199,9 @@ COROCOLL_DECL task<bool> tcp_store::hello(std::chrono::steady_clock::time_point 
                 corocoll::errc::protocol_error,
                 "corocoll: store " + server_.to_string() +
                     ": the server accepted the connection but did not answer HELLO within " +
-                    std::to_string(hello_answer_time.count()) + " s; is it a store?");
+                    std::to_string(hello_answer_time.count()) +
+                    " s; is it a store, and one with descriptors to spare (a store out of "
+                    "them, at its RLIMIT_NOFILE, leaves new clients unanswered)?");
         }
         if (e.code() != corocoll::errc::connection_closed &&
             e.code() != std::errc::connection_reset && e.code() != std::errc::broken_pipe) {

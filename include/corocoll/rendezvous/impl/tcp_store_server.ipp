@@ -47,6 +47,15 @@ COROCOLL_DECL std::optional<refusal> store_table::apply(store_request& r, wire_w
         case query::check:
             out.u8(all_present(r.keys) ? check_ready : check_not_ready);
             return std::nullopt;
+        case query::multi_get:
+            for (const auto& k : r.keys) {
+                if (data_.count(k) == 0) {
+                    return refusal{reply_status::invalid,
+                                   "MULTI_GET '" + k + "': no such key (WAIT for it first)"};
+                }
+            }
+            for (const auto& k : r.keys) out.bytes(data_.find(k)->second);
+            return std::nullopt;
         case query::get_num_keys:
             out.i64(static_cast<std::int64_t>(data_.size()));
             return std::nullopt;
@@ -160,6 +169,15 @@ COROCOLL_DECL tcp_store_server::~tcp_store_server() {
 
 COROCOLL_DECL void tcp_store_server::start() {
     if (thread_.joinable()) return;
+    rlimit lim{};
+    if (::getrlimit(RLIMIT_NOFILE, &lim) == 0) {
+        if (options_.raise_descriptor_limit && lim.rlim_cur < lim.rlim_max) {
+            rlimit raised = lim;
+            raised.rlim_cur = lim.rlim_max;
+            if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
+        }
+        counters_.descriptor_limit.store(lim.rlim_cur, std::memory_order_relaxed);
+    }
     std::promise<void> ready;
     auto started = ready.get_future();
     thread_ = std::thread([this, p = std::move(ready)]() mutable { main(p); });
@@ -184,7 +202,32 @@ COROCOLL_DECL tcp_store_server_stats tcp_store_server::stats() const noexcept {
     out.peak_buffered_bytes = get(counters_.peak_buffered_bytes);
     out.requests_refused = get(counters_.requests_refused);
     out.timed_out = get(counters_.timed_out);
+    out.descriptor_limit = get(counters_.descriptor_limit);
     return out;
+}
+
+COROCOLL_DECL std::string tcp_store_server::last_accept_error() const {
+    std::lock_guard lock(accept_error_mutex_);
+    return accept_error_;
+}
+
+COROCOLL_DECL void tcp_store_server::accept_failed(std::error_code e, bool first_in_a_row) {
+    std::string why = "corocoll: store server " + local_.to_string() + ": accept: " + e.message();
+    if (e == std::errc::too_many_files_open) {
+        rlimit lim{};
+        ::getrlimit(RLIMIT_NOFILE, &lim);
+        why += ": this process may hold " + std::to_string(lim.rlim_cur) +
+               " descriptors (RLIMIT_NOFILE; hard limit " + std::to_string(lim.rlim_max) +
+               ") and the store holds " +
+               std::to_string(counters_.open_connections.load(std::memory_order_relaxed)) +
+               " client connections; clients beyond wait unanswered until one leaves. Raise "
+               "the limit (ulimit -n, or LimitNOFILE= of a service) to serve more";
+    } else if (e == std::errc::too_many_files_open_in_system) {
+        why += ": the system's descriptor table is full (fs.file-max); clients wait unanswered";
+    }
+    if (first_in_a_row) std::fprintf(stderr, "%s\n", why.c_str());
+    std::lock_guard lock(accept_error_mutex_);
+    accept_error_ = std::move(why);
 }
 
 COROCOLL_DECL void tcp_store_server::main(std::promise<void>& ready) {
@@ -229,6 +272,7 @@ COROCOLL_DECL task<> tcp_store_server::serve(io::acceptor& listener) {
         // anything else (EMFILE, ENFILE, ENOBUFS, ENOMEM) fails again if retried at once,
         // and would burn a core until a descriptor frees up.
         if (failed == std::errc::connection_aborted) continue;
+        accept_failed(failed, backoff == options_.accept_backoff_min);
         try {
             co_await reactor_->sleep_for(backoff, stop_.get_token());
         } catch (const std::system_error&) {
