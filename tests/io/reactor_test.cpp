@@ -167,6 +167,59 @@ TEST_CASE("1,000 concurrent timers on a ring with 4 SQ entries all complete") {
     CHECK(r.in_flight() == 0);
 }
 
+TEST_CASE("a read whose data comes after it was armed completes while others complete at once") {
+    // Eight readers find a byte in their pipes every time they read, so each of their reads
+    // completes when it is submitted, and with a queue of 4 entries the loop submits while
+    // it reaps: completions keep coming. One more reader's read is armed on an empty pipe and
+    // its byte written later; with deferred task work the kernel posts that completion only
+    // when the reactor asks for events. It must not wait for the busy readers to run dry
+    // (65,536 reads each): count their reads before it completes, not the time.
+    cc::io::reactor r({.sq_entries = 4});
+    constexpr int busy = 8;
+    constexpr std::size_t bytes_each = 1 << 16;
+    std::vector<std::array<int, 2>> pipes(busy + 1);
+    for (auto& p : pipes) REQUIRE(::pipe2(p.data(), O_CLOEXEC) == 0);
+    for (int i = 0; i < busy; ++i) {
+        auto& p = pipes[static_cast<std::size_t>(i)];
+        REQUIRE(::fcntl(p[1], F_SETPIPE_SZ, static_cast<int>(bytes_each)) >= 0);
+        std::string fill(bytes_each, 'b');
+        REQUIRE(::write(p[1], fill.data(), fill.size()) == static_cast<ssize_t>(fill.size()));
+    }
+    auto& late = pipes.back();
+    std::size_t busy_reads = 0;
+    std::size_t busy_reads_when_late_done = 0;
+    bool late_done = false;
+    auto late_reader = [&]() -> cc::task<> {
+        std::array<std::byte, 1> b{};
+        CHECK(co_await r.read_some(late[0], b) == 1);
+        late_done = true;
+        busy_reads_when_late_done = busy_reads;
+    };
+    auto busy_reader = [&](int fd) -> cc::task<> {
+        std::array<std::byte, 1> b{};
+        for (std::size_t i = 0; i < bytes_each && !late_done; ++i) {
+            CHECK(co_await r.read_some(fd, b) == 1);
+            // The late byte goes in once the late read has surely been submitted.
+            if (++busy_reads == 64) CHECK(::write(late[1], "x", 1) == 1);
+        }
+    };
+    std::vector<cc::task<>> readers;
+    readers.push_back(late_reader());
+    for (int i = 0; i < busy; ++i)
+        readers.push_back(busy_reader(pipes[static_cast<std::size_t>(i)][0]));
+    r.run(cc::when_all(std::move(readers)));
+    for (auto& p : pipes) {
+        ::close(p[0]);
+        ::close(p[1]);
+    }
+    CHECK(late_done);
+    MESSAGE("busy reads before the late one completed: "
+            << busy_reads_when_late_done << " (deferred task work: " << r.features().defer_taskrun
+            << ")");
+    // At most a few turns of the loop after the byte was written, not 8 x 65,536.
+    CHECK(busy_reads_when_late_done < 1000);
+}
+
 TEST_CASE("schedule moves a coroutine from another thread onto the reactor's thread") {
     cc::io::reactor r;
     auto reactor_thread = std::this_thread::get_id();

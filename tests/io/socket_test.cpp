@@ -47,6 +47,31 @@ TEST_CASE("loopback transfers of 0 B to 64 MiB arrive whole and in order") {
     CHECK(r.in_flight() == 0);
 }
 
+TEST_CASE("accept_ready takes the connections already queued, then says none, never waiting") {
+    cc::io::reactor r;
+    auto listener = cc::io::acceptor::listen(r, cc::io::endpoint::loopback(0));
+    CHECK_FALSE(listener.accept_ready().has_value());  // nothing queued: no wait either
+    std::vector<cc::io::socket> clients;
+    auto connect_three = [&]() -> cc::task<> {
+        for (int i = 0; i < 3; ++i) {
+            clients.push_back(co_await cc::io::socket::connect(r, listener.local_endpoint()));
+        }
+    };
+    r.run(connect_three());
+    auto first =
+        r.run([&]() -> cc::task<cc::io::socket> { co_return co_await listener.accept(); }());
+    std::vector<cc::io::socket> more;
+    while (auto s = listener.accept_ready()) more.push_back(std::move(*s));
+    REQUIRE(more.size() == 2);
+    // Each is a working connection, to the client that made it.
+    for (std::size_t i = 0; i < more.size(); ++i) {
+        CHECK(more[i].peer() == clients[i + 1].local_endpoint());
+        std::vector<std::byte> out = pattern(100, static_cast<unsigned>(i));
+        CHECK(r.run(transfer(clients[i + 1], more[i], out)) == out);
+    }
+    CHECK(first.peer() == clients[0].local_endpoint());
+}
+
 TEST_CASE("several messages in a row on one connection keep their boundaries") {
     cc::io::reactor r;
     auto conn = r.run(connected_pair(r));

@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -365,6 +367,14 @@ public:
 
     /// Awaitable: waits for the next connection and yields it as a `socket`.
     detail::accept_op accept(op_options o = {});
+
+    /// A connection that is already waiting in the listen queue, taken without waiting (a
+    /// poll with no timeout, then accept4); nothing when none waits or the accept fails (the
+    /// next `accept` meets the error and reports it). For a server that takes a burst of
+    /// connections at once rather than one per turn of its loop, so that the queue does not
+    /// overflow. Only one thread may accept from the listener: another's accept between the
+    /// poll and accept4 would leave this one waiting.
+    std::optional<socket> accept_ready();
 
     /// Closes the listening descriptor now (close(2)); closing twice does nothing.
     void close() noexcept {

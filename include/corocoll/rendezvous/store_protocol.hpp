@@ -152,10 +152,11 @@ struct store_limits {
 /// One request, as parsed.
 struct store_request {
     query q{};
-    std::vector<std::string> keys;  // one for most queries, any number for CHECK, WAIT and MULTI_GET
-    std::string value;              // SET's value, COMPARE_SET's expected value
-    std::string desired;            // COMPARE_SET's desired value
-    std::int64_t delta = 0;         // ADD
+    // One for most queries, any number for CHECK, WAIT and MULTI_GET.
+    std::vector<std::string> keys;
+    std::string value;       // SET's value, COMPARE_SET's expected value
+    std::string desired;     // COMPARE_SET's desired value
+    std::int64_t delta = 0;  // ADD
 };
 
 /// Why a server refuses a request; `reason` names the request and its key.

@@ -258,7 +258,9 @@ private:
     // Reads happen in steps of at most this, and a buffer larger than this is given back
     // once its large request is done.
     static constexpr std::size_t read_step = std::size_t{256} << 10;
-    static constexpr std::size_t small_buffer = std::size_t{4} << 10;
+    static constexpr std::size_t small_buffer = 512;
+    // Connections taken from the listen queue without waiting after each accept.
+    static constexpr std::size_t accepts_per_turn = 256;
     // Bytes a client may send behind a WAIT that is not answered yet.
     static constexpr std::size_t max_behind_wait = std::size_t{64} << 10;
 

@@ -94,6 +94,18 @@ COROCOLL_DECL acceptor acceptor::listen_unattached(const endpoint& where, int ba
     return a;
 }
 
+COROCOLL_DECL std::optional<socket> acceptor::accept_ready() {
+    pollfd ready{fd_, POLLIN, 0};
+    if (fd_ < 0 || ::poll(&ready, 1, 0) != 1 || (ready.revents & POLLIN) == 0) return std::nullopt;
+    endpoint peer;
+    socklen_t len = endpoint::capacity();
+    int fd = ::accept4(fd_, peer.data(), &len, SOCK_CLOEXEC);
+    if (fd < 0) return std::nullopt;
+    peer.resize(len);
+    detail::set_nodelay(fd);
+    return socket(*reactor_, fd, peer);
+}
+
 }  // namespace io
 
 namespace io {

@@ -19,7 +19,7 @@ COROCOLL_DECL task<bool> prefix_store::check(std::vector<std::string> keys) {
 }
 
 COROCOLL_DECL task<std::vector<std::string>> prefix_store::multi_get(std::vector<std::string> keys,
-                                                                    duration timeout) {
+                                                                     duration timeout) {
     for (auto& k : keys) k = full(k);
     return base_->multi_get(std::move(keys), timeout);
 }

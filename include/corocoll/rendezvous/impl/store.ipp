@@ -9,7 +9,7 @@ COROCOLL_BEGIN_NAMESPACE
 namespace rendezvous {
 
 COROCOLL_DECL task<std::vector<std::string>> store::multi_get(std::vector<std::string> keys,
-                                                             duration timeout) {
+                                                              duration timeout) {
     co_await wait(keys, timeout);
     std::vector<std::string> values;
     values.reserve(keys.size());

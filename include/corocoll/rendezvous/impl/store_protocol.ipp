@@ -202,7 +202,7 @@ COROCOLL_DECL std::string request_parser::name() const {
                                             "ADD",        "CHECK",       "WAIT",
                                             "GETNUMKEYS", "WATCH_KEY",   "DELETE_KEY"};
     auto q = static_cast<unsigned>(req_.q);
-    std::string out = q < std::size(names)          ? names[q]
+    std::string out = q < std::size(names)         ? names[q]
                       : req_.q == query::auth      ? "AUTH"
                       : req_.q == query::multi_get ? "MULTI_GET"
                                                    : "HELLO";

@@ -83,7 +83,7 @@ COROCOLL_DECL task<> tcp_store::wait(std::vector<std::string> keys, duration tim
 }
 
 COROCOLL_DECL task<std::vector<std::string>> tcp_store::multi_get(std::vector<std::string> keys,
-                                                                 duration timeout) {
+                                                                  duration timeout) {
     // Known since connect: a torch server closed the connection at our HELLO.
     if (!status_replies_) co_return co_await store::multi_get(std::move(keys), timeout);
     auto lock = co_await mutex_.scoped_lock();
@@ -108,8 +108,8 @@ COROCOLL_DECL task<std::vector<std::string>> tcp_store::multi_get(std::vector<st
     std::vector<std::string> values;
     values.reserve(keys.size());
     for (std::size_t i = 0; i < keys.size(); ++i) {
-        values.push_back(co_await guarded(values_in.bytes(detail::max_value_bytes, "value"), what,
-                                          timeout));
+        values.push_back(
+            co_await guarded(values_in.bytes(detail::max_value_bytes, "value"), what, timeout));
     }
     co_return values;
 }
