@@ -308,8 +308,12 @@ private:
 
     task<> handle(io::socket s);
 
+    // A reply is sent at once where the socket has room (it nearly always has: a client
+    // reads its reply before it sends again), without the ring's round trip.
     io::op_options send_options() const {
-        return io::op_options(io::deadline_after(options_.request_timeout), stop_.get_token());
+        io::op_options o(io::deadline_after(options_.request_timeout), stop_.get_token());
+        o.try_now = true;
+        return o;
     }
 
     // Serves requests until the client leaves or must be dropped.
