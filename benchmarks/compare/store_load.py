@@ -7,11 +7,13 @@ For each server and each client count, a fresh server is started (corocoll's thr
 the generator's line (connect time, requests per second, p50/p99/max of a round trip, errors)
 and the growth of the server process's resident memory between before and after the load
 (VmRSS; VmHWM for the peak). A third row per client count loads corocoll's server with a
-MULTI_GET of --multi-get keys added to each loop (torch 1.13's server has no MULTI_GET). Prints
-a Markdown table, and the CPU it ran on.
+MULTI_GET of --multi-get keys added to each loop (torch 1.13's server has no MULTI_GET). Each
+row runs --rounds times, the servers taking turns; the table shows the round with the median
+requests per second, and the range over the rounds. Prints a Markdown table, and the CPU it ran
+on.
 
 Usage: store_load.py --store-load PATH [--clients 100,1000,10000] [--procs 4] [--seconds 5]
-                     [--servers corocoll,torch] [--multi-get 8]
+                     [--servers corocoll,torch] [--multi-get 8] [--rounds 3]
 """
 
 import argparse
@@ -118,24 +120,37 @@ def main():
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--servers", default="corocoll,torch")
     ap.add_argument("--multi-get", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     print(f"CPU: {cpu_line()}")
-    print(f"generator: {args.procs} processes, {args.seconds} s of closed-loop load per row\n")
-    print("| server | clients | connect s | requests/s | p50 µs | p99 µs | max µs | errors "
+    print(f"generator: {args.procs} processes, {args.seconds} s of closed-loop load per row, "
+          f"median of {args.rounds} rounds\n")
+    print("| server | clients | connect s | requests/s (range) | p50 µs | p99 µs | max µs | errors "
           "| server RSS growth MiB | server peak RSS MiB | note |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+
+    def rate(r):
+        return float(r.get("requests_per_s", 0))
+
     for clients in [int(c) for c in args.clients.split(",")]:
         runs = [(kind, 0) for kind in args.servers.split(",")]
         if "corocoll" in args.servers.split(",") and args.multi_get > 0:
             runs.append(("corocoll", args.multi_get))
-        for kind, multi_get in runs:
-            r = run_one(kind, clients, args, multi_get)
+        rows = {run: [] for run in runs}
+        for _ in range(args.rounds):
+            for kind, multi_get in runs:
+                rows[(kind, multi_get)].append(run_one(kind, clients, args, multi_get))
+        for (kind, multi_get), got in rows.items():
+            got.sort(key=rate)
+            r = got[len(got) // 2]
+            spread = f"{rate(got[0]):.0f}-{rate(got[-1]):.0f}"
+            errors = sum(int(g.get("errors", 0)) for g in got)
+            notes = "; ".join(sorted({g["note"] for g in got if "note" in g}))
             name = kind if multi_get == 0 else f"{kind} + MULTI_GET of {multi_get}"
             print(f"| {name} | {clients} | {r.get('connect_s', '-')} | "
-                  f"{r.get('requests_per_s', '-')} | {r.get('p50_us', '-')} | "
-                  f"{r.get('p99_us', '-')} | {r.get('max_us', '-')} | {r.get('errors', '-')} | "
-                  f"{r['rss_growth_mib']:.1f} | {r['peak_rss_mib']:.1f} | {r.get('note', '')} |",
-                  flush=True)
+                  f"{r.get('requests_per_s', '-')} ({spread}) | {r.get('p50_us', '-')} | "
+                  f"{r.get('p99_us', '-')} | {r.get('max_us', '-')} | {errors} | "
+                  f"{r['rss_growth_mib']:.1f} | {r['peak_rss_mib']:.1f} | {notes} |", flush=True)
 
 
 if __name__ == "__main__":

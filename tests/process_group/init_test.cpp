@@ -256,6 +256,29 @@ TEST_CASE("set-up that lacks a rank names the missing rank at the deadline") {
     }
 }
 
+TEST_CASE("set-up asks the store as many requests per rank at 8 ranks as at 4") {
+    // Each rank reads every other rank's record, and every lower rank's address, in one
+    // multi_get each: its store requests do not grow with the group (one get per rank did).
+    auto requests_per_rank = [](int n) {
+        cc::rendezvous::tcp_store_server server(cc::io::endpoint::loopback(0));
+        auto errors = run_ranks(n, [&](int rank, cc::io::reactor& r) -> cc::task<> {
+            cc::init_options o;
+            o.rank = rank;
+            o.world_size = n;
+            o.timeout = 20s;
+            o.store = co_await cc::rendezvous::tcp_store::connect(r, server.local_endpoint(), 20s);
+            auto pg = co_await cc::init_process_group(r, o);
+            co_await pg->close();
+        });
+        check_every_rank_ok(errors);
+        return static_cast<double>(server.stats().requests) / n;
+    };
+    double at4 = requests_per_rank(4);
+    double at8 = requests_per_rank(8);
+    MESSAGE("store requests per rank: " << at4 << " at 4 ranks, " << at8 << " at 8");
+    CHECK(at8 <= at4 + 1.0);
+}
+
 TEST_CASE("a MASTER_PORT that is not a store is named within seconds, not at the timeout") {
     // A listener that never accepts: the kernel completes connections, nobody answers.
     int silent = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

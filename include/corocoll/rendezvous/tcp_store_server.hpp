@@ -148,6 +148,8 @@ struct tcp_store_server_options {
 struct tcp_store_server_stats {
     /// Connections accepted so far.
     std::uint64_t connections_accepted = 0;
+    /// Requests received whole so far (HELLO and AUTH included; refused ones too).
+    std::uint64_t requests = 0;
     /// Accepts that failed for a reason other than the server stopping (EMFILE, say).
     std::uint64_t accept_failures = 0;
     /// Connections open now.
@@ -234,6 +236,7 @@ public:
 private:
     struct counters {
         std::atomic<std::uint64_t> connections_accepted{0};
+        std::atomic<std::uint64_t> requests{0};
         std::atomic<std::uint64_t> accept_failures{0};
         std::atomic<std::uint64_t> open_connections{0};
         std::atomic<std::uint64_t> parked_waits{0};

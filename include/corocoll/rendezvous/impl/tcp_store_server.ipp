@@ -195,6 +195,7 @@ COROCOLL_DECL tcp_store_server_stats tcp_store_server::stats() const noexcept {
     };
     tcp_store_server_stats out;
     out.connections_accepted = get(counters_.connections_accepted);
+    out.requests = get(counters_.requests);
     out.accept_failures = get(counters_.accept_failures);
     out.open_connections = get(counters_.open_connections);
     out.parked_waits = get(counters_.parked_waits);
@@ -332,6 +333,7 @@ COROCOLL_DECL task<> tcp_store_server::converse(connection& c) {
         c.in.consume(p.bytes);
         c.request_started = std::chrono::steady_clock::now();
         detail::store_request req = c.parser.take();
+        counters_.requests.fetch_add(1, std::memory_order_relaxed);
         c.out.clear();
         if (c.status_replies) c.out.u8(static_cast<std::uint8_t>(detail::reply_status::ok));
         bool token = !options_.job_token.empty();

@@ -52,13 +52,15 @@ COROCOLL_DECL task<std::vector<shm_peer_info>> exchange_records(rendezvous::stor
     for (int p = 0; p < size; ++p) {
         if (p != rank) keys.push_back("mesh/shm/" + std::to_string(p));
     }
-    co_await store.wait(keys, std::chrono::duration_cast<std::chrono::milliseconds>(
-                                  std::max(mo.deadline - std::chrono::steady_clock::now(),
-                                           std::chrono::steady_clock::duration{})));
+    // One store round trip for every record (a multi_get), not one per rank.
+    auto records = co_await store.multi_get(
+        std::move(keys), std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::max(mo.deadline - std::chrono::steady_clock::now(),
+                                      std::chrono::steady_clock::duration{})));
     std::vector<shm_peer_info> info(slot(size));
-    for (int p = 0; p < size; ++p) {
+    for (int p = 0, k = 0; p < size; ++p) {
         if (p == rank) continue;
-        std::istringstream in(co_await store.get("mesh/shm/" + std::to_string(p)));
+        std::istringstream in(std::move(records[static_cast<std::size_t>(k++)]));
         std::string choice;
         auto& i = info[slot(p)];
         in >> choice >> i.boot >> i.socket_name >> i.netns >> i.tag;

@@ -108,10 +108,10 @@ COROCOLL_DECL task<> connector_handshake(io::socket& s, int rank, int peer, int 
 COROCOLL_DECL task<int> listener_handshake(io::socket& s, int rank, int size, const mesh_options& o,
                                            const std::string& here, std::stop_token stop);
 
-// Connects to lower rank `peer`, retrying with backoff and jitter until the deadline.
-COROCOLL_DECL task<io::socket> connect_to(io::reactor& r, rendezvous::store& store, int rank,
-                                          int peer, int size, const mesh_options& o,
-                                          std::stop_token stop);
+// Connects to lower rank `peer`, which listens at `address` (as it published it), retrying
+// with backoff and jitter until the deadline.
+COROCOLL_DECL task<io::socket> connect_to(io::reactor& r, std::string address, int rank, int peer,
+                                          int size, const mesh_options& o, std::stop_token stop);
 
 }  // namespace detail
 

@@ -185,14 +185,8 @@ COROCOLL_DECL task<int> listener_handshake(io::socket& s, int rank, int size, co
     co_return peer;
 }
 
-COROCOLL_DECL task<io::socket> connect_to(io::reactor& r, rendezvous::store& store, int rank,
-                                          int peer, int size, const mesh_options& o,
-                                          std::stop_token stop) {
-    auto now = std::chrono::steady_clock::now();
-    std::vector<std::string> key{"mesh/addr/" + std::to_string(peer)};
-    co_await store.wait(key, std::chrono::duration_cast<std::chrono::milliseconds>(std::max(
-                                 o.deadline - now, std::chrono::steady_clock::duration{})));
-    std::string address = co_await store.get(key[0]);
+COROCOLL_DECL task<io::socket> connect_to(io::reactor& r, std::string address, int rank, int peer,
+                                          int size, const mesh_options& o, std::stop_token stop) {
     io::endpoint where = io::endpoint::parse(address);
     std::minstd_rand jitter(static_cast<unsigned>(rank * 7919 + peer));
     auto backoff = std::chrono::milliseconds(5);
@@ -296,9 +290,18 @@ COROCOLL_DECL task<std::vector<io::socket>> connect_mesh(io::reactor& r, rendezv
                 corocoll::detail::context_of(*failed));
     };
     auto connect_all = [&]() -> task<> {
+        if (rank == 0) co_return;
+        // Every lower rank's address in one store round trip (a multi_get), not one each.
+        std::vector<std::string> keys;
+        for (int p = 0; p < rank; ++p) keys.push_back("mesh/addr/" + std::to_string(p));
+        auto addresses = co_await store.multi_get(
+            std::move(keys), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::max(o.deadline - std::chrono::steady_clock::now(),
+                                          std::chrono::steady_clock::duration{})));
         std::vector<task<io::socket>> lower;
         for (int p = 0; p < rank; ++p) {
-            lower.push_back(detail::connect_to(r, store, rank, p, size, o, stop.get_token()));
+            lower.push_back(detail::connect_to(r, std::move(addresses[static_cast<std::size_t>(p)]),
+                                               rank, p, size, o, stop.get_token()));
         }
         auto socks = co_await when_all(std::move(lower));
         for (int p = 0; p < rank; ++p) peers[static_cast<std::size_t>(p)] = std::move(socks[p]);
