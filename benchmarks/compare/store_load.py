@@ -17,10 +17,11 @@ Usage: store_load.py --store-load PATH [--clients 100,1000,10000] [--procs 4] [-
 """
 
 import argparse
-import os
-import platform
 import subprocess
 import sys
+
+sys.dont_write_bytecode = True  # no __pycache__ beside the sources for the import below
+from run_compare import machine  # noqa: E402 (beside this file)
 
 TORCH_SERVER = r"""
 import datetime, resource, sys
@@ -32,34 +33,6 @@ s = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=300),
 print("PORT", s.port, flush=True)
 sys.stdin.read()
 """
-
-
-def cpu_line():
-    model = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    caches = []
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    try:
-        for idx in sorted(os.listdir(base)):
-            d = os.path.join(base, idx)
-            with open(os.path.join(d, "level")) as f:
-                level = f.read().strip()
-            with open(os.path.join(d, "type")) as f:
-                kind = f.read().strip()
-            with open(os.path.join(d, "size")) as f:
-                size = f.read().strip()
-            if kind != "Instruction":
-                caches.append(f"L{level}{'d' if kind == 'Data' else ''} {size}")
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} CPUs, {', '.join(caches)}"
 
 
 def memory_kib(pid, field):
@@ -122,7 +95,9 @@ def main():
     ap.add_argument("--multi-get", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    print(f"CPU: {cpu_line()}")
+    m = machine()
+    print(f"Machine: {m['cpu']}, {m['cpus']} CPUs, caches {m['caches']} (cpu0), "
+          f"Linux {m['kernel']}, corocoll {m['corocoll_commit']}")
     print(f"generator: {args.procs} processes, {args.seconds} s of closed-loop load per row, "
           f"median of {args.rounds} rounds\n")
     print("| server | clients | connect s | requests/s (range) | p50 µs | p99 µs | max µs | errors "
