@@ -190,41 +190,54 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
     auto peers = co_await transport::connect_channels(r, *group_store, rank, size, mesh, limits,
                                                       &host_keys, &arena);
     auto hosts = collectives::topology::from_keys(host_keys);
-    if (co_await group_store->add("init/arrived", 1) == size) {
-        co_await group_store->set("init/complete", "1");
-    }
-    std::vector<std::string> complete{"init/complete"};
+    // From here on a failure must close the channels first: a shared-memory channel's watch
+    // is in the kernel until then.
+    std::exception_ptr failed;
     try {
-        co_await group_store->wait(complete,
-                                   std::chrono::duration_cast<std::chrono::milliseconds>(
-                                       std::max(deadline - std::chrono::steady_clock::now(),
-                                                std::chrono::steady_clock::duration{})));
-    } catch (const std::system_error& e) {
-        corocoll::detail::throw_error(
-            e.code(), init_error("rank " + std::to_string(rank) + " of group '" + name +
-                                 "' connected, but not every rank finished set-up in time: " +
-                                 corocoll::detail::context_of(e)));
+        if (co_await group_store->add("init/arrived", 1) == size) {
+            co_await group_store->set("init/complete", "1");
+        }
+        std::vector<std::string> complete{"init/complete"};
+        try {
+            co_await group_store->wait(complete,
+                                       std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           std::max(deadline - std::chrono::steady_clock::now(),
+                                                    std::chrono::steady_clock::duration{})));
+        } catch (const std::system_error& e) {
+            corocoll::detail::throw_error(
+                e.code(), init_error("rank " + std::to_string(rank) + " of group '" + name +
+                                     "' connected, but not every rank finished set-up in time: " +
+                                     corocoll::detail::context_of(e)));
+        }
+        // Every rank that took the arena counted itself before it arrived: the count is final.
+        if (arena && co_await group_store->add("mesh/arena", 0) != size) {
+            COROCOLL_LOG(info, "INIT", "group '", name,
+                         "': no shared-memory arena (not every rank could map it)");
+            arena.reset();
+        } else if (arena) {
+            // Counted before "mesh/arena" too: final as well.
+            if (co_await group_store->add("mesh/arena_reads", 0) == size) arena->allow_single_copy();
+            std::string copies =
+                !arena->single_copies()
+                    ? std::string(arena->single_copy_from() == 0
+                                      ? "; no single copies (off)"
+                                      : "; no single copies (process_vm_readv refused)")
+                    : "; broadcast and all_gather copy straight from the ranks' buffers from " +
+                          std::to_string(arena->single_copy_from() >> 10) + " KiB";
+            COROCOLL_LOG(info, "INIT", "group '", name, "': a shared-memory arena of 2 x ",
+                         arena->set_bytes() >> 10,
+                         " KiB (all_reduce, broadcast, all_gather through shared memory", copies,
+                         "); size thresholds from rank 0's L2 of ", arena->l2_bytes() >> 10,
+                         " KiB; this rank's caches: ", describe(caches));
+        }
+    } catch (...) {
+        failed = std::current_exception();
     }
-    // Every rank that took the arena counted itself before it arrived: the count is final.
-    if (arena && co_await group_store->add("mesh/arena", 0) != size) {
-        COROCOLL_LOG(info, "INIT", "group '", name,
-                     "': no shared-memory arena (not every rank could map it)");
-        arena.reset();
-    } else if (arena) {
-        // Counted before "mesh/arena" too: final as well.
-        if (co_await group_store->add("mesh/arena_reads", 0) == size) arena->allow_single_copy();
-        std::string copies =
-            !arena->single_copies()
-                ? std::string(arena->single_copy_from() == 0
-                                  ? "; no single copies (off)"
-                                  : "; no single copies (process_vm_readv refused)")
-                : "; broadcast and all_gather copy straight from the ranks' buffers from " +
-                      std::to_string(arena->single_copy_from() >> 10) + " KiB";
-        COROCOLL_LOG(info, "INIT", "group '", name, "': a shared-memory arena of 2 x ",
-                     arena->set_bytes() >> 10,
-                     " KiB (all_reduce, broadcast, all_gather through shared memory", copies,
-                     "); size thresholds from rank 0's L2 of ", arena->l2_bytes() >> 10,
-                     " KiB; this rank's caches: ", describe(caches));
+    if (failed) {
+        for (auto& p : peers) {
+            if (p) co_await p->close();
+        }
+        std::rethrow_exception(failed);
     }
     co_await forget_setup_keys(*group_store, rank, size);
     COROCOLL_LOG(info, "INIT", "group '", name, "' ready: rank ", rank, " of ", size);
