@@ -32,6 +32,7 @@ struct fake_host final : tr::status_round::host {
     int culprit = -2;
     std::error_code code;
     std::string text;
+    bool stopped = false;
     int explained = 0;
     std::string report;
 
@@ -42,11 +43,12 @@ struct fake_host final : tr::status_round::host {
     void ask(int p, std::uint64_t id, time_point /*until*/) override { asked.emplace_back(p, id); }
     bool ended() const noexcept override { return has_ended; }
     tr::status_round::subject round_subject() const override { return what; }
-    void fail_group(int c, std::error_code ec, const std::string& t) override {
+    void fail_group(int c, std::error_code ec, const std::string& t, bool s) override {
         ++failures;
         culprit = c;
         code = ec;
         text = t;
+        stopped = s;
     }
     void stall_explained(const std::string& r) override {
         ++explained;
@@ -83,6 +85,7 @@ TEST_CASE("a status round blames the peer that did not answer within the window"
     CHECK(h.explained == 0);
     CHECK(h.culprit == 2);
     CHECK(h.code == std::errc::timed_out);
+    CHECK(h.stopped);  // taken for failed, not only blamed
     CHECK(h.text.find("rank 2 stopped responding: no answer to a status query within 1000 ms "
                       "(asked by rank 0, waiting in recv from rank 1 (tag 7))") == 0);
     CHECK_FALSE(round.running());
@@ -122,6 +125,7 @@ TEST_CASE("a deadline that every rank explains blames the rank waited for") {
     CHECK(h.explained == 0);
     CHECK(h.culprit == 1);
     CHECK(h.code == std::errc::timed_out);
+    CHECK_FALSE(h.stopped);  // it answered: blamed, not failed
     CHECK(h.text.find("rank 0 timed out waiting in a shared-memory step of collective #4 for "
                       "rank 1 (the operation's timeout passed); every rank answered and their "
                       "calls agree; ") == 0);

@@ -55,6 +55,19 @@ COROCOLL_BEGIN_NAMESPACE
 
 namespace transport {
 
+/// How a group ended, as every rank reports it (`engine::report`).
+struct failure_report {
+    /// What kind of failure it was.
+    failure_cause cause = failure_cause::blamed;
+    /// The rank it names: the one that failed or is to blame, the one that revoked the
+    /// group; -1 when none (a close).
+    int rank = -1;
+    /// The ranks this rank knows to have failed (`engine::failed_ranks`).
+    std::vector<int> failed_ranks;
+    /// The error every pending and later operation of the group ends with.
+    std::string what;
+};
+
 /// Point-to-point messaging over a mesh of connections, on one reactor: the transport under
 /// a process group. Messages are matched by (source, tag) in the order receives were posted;
 /// between one pair of ranks, messages with the same tag never overtake each other. A posted
@@ -121,11 +134,81 @@ public:
         }
     }
 
+    /// What kind of failure ended the group (`closed` once it was closed without one);
+    /// `blamed` while it has not failed.
+    failure_cause cause() const noexcept { return cause_; }
+    /// The ranks this rank knows to have failed (ended or stopped: the rank blamed by a
+    /// `failure_cause::rank_failed` failure). Empty while the group is sound, and when it
+    /// ended for another reason (a revoke, a mismatch, a close).
+    std::vector<int> failed_ranks() const {
+        if (cause_ == failure_cause::rank_failed && failed_peer_ >= 0) return {failed_peer_};
+        return {};
+    }
+
     /// Fails the group from this rank, as the rank to blame, with `text`: every pending and
     /// later operation here ends with it, and every peer gets it in an abort notice, so theirs
     /// do too (std::errc::operation_canceled). Nothing if the group failed already.
     void abandon(const std::string& text) {
         fail_verbatim(rank_, std::make_error_code(std::errc::operation_canceled), text);
+    }
+
+    /// Revokes the group from this rank (MPI's MPIX_Comm_revoke): every pending and later
+    /// operation on every live rank ends with `text` (std::errc::operation_canceled), and
+    /// nobody is taken for failed. Every rank that learns of it tells every peer before its
+    /// connections shut, so the word spreads even if this rank dies right after. Nothing if
+    /// the group failed already.
+    void revoke(const std::string& text) {
+        fail_verbatim(rank_, std::make_error_code(std::errc::operation_canceled), text,
+                      failure_cause::revoked);
+    }
+
+    /// `co_await`ed (on the engine's reactor): completes once the group has failed or was
+    /// closed, at once if it has; see `until_failed`.
+    class failure_wait {
+    public:
+        /// Waits for `e`'s failure (see `until_failed`).
+        explicit failure_wait(engine& e) noexcept : e_(&e) {}
+        failure_wait(const failure_wait&) = delete;
+        failure_wait& operator=(const failure_wait&) = delete;
+        ~failure_wait() { unlink(); }
+        bool await_ready() {
+            if (e_->failure_ == nullptr) return false;
+            report_ = e_->report();
+            return true;
+        }
+        void await_suspend(std::coroutine_handle<> h) noexcept;
+        failure_report await_resume() noexcept { return std::move(report_); }
+
+    private:
+        friend class engine;
+        void unlink() noexcept;
+
+        struct resume_item : corocoll::detail::work_item {
+            std::coroutine_handle<> waiter;
+        };
+        engine* e_;
+        // Taken when the failure is known: the engine may be gone by the time the waiter
+        // runs (a group closed and deleted).
+        failure_report report_;
+        resume_item item_;
+        failure_wait* prev_ = nullptr;
+        failure_wait* next_ = nullptr;
+        bool linked_ = false;
+    };
+    /// An awaitable that completes once the group has failed (a peer's end, a revoke, a
+    /// mismatch, a timeout) or was closed, yielding the `report` of that moment: for a
+    /// supervisor coroutine that reacts to a failure while others go on computing. It is
+    /// resumed from the reactor's queue, never from inside the failure's own path.
+    failure_wait until_failed() noexcept { return failure_wait(*this); }
+
+    /// How the group ended: cause, rank, failed ranks and text (meaningful once `failed()`).
+    failure_report report() const {
+        failure_report r;
+        r.cause = cause_;
+        r.rank = cause_ == failure_cause::closed ? -1 : failed_peer_;
+        r.failed_ranks = failed_ranks();
+        r.what = failure_what();
+        return r;
     }
 
     /// Fails the group with peer `p` to blame, its connection closed (what its channel's end
@@ -354,12 +437,25 @@ private:
     void check_usable(const op_label& what) const;
 
     // Records the first failure, then ends every pending operation. `detail` adds to what
-    // the code says (a protocol problem); socket errors need none.
-    void fail(int p, std::error_code code, const std::string& detail);
+    // the code says (a protocol problem); socket errors need none. Without `cause`, the
+    // code says whether `p` is gone (`cause_of`).
+    void fail(int p, std::error_code code, const std::string& detail) {
+        fail(p, code, detail, cause_of(code));
+    }
+    void fail(int p, std::error_code code, const std::string& detail, failure_cause cause);
 
     // Records the first failure with exactly `text` (every rank gets the same words through
-    // the abort frames), then ends every pending operation.
-    void fail_verbatim(int p, std::error_code code, const std::string& text);
+    // the abort frames), then ends every pending operation. `cause`: what kind of failure
+    // it is (see `failure_cause`).
+    void fail_verbatim(int p, std::error_code code, const std::string& text,
+                       failure_cause cause = failure_cause::blamed);
+
+    // What a peer's connection that ended with `code` says of the peer: gone (its stream
+    // ended without a goodbye, or was reset) or only to blame (a protocol error, a timeout).
+    static failure_cause cause_of(std::error_code code) noexcept;
+
+    // Hands every `failure_wait` to the reactor's queue: the group failed or closes.
+    void wake_failure_waiters() noexcept;
 
     // Shuts every connection (pending socket operations end at once), completes the waiting
     // receives with the failure and releases blocked readers.
@@ -432,8 +528,10 @@ private:
     COROCOLL_DECL void ask(int p, std::uint64_t id, time_point until) override;
     bool ended() const noexcept override { return failure_ || closing_; }
     COROCOLL_DECL status_round::subject round_subject() const override;
-    void fail_group(int culprit, std::error_code code, const std::string& text) override {
-        fail_verbatim(culprit, code, text);
+    void fail_group(int culprit, std::error_code code, const std::string& text,
+                    bool stopped) override {
+        fail_verbatim(culprit, code, text,
+                      stopped ? failure_cause::rank_failed : failure_cause::blamed);
     }
     COROCOLL_DECL void stall_explained(const std::string& report) override;
 
@@ -528,6 +626,9 @@ private:
     int failed_peer_ = -1;
     std::stop_source failed_stop_;
     std::error_code failure_code_;
+    failure_cause cause_ = failure_cause::blamed;
+    // The coroutines waiting in `until_failed`, a list through their awaiters.
+    failure_wait* failure_waiters_ = nullptr;
     bool closing_ = false;
     bool goodbyes_sent_ = false;
     std::stop_source stop_;

@@ -19,8 +19,9 @@ namespace transport {
 inline constexpr std::uint32_t frame_magic = 0x4c4f4343;
 /// Bumped whenever the frame layout or the meaning of a field changes, or the layout of what
 /// peers share (version 5: the shared-memory rings' records, shm/segment.hpp); peers with
-/// different versions refuse each other at connection time.
-inline constexpr std::uint16_t protocol_version = 5;
+/// different versions refuse each other at connection time. Version 6: an abort notice says
+/// what kind of failure it reports (`failure_cause`, in `dtype`).
+inline constexpr std::uint16_t protocol_version = 6;
 
 enum class frame_kind : std::uint8_t {
     hello = 1,       ///< first frame on a connection: who is calling, for which group
@@ -36,8 +37,23 @@ enum class frame_kind : std::uint8_t {
 };
 
 /// `flags` of a goodbye: the sender's group failed because of rank `root` (error code in
-/// `count`, `op` 1 for a corocoll code, 0 for an errno value).
+/// `count`, `op` 1 for a corocoll code, 0 for an errno value, `dtype` the `failure_cause`).
 inline constexpr std::uint8_t goodbye_abort = 1;
+
+/// What kind of failure ended a group, as every rank reports it.
+enum class failure_cause : std::uint8_t {
+    /// A rank is to blame but may well be alive: it called another collective, broke the
+    /// protocol, gave up on the group (`engine::abandon`), or did not send in time.
+    blamed = 0,
+    /// The rank named is gone: its process ended (its connection closed without a goodbye,
+    /// its memory could not be read) or stopped (it did not answer a status query). Such a
+    /// rank is in `engine::failed_ranks`.
+    rank_failed = 1,
+    /// The rank named revoked the group (`engine::revoke`): nobody failed.
+    revoked = 2,
+    /// The group was closed on this rank (never sent: a peer that closes says goodbye).
+    closed = 3,
+};
 
 /// The fixed 64-byte header in front of every message between ranks, in the sender's byte
 /// order (all ranks of a job run on one architecture). `checksum` covers the 60 bytes before
@@ -141,6 +157,8 @@ struct abort_notice {
     bool corocoll_code = false;
     /// Bytes of text after the notice.
     std::uint64_t text_length = 0;
+    /// What kind of failure it is (`closed` is never sent; read as `blamed`).
+    failure_cause cause = failure_cause::blamed;
 
     /// The sealed header from `src` to `dst` that carries this notice.
     frame_header header(std::uint32_t src, std::uint32_t dst) const noexcept;

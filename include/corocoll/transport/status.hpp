@@ -87,6 +87,7 @@ struct status_verdict {
     bool fail = false;
     int culprit = -1;
     bool timed_out = false;  ///< the cause is a rank that did not answer or a deadline
+    bool stopped = false;    ///< the cause is a rank that did not answer (it failed)
     std::string text;        ///< the cause, then what every rank was doing
 };
 

@@ -62,8 +62,10 @@ public:
         virtual bool ended() const noexcept = 0;
         /// What the round is about, read after the answers came.
         virtual subject round_subject() const = 0;
-        /// The verdict blames `culprit`: the group fails with exactly `text`.
-        virtual void fail_group(int culprit, std::error_code code, const std::string& text) = 0;
+        /// The verdict blames `culprit`: the group fails with exactly `text`. `stopped`: the
+        /// culprit did not answer (it is taken for failed, not only blamed).
+        virtual void fail_group(int culprit, std::error_code code, const std::string& text,
+                                bool stopped) = 0;
         /// Nobody is to blame for a stall (every rank answered; they agree): `report` says
         /// what each rank does, the stall clock starts again.
         virtual void stall_explained(const std::string& report) = 0;

@@ -21,7 +21,10 @@ COROCOLL_DECL task<> engine::close(time_point linger_until) {
             }
             COROCOLL_LOG(warn, "P2P", "rank ", rank_, " stops waiting for peers to close");
             // Whatever is still pending ends with this, not as if it had succeeded.
-            if (!failure_) failure_ = closed_error();
+            if (!failure_) {
+                failure_ = closed_error();
+                cause_ = failure_cause::closed;
+            }
             closing_ = true;
             abort_all();
         };
@@ -54,9 +57,13 @@ COROCOLL_DECL task<> engine::send_goodbyes() {
 COROCOLL_DECL task<> engine::shut_down() {
     reactor_.disarm(stall_timer_);
     if (!failure_ && !goodbyes_sent_) co_await send_goodbyes();
-    if (!failure_) failure_ = closed_error();
+    if (!failure_) {
+        failure_ = closed_error();
+        cause_ = failure_cause::closed;
+    }
     closing_ = true;
     abort_all();
+    wake_failure_waiters();
     co_await readers_.join();
     for (auto& p : peers_) {
         if (p.link) co_await p.link->close();
@@ -96,7 +103,8 @@ COROCOLL_DECL auto engine::send_abort_notice(int q) -> notice_sent {
 COROCOLL_DECL std::string engine::abort_notice_to(int q, frame_header& h) const {
     std::string text = failure_text_.substr(0, abort_notice::max_text);
     abort_notice notice{static_cast<std::uint32_t>(failed_peer_), failure_code_.value(),
-                        failure_code_.category() == corocoll::error_category(), text.size()};
+                        failure_code_.category() == corocoll::error_category(), text.size(),
+                        cause_};
     h = notice.header(static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(q));
     return text;
 }
@@ -139,10 +147,10 @@ COROCOLL_DECL void engine::fail_as_notice_says(int p, const abort_notice& notice
                                : std::error_code(notice.code, std::system_category());
     std::string by = "reported by rank " + std::to_string(p);
     if (text.empty()) {
-        fail(static_cast<int>(notice.culprit), code, by);
+        fail(static_cast<int>(notice.culprit), code, by, notice.cause);
     } else {
         if (text.find("(reported by rank") == std::string::npos) text += " (" + by + ")";
-        fail_verbatim(static_cast<int>(notice.culprit), code, text);
+        fail_verbatim(static_cast<int>(notice.culprit), code, text, notice.cause);
     }
 }
 
@@ -159,24 +167,72 @@ COROCOLL_DECL void engine::peer_left(int p) {
     if (!anyone_left) matching_.fail_all(matching_.any_source_queue(), gone);
 }
 
-COROCOLL_DECL void engine::fail(int p, std::error_code code, const std::string& detail) {
+COROCOLL_DECL failure_cause engine::cause_of(std::error_code code) noexcept {
+    bool gone = code == corocoll::errc::connection_closed || code == std::errc::connection_reset ||
+                code == std::errc::broken_pipe || code == std::errc::connection_aborted;
+    return gone ? failure_cause::rank_failed : failure_cause::blamed;
+}
+
+COROCOLL_DECL void engine::fail(int p, std::error_code code, const std::string& detail,
+                                failure_cause cause) {
     if (failure_) return;
     std::string peer_name = "rank " + std::to_string(p);
     if (p >= 0 && p < size_ && !peer_at(p).address.empty()) {
         peer_name += " (" + peer_at(p).address + ")";
     }
-    fail_verbatim(p, code, "peer " + peer_name + " failed" + (detail.empty() ? "" : ": " + detail));
+    fail_verbatim(p, code, "peer " + peer_name + " failed" + (detail.empty() ? "" : ": " + detail),
+                  cause);
 }
 
-COROCOLL_DECL void engine::fail_verbatim(int p, std::error_code code, const std::string& text) {
+COROCOLL_DECL void engine::fail_verbatim(int p, std::error_code code, const std::string& text,
+                                         failure_cause cause) {
     if (failure_) return;
     COROCOLL_LOG(warn, "P2P", text, ": ", code.message());
     failure_ = std::make_exception_ptr(std::system_error(code, text));
     failure_text_ = text;
     failed_peer_ = p;
     failure_code_ = code;
+    cause_ = cause;
     abort_all();
     failed_stop_.request_stop();
+    wake_failure_waiters();
+}
+
+COROCOLL_DECL void engine::wake_failure_waiters() noexcept {
+    while (failure_wait* w = failure_waiters_) {
+        w->unlink();
+        try {
+            w->report_ = report();
+        } catch (const std::exception&) {
+            w->report_.cause = cause_;  // out of memory for the words: the cause still holds
+            w->report_.rank = failed_peer_;
+        }
+        reactor_.post(w->item_);
+    }
+}
+
+COROCOLL_DECL void engine::failure_wait::await_suspend(std::coroutine_handle<> h) noexcept {
+    item_.waiter = h;
+    item_.run_ = [](corocoll::detail::work_item* i) noexcept {
+        static_cast<resume_item*>(i)->waiter.resume();
+    };
+    next_ = e_->failure_waiters_;
+    if (next_ != nullptr) next_->prev_ = this;
+    prev_ = nullptr;
+    e_->failure_waiters_ = this;
+    linked_ = true;
+}
+
+COROCOLL_DECL void engine::failure_wait::unlink() noexcept {
+    if (!linked_) return;
+    if (prev_ != nullptr) {
+        prev_->next_ = next_;
+    } else {
+        e_->failure_waiters_ = next_;
+    }
+    if (next_ != nullptr) next_->prev_ = prev_;
+    prev_ = next_ = nullptr;
+    linked_ = false;
 }
 
 COROCOLL_DECL void engine::abort_all() {

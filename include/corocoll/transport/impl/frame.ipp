@@ -83,6 +83,7 @@ COROCOLL_DECL frame_header abort_notice::header(std::uint32_t src,
     h.root = culprit;
     h.count = static_cast<std::uint64_t>(static_cast<std::uint32_t>(code));
     h.op = corocoll_code ? 1 : 0;
+    h.dtype = static_cast<std::uint8_t>(cause);
     h.length = text_length;
     h.seal();
     return h;
@@ -94,8 +95,12 @@ COROCOLL_DECL std::optional<abort_notice> abort_notice::of(const frame_header& h
         h.root >= static_cast<std::uint32_t>(group_size)) {
         return std::nullopt;
     }
+    auto cause = h.dtype == static_cast<std::uint8_t>(failure_cause::rank_failed) ||
+                         h.dtype == static_cast<std::uint8_t>(failure_cause::revoked)
+                     ? static_cast<failure_cause>(h.dtype)
+                     : failure_cause::blamed;
     return abort_notice{h.root, static_cast<int>(static_cast<std::uint32_t>(h.count)), h.op == 1,
-                        h.length};
+                        h.length, cause};
 }
 
 COROCOLL_DECL std::uint64_t hash64(const std::string& s) noexcept {

@@ -137,6 +137,7 @@ COROCOLL_DECL status_verdict judge_status(const std::vector<std::optional<rank_s
     if (!silent.empty()) {
         v.fail = true;
         v.timed_out = true;
+        v.stopped = true;
         v.culprit = silent.front();
         v.text = rank_status::ranks(silent) +
                  " stopped responding: no answer to a status query within " +

@@ -52,7 +52,7 @@ COROCOLL_DECL task<> status_round::run(std::chrono::milliseconds window,
         host_.fail_group(verdict.culprit,
                          verdict.timed_out ? std::make_error_code(std::errc::timed_out)
                                            : make_error_code(corocoll::errc::protocol_error),
-                         verdict.text);
+                         verdict.text, verdict.stopped);
     } else {
         host_.stall_explained(verdict.text);
     }
