@@ -125,11 +125,13 @@ COROCOLL_DECL task<> forget_setup_keys(rendezvous::store& store, int rank, int s
 // returns (and perhaps finishes and exits, taking a hosted store along) before every rank
 // has its connections.
 // `stop` ends the set-up early (a parent group that failed; see `parent_watched_store`).
+// `setup_timeout`, where given, bounds the set-up instead of the group's `timeout` (a
+// shrink, whose members may die meanwhile, must not wait for them for the group's timeout).
 COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
     io::reactor& r, std::shared_ptr<rendezvous::prefix_store> group_store, int rank, int size,
     std::string name, std::chrono::milliseconds timeout, transport::engine_options limits,
     io::endpoint listen_on, std::shared_ptr<rendezvous::tcp_store_server> hosted,
-    std::stop_token stop = {});
+    std::stop_token stop = {}, std::chrono::milliseconds setup_timeout = {});
 
 /// The part of `init_process_group` that does not depend on the backend: works out rank and
 /// world size (explicit, else from the launcher's environment), reaches the store, and opens

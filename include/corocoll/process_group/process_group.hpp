@@ -34,10 +34,12 @@
 #include <functional>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <ranges>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -65,6 +67,14 @@ public:
 private:
     std::vector<int> ranks_;
 };
+
+/// What kind of failure ended a group: a rank that failed (ended or stopped), a rank only to
+/// blame (it called another collective, broke the protocol, was late), a revoke, a close.
+using failure_cause = transport::failure_cause;
+
+/// How a process group ended, as `process_group::failure` and `when_failed` report it: the
+/// cause, the rank it names (-1: none), the ranks known to have failed, the error's text.
+using group_failure = transport::failure_report;
 
 class process_group;
 
@@ -192,6 +202,50 @@ public:
     /// pass the same colour form a group, ordered by (key, rank). A negative colour joins no
     /// group and gets null.
     task<std::shared_ptr<process_group>> split(int colour, int key = 0);
+
+    /// The group of this group's live ranks, as MPI's MPIX_Comm_shrink: every live rank calls
+    /// it, typically after the group failed (`failure()`, `when_failed()`); on a sound group
+    /// it makes a copy. The members are the ranks that call it and that nobody knows to have
+    /// failed, renumbered in this group's order; the new group has its own connections (shared
+    /// memory where the ranks share a host), collectives and p2p, as `new_group`'s. It is not
+    /// closed with this group: close this one (its close never waits once it failed) and go on
+    /// with the new one, which may be shrunk in turn. How the ranks agree: through the group's
+    /// store (docs/architecture.md, "Shrink"), so the store must outlive the failed rank
+    /// (corocollrun's agent serves it; a rank that serves it itself must not be the one that
+    /// dies). A rank that comes later than `join_window` after the first ones decided, or that
+    /// the others took for failed, gets an error saying so. A member that dies while the new
+    /// group is set up fails that set-up everywhere; the survivors then agree again without it
+    /// (each such try costs up to twice `join_window`), so a failure during shrink is survived
+    /// and nothing waits past its deadline.
+    task<std::shared_ptr<process_group>> shrink(
+        std::chrono::milliseconds join_window = std::chrono::seconds(10));
+
+    // ---- failures (docs/architecture.md, "The failure model") ----
+
+    /// Revokes the group, as MPI's MPIX_Comm_revoke does: every pending and later operation
+    /// of the group, on every live rank, fails with "rank R revoked process group 'NAME'" (and
+    /// `reason`), std::errc::operation_canceled; nobody is taken for failed. Not collective:
+    /// one rank calls it, for instance when it learns of a failure outside corocoll. The word
+    /// spreads from every rank that gets it to every other, so it reaches every live rank even
+    /// if this one dies right after. Nothing if the group failed already; the group must then
+    /// be closed (or shrunk, once that lands).
+    void revoke(std::string_view reason = {});
+
+    /// How the group failed, if it has (an asynchronous error query, as torch's
+    /// ProcessGroup::getError); nullopt while it is sound.
+    std::optional<group_failure> failure() const;
+
+    /// The ranks this rank knows to have failed: a rank whose process ended (its connection
+    /// closed without a goodbye, its memory could no longer be read) or stopped (it answered
+    /// no status query), as named by the group's failure here or in a peer's abort notice.
+    /// Empty while the group is sound, and after a failure of another kind (a revoke, a
+    /// mismatch).
+    std::vector<int> failed_ranks() const { return engine_.failed_ranks(); }
+
+    /// Completes once the group has failed or was closed (at once if it has), yielding how:
+    /// for a supervisor coroutine that reacts to a failure while the rest of the program goes
+    /// on. Await it on the group's reactor. A close yields `failure_cause::closed`.
+    task<group_failure> when_failed();
 
     // ---- collectives (see include/corocoll/collectives/ for the algorithms) ----
 
@@ -481,6 +535,11 @@ private:
     // The store a subgroup's set-up (`call`: "new_group", "split"; `name`: the subgroup's)
     // goes through: this group's, watched for this group's failure (a rank that died).
     std::shared_ptr<rendezvous::store> watched_store(const char* call, const std::string& name);
+    // One try of a shrink (keys under `base` in this group's store): publishes this rank as
+    // alive and yields the members every caller agrees on (compare_set on `base` "members"):
+    // `candidates`, once all of them came, or, after `join_window`, those that had.
+    task<std::vector<int>> agree_on_members(std::string base, std::vector<int> candidates,
+                                            std::chrono::milliseconds join_window);
     // Awaits a subgroup's `set_up`; if it fails because a rank of this group died, the error
     // says so, naming the rank.
     task<std::shared_ptr<process_group>> set_up_subgroup(
@@ -589,6 +648,7 @@ private:
     io::endpoint listen_on_;
     transport::engine_options limits_;
     int subgroups_ = 0;
+    int shrinks_ = 0;
     // Before engine_: a bad COROCOLL_ALGORITHM throws before any reader starts.
     collectives::algorithm_choice algorithms_ = collectives::algorithm_choice::from_env();
     collectives::thresholds thresholds_;

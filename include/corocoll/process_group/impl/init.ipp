@@ -174,8 +174,8 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
     io::reactor& r, std::shared_ptr<rendezvous::prefix_store> group_store, int rank, int size,
     std::string name, std::chrono::milliseconds timeout, transport::engine_options limits,
     io::endpoint listen_on, std::shared_ptr<rendezvous::tcp_store_server> hosted,
-    std::stop_token stop) {
-    auto deadline = io::deadline_after(timeout);
+    std::stop_token stop, std::chrono::milliseconds setup_timeout) {
+    auto deadline = io::deadline_after(setup_timeout.count() > 0 ? setup_timeout : timeout);
     // A COROCOLL_CACHE_L2 that is not a size stops every rank here, before any connection.
     const cache_sizes& caches = machine_cache_sizes();
     transport::mesh_options mesh;
@@ -387,6 +387,105 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::new_group(rank
     std::erase_if(made_, [](const auto& w) { return w.expired(); });
     made_.push_back(group);
     co_return group;
+}
+
+namespace detail {
+
+// "0,1,3": the members a shrink agreed on, as they travel through the store.
+inline std::string encode_ranks(const std::vector<int>& ranks) {
+    std::string out;
+    for (int r : ranks) out += (out.empty() ? "" : ",") + std::to_string(r);
+    return out;
+}
+
+inline std::vector<int> decode_ranks(const std::string& text) {
+    std::vector<int> out;
+    std::size_t at = 0;
+    while (at < text.size()) {
+        std::size_t comma = text.find(',', at);
+        if (comma == std::string::npos) comma = text.size();
+        out.push_back(std::stoi(text.substr(at, comma - at)));
+        at = comma + 1;
+    }
+    return out;
+}
+
+}  // namespace detail
+
+COROCOLL_DECL task<std::vector<int>> process_group::agree_on_members(
+    std::string base, std::vector<int> candidates, std::chrono::milliseconds join_window) {
+    auto alive_key = [&](int p) { return base + "alive/" + std::to_string(p); };
+    co_await store_->set(alive_key(rank()), "1");
+    auto came = co_await store_->add(base + "came", 1);
+    std::vector<std::string> every_alive;
+    for (int p : candidates) every_alive.push_back(alive_key(p));
+    std::vector<std::string> decided{base + "members"};
+    std::string members;
+    // The rank that completes the count proposes, if the ranks that came are the candidates;
+    // everyone else waits for the decision, and proposes what it saw once the window is over.
+    bool propose_now = came == static_cast<std::int64_t>(candidates.size()) &&
+                       co_await store_->check(every_alive);
+    if (!propose_now) {
+        try {
+            co_await store_->wait(decided, join_window);
+            members = co_await store_->get(decided.front());
+        } catch (const std::system_error& e) {
+            if (e.code() != std::errc::timed_out) throw;
+        }
+    }
+    if (members.empty()) {
+        std::vector<int> present;
+        for (int p : candidates) {
+            std::vector<std::string> one{alive_key(p)};
+            if (co_await store_->check(one)) present.push_back(p);
+        }
+        members = co_await store_->compare_set(decided.front(), "", detail::encode_ranks(present));
+    }
+    co_return detail::decode_ranks(members);
+}
+
+COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::shrink(
+    std::chrono::milliseconds join_window) {
+    check_open("shrink");
+    const int k = ++shrinks_;
+    std::vector<int> candidates;
+    std::vector<int> failed = failed_ranks();
+    for (int p = 0; p < size(); ++p) {
+        if (std::find(failed.begin(), failed.end(), p) == failed.end()) candidates.push_back(p);
+    }
+    std::string name = name_ + "/shrink" + std::to_string(k);
+    std::string tries;
+    // Each failed try leaves out at least the rank that did not come again: at most size().
+    for (int t = 0; t < size(); ++t) {
+        std::string base = "shrink/" + std::to_string(k) + "/" + std::to_string(t) + "/";
+        std::vector<int> members = co_await agree_on_members(base, candidates, join_window);
+        auto me = std::find(members.begin(), members.end(), rank());
+        if (me == members.end()) {
+            throw std::runtime_error(
+                prefix("shrink") + "rank " + std::to_string(rank()) + " of group '" + name_ +
+                "' was left out of the shrunk group: the others agreed on rank(s) " +
+                detail::encode_ranks(members) + " (it came more than " +
+                std::to_string(join_window.count()) +
+                " ms after them, or one of them took it for failed)");
+        }
+        COROCOLL_LOG(info, "FT", "shrink of group '", name_, "' (try ", t, "): rank(s) ",
+                     detail::encode_ranks(members), " of ", size());
+        auto store = std::make_shared<rendezvous::prefix_store>(base + "group", store_);
+        try {
+            co_return co_await detail::build_group(
+                reactor_, std::move(store), static_cast<int>(me - members.begin()),
+                static_cast<int>(members.size()), name, timeout_, limits_, listen_on_, hosted_, {},
+                join_window);
+        } catch (const std::exception& e) {
+            COROCOLL_LOG(warn, "FT", "shrink of group '", name_, "': try ", t,
+                         " failed (a member may have died): ", e.what());
+            tries += "; try " + std::to_string(t) + " (rank(s) " + detail::encode_ranks(members) +
+                     "): " + e.what();
+        }
+        candidates = std::move(members);
+    }
+    throw std::runtime_error(prefix("shrink") + "group '" + name_ + "' could not be shrunk" +
+                             tries);
 }
 
 COROCOLL_DECL std::shared_ptr<rendezvous::store> process_group::watched_store(

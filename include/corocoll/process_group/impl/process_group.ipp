@@ -165,6 +165,23 @@ COROCOLL_DECL void process_group::check_open(const char* what) const {
                            "of the group it was made from)");
 }
 
+COROCOLL_DECL void process_group::revoke(std::string_view reason) {
+    check_open("revoke");
+    std::string text = "rank " + std::to_string(rank()) + " revoked process group '" + name_ + "'";
+    if (!reason.empty()) text += ": " + std::string(reason);
+    engine_.revoke(text);
+}
+
+COROCOLL_DECL std::optional<group_failure> process_group::failure() const {
+    if (!engine_.failed()) return std::nullopt;
+    return engine_.report();
+}
+
+COROCOLL_DECL task<group_failure> process_group::when_failed() {
+    // The report is taken when the failure is known: the group may be gone when this resumes.
+    co_return co_await engine_.until_failed();
+}
+
 COROCOLL_DECL void process_group::forgotten(void* self, const char* what) noexcept {
     auto& g = *static_cast<process_group*>(self);
     if (g.closed_) return;

@@ -1,0 +1,330 @@
+// A group that survives a rank's death, with ranks as processes: after SIGKILL of one rank
+// (of 4, of 8) in the middle of an all_reduce loop, the survivors shrink the group and the
+// next all_reduce is exactly the sum over the survivors on every one of them, with p2p and a
+// broadcast working too; three deaths in a row at 8 ranks, each followed by a shrink; a rank
+// that dies during the shrink itself is left out by a second try; a rank stopped with SIGSTOP
+// is found by the stall check and left out, and when it runs again it learns that it was.
+// Runs over shared memory, and again over TCP (COROCOLL_TRANSPORT=tcp). The store is served
+// by the test process (as corocollrun's agent serves it), so it outlives every rank.
+
+#include <corocoll/corocoll.hpp>
+
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <new>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace cc = corocoll;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct rank_record {
+    std::atomic<int> pid{0};
+    std::atomic<long> completed{0};  // all_reduces of the first group
+    std::atomic<int> shrinks{0};     // shrinks that gave a group
+    std::atomic<int> final_size{0};
+    std::atomic<int> final_rank{-1};
+    std::atomic<unsigned> final_members{0};  // the first group's ranks in the last group
+    std::atomic<long> sum{0};                // its all_reduce of (first rank + 1)
+    std::atomic<int> checked{0};             // p2p and broadcast in the last group were right
+    std::atomic<int> left_out{0};            // shrink said this rank was left out
+    char text[1500] = {};
+};
+struct board {
+    rank_record ranks[8];
+};
+
+board* new_board() {
+    void* m =
+        ::mmap(nullptr, sizeof(board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(m != MAP_FAILED);
+    return new (m) board();
+}
+
+void note(rank_record& r, const std::string& s) {
+    std::snprintf(r.text, sizeof(r.text), "%s", s.c_str());
+}
+
+// Runs `body` on `ranks` process ranks (stall checks as given), each in a group of its own
+// set-up; a rank exits 0 unless something it did not expect threw.
+cc::spawn_result run_job(int ranks, const char* stall_s,
+                         std::function<cc::task<>(std::shared_ptr<cc::process_group>)> body) {
+    cc::spawn_options o;
+    o.stop_others_on_failure = false;
+    o.timeout = 100s;
+    return cc::spawn_processes(
+        ranks,
+        [&]() -> int {
+            ::setenv("COROCOLL_STALL_S", stall_s, 1);
+            cc::io::reactor r;
+            cc::init_options io;
+            io.timeout = 60s;
+            try {
+                r.run([&]() -> cc::task<> {
+                    auto pg = co_await cc::init_process_group(r, io);
+                    co_await body(pg);
+                }());
+            } catch (const std::exception& e) {
+                std::fprintf(stderr, "rank failed: %s\n", e.what());
+                return 1;
+            }
+            return 0;
+        },
+        o);
+}
+
+// all_reduces on `pg` until it fails (or `victim` kills itself after `after` of them).
+cc::task<> loop_until_failure(cc::process_group& pg, rank_record& me, int victim, long after) {
+    std::vector<float> v(64);
+    try {
+        for (long i = 0; i < 1'000'000; ++i) {
+            if (pg.rank() == victim && i == after) ::raise(SIGKILL);
+            std::fill(v.begin(), v.end(), 1.0f);
+            co_await pg.all_reduce(v);
+            if (v.front() != static_cast<float>(pg.size())) throw std::logic_error("wrong sum");
+            ++me.completed;
+        }
+    } catch (const std::system_error&) {
+    }
+}
+
+// What the last group does, and the board learns: who is in it (as ranks of the first
+// group), the all_reduce of (first rank + 1) over it, a ring of sends and a broadcast.
+cc::task<> check_group(cc::process_group& g, rank_record& me, int first_rank) {
+    std::vector<std::int64_t> mine{first_rank + 1};
+    co_await g.all_reduce(mine);
+    std::vector<int> members;
+    co_await g.all_gather_object(members, first_rank);
+    unsigned mask = 0;
+    for (int m : members) mask |= 1u << m;
+    std::vector<std::int32_t> token{first_rank}, got{-1};
+    int next = (g.rank() + 1) % g.size();
+    int prev = (g.rank() + g.size() - 1) % g.size();
+    auto sent = g.isend(token, next, 7);
+    co_await g.recv(got, prev, 7);
+    co_await std::move(sent);
+    std::vector<std::int32_t> root_says{g.rank() == 0 ? 1234 : 0};
+    co_await g.broadcast(root_says, 0);
+    me.final_size = g.size();
+    me.final_rank = g.rank();
+    me.final_members = mask;
+    me.sum = mine[0];
+    me.checked = got[0] == members[static_cast<std::size_t>(prev)] && root_says[0] == 1234 &&
+                 std::is_sorted(members.begin(), members.end());
+}
+
+long sum_of(unsigned members) {
+    long s = 0;
+    for (int r = 0; r < 32; ++r) {
+        if (members & (1u << r)) s += r + 1;
+    }
+    return s;
+}
+
+unsigned all_but(int n, std::vector<int> gone) {
+    unsigned m = (1u << n) - 1;
+    for (int r : gone) m &= ~(1u << r);
+    return m;
+}
+
+// Every rank of `survivors` ended in one group of exactly them, ranked in order, with the
+// right sum, ring and broadcast.
+void check_survivors(const board& b, unsigned survivors, int shrinks) {
+    int index = 0;
+    for (int r = 0; r < 8; ++r) {
+        if (!(survivors & (1u << r))) continue;
+        const rank_record& rec = b.ranks[r];
+        CAPTURE(r);
+        CAPTURE(std::string(rec.text));
+        CHECK(rec.final_members == survivors);
+        CHECK(rec.final_size == __builtin_popcount(survivors));
+        CHECK(rec.final_rank == index++);
+        CHECK(rec.sum == sum_of(survivors));
+        CHECK(rec.checked == 1);
+        CHECK(rec.shrinks == shrinks);
+    }
+}
+
+void kill_case(int n, int victim) {
+    board& b = *new_board();
+    auto res = run_job(n, "60", [&b, victim](std::shared_ptr<cc::process_group> pg) -> cc::task<> {
+        rank_record& me = b.ranks[pg->rank()];
+        int first = pg->rank();
+        co_await loop_until_failure(*pg, me, victim, 25);
+        auto failed = pg->failed_ranks();
+        if (failed != std::vector<int>{victim}) {
+            note(me, "failed_ranks is not {victim}: " + pg->failure()->what);
+        }
+        auto small = co_await pg->shrink();
+        ++me.shrinks;
+        co_await pg->close();
+        co_await check_group(*small, me, first);
+        co_await small->close();
+    });
+    for (int r = 0; r < n; ++r) {
+        CAPTURE(r);
+        CAPTURE(res.ranks[static_cast<std::size_t>(r)].describe());
+        CHECK(res.ranks[static_cast<std::size_t>(r)].ok() == (r != victim));
+    }
+    check_survivors(b, all_but(n, {victim}), 1);
+    ::munmap(&b, sizeof(board));
+}
+
+}  // namespace
+
+TEST_CASE("after SIGKILL of one rank the survivors shrink, and the next all_reduce is theirs") {
+    SUBCASE("1 of 4") { kill_case(4, 2); }
+    SUBCASE("1 of 8") { kill_case(8, 5); }
+    SUBCASE("rank 0 of 4") { kill_case(4, 0); }
+}
+
+TEST_CASE("three deaths in a row at 8 ranks, each followed by a shrink") {
+    board& b = *new_board();
+    // The ranks of the first group that die, one per round, each in the group of that round.
+    static constexpr int victims[] = {1, 4, 6};
+    auto res = run_job(8, "60", [&b](std::shared_ptr<cc::process_group> pg) -> cc::task<> {
+        rank_record& me = b.ranks[pg->rank()];
+        const int first = pg->rank();
+        for (int victim : victims) {
+            // The victim kills itself after 5 all_reduces of this round's group.
+            co_await loop_until_failure(*pg, me, first == victim ? pg->rank() : -1, 5);
+            auto next = co_await pg->shrink();
+            ++me.shrinks;
+            co_await pg->close();
+            pg = std::move(next);
+        }
+        co_await check_group(*pg, me, first);
+        co_await pg->close();
+    });
+    for (int r = 0; r < 8; ++r) {
+        CAPTURE(r);
+        bool victim = std::find(std::begin(victims), std::end(victims), r) != std::end(victims);
+        CHECK(res.ranks[static_cast<std::size_t>(r)].ok() == !victim);
+    }
+    check_survivors(b, all_but(8, {1, 4, 6}), 3);
+    ::munmap(&b, sizeof(board));
+}
+
+TEST_CASE("a rank that dies during the shrink itself is left out by the next try") {
+    board& b = *new_board();
+    auto res = run_job(4, "60", [&b](std::shared_ptr<cc::process_group> pg) -> cc::task<> {
+        rank_record& me = b.ranks[pg->rank()];
+        const int first = pg->rank();
+        co_await loop_until_failure(*pg, me, 1, 10);
+        if (first == 3) {
+            // Dies 3 ms into its shrink: before it said it was alive, or while the new group
+            // is set up, or just after; each ends with the same group on the others.
+            auto die = [&]() -> cc::task<> {
+                co_await pg->reactor().sleep_for(3ms);
+                ::raise(SIGKILL);
+            };
+            co_await cc::when_all(pg->shrink(2s), die());
+        }
+        // Shrink (again, if the group it gave lost rank 3 too) until a group works.
+        for (int round = 0; round < 3; ++round) {
+            auto next = co_await pg->shrink(2s);
+            ++me.shrinks;
+            co_await pg->close();
+            pg = std::move(next);
+            try {
+                co_await check_group(*pg, me, first);
+                break;
+            } catch (const std::system_error& e) {
+                note(me, e.what());
+            }
+        }
+        co_await pg->close();
+    });
+    CHECK_FALSE(res.ranks[1].ok());
+    CHECK_FALSE(res.ranks[3].ok());
+    for (int r : {0, 2}) {
+        const rank_record& rec = b.ranks[r];
+        CAPTURE(r);
+        CAPTURE(std::string(rec.text));
+        CHECK(res.ranks[static_cast<std::size_t>(r)].ok());
+        CHECK(rec.final_members == all_but(4, {1, 3}));
+        CHECK(rec.sum == 1 + 3);
+        CHECK(rec.checked == 1);
+        CHECK(rec.shrinks >= 1);
+        CHECK(rec.shrinks <= 2);
+    }
+    ::munmap(&b, sizeof(board));
+}
+
+TEST_CASE("a stopped rank, found by the stall check, is left out, and learns it when it wakes") {
+    board& b = *new_board();
+    constexpr int n = 4;
+    constexpr int victim = 2;
+    // The stopper: SIGSTOP to the victim once every rank did 20 all_reduces, SIGCONT once the
+    // survivors are done with their shrunk group.
+    pid_t stopper = ::fork();
+    REQUIRE(stopper >= 0);
+    if (stopper == 0) {
+        auto every = [&](auto pred) {
+            for (int r = 0; r < n; ++r) {
+                if (!pred(b.ranks[r], r)) return false;
+            }
+            return true;
+        };
+        for (int i = 0; i < 60'000 && !every([](rank_record& rec, int) {
+                            return rec.pid != 0 && rec.completed >= 20;
+                        });
+             ++i) {
+            ::usleep(1000);
+        }
+        ::kill(b.ranks[victim].pid, SIGSTOP);
+        for (int i = 0; i < 60'000 && !every([](rank_record& rec, int r) {
+                            return r == victim || rec.checked != 0;
+                        });
+             ++i) {
+            ::usleep(1000);
+        }
+        ::kill(b.ranks[victim].pid, SIGCONT);
+        ::_exit(0);
+    }
+    auto res = run_job(n, "1", [&b](std::shared_ptr<cc::process_group> pg) -> cc::task<> {
+        rank_record& me = b.ranks[pg->rank()];
+        me.pid = ::getpid();
+        const int first = pg->rank();
+        co_await loop_until_failure(*pg, me, -1, 0);
+        try {
+            auto small = co_await pg->shrink(5s);
+            ++me.shrinks;
+            co_await check_group(*small, me, first);
+            co_await small->close();
+        } catch (const std::runtime_error& e) {
+            note(me, e.what());
+            me.left_out = 1;
+        }
+        co_await pg->close();
+    });
+    int status = 0;
+    ::waitpid(stopper, &status, 0);
+    for (int r = 0; r < n; ++r) {
+        CAPTURE(r);
+        CAPTURE(res.ranks[static_cast<std::size_t>(r)].describe());
+        CHECK(res.ranks[static_cast<std::size_t>(r)].ok());
+    }
+    check_survivors(b, all_but(n, {victim}), 1);
+    const rank_record& late = b.ranks[victim];
+    CAPTURE(std::string(late.text));
+    CHECK(late.left_out == 1);
+    CHECK(std::string(late.text).find("rank 2 of group 'default' was left out of the shrunk "
+                                      "group: the others agreed on rank(s) 0,1,3") !=
+          std::string::npos);
+    ::munmap(&b, sizeof(board));
+}
