@@ -108,6 +108,9 @@ class LauncherTest(unittest.TestCase):
             (["--bogus", "env"], "unknown option '--bogus'"),
             (["--nproc_per_node=2"], "no program to run"),
             (["--rdzv_conf", "join_timeout=abc", "env"], "expected a number of seconds"),
+            (["--on_failure=later", "env"], "--on_failure=later: expected stop or continue"),
+            (["--on_failure=continue", "--max_restarts=1", "env"],
+             "--on_failure=continue cannot go with --max_restarts"),
         ]
         for args, message in cases:
             p, _ = launch(*args)
@@ -167,6 +170,22 @@ class LauncherTest(unittest.TestCase):
         self.assertIn("rank 0 (local rank 0", p.stderr)
         self.assertGreaterEqual(took, 1.0)
         self.assertLess(took, 5)
+        self.assert_none_left(pids_in(p.stdout))
+
+    def test_on_failure_continue_lets_the_others_live(self):
+        # Rank 2 is killed; the others see it in failed_ranks, carry on without it (a
+        # collective among themselves) and exit 0. The launcher stops nobody and still fails.
+        p, _ = launch("--on_failure=continue", "--nproc_per_node=4", "--grace_period=30", WORKER,
+                      "survive-kill", "2")
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertRegex(p.stderr, r"rank 2 \(local rank 2 on node 0, pid \d+\) was killed by "
+                                   r"signal 9[^\n]*; the other workers go on \(--on_failure=continue\)")
+        self.assertRegex(p.stderr, r"worker failed: rank 2 \(local rank 2 on node 0, pid \d+\) "
+                                   r"was killed by signal 9")
+        self.assertNotIn("stopped rank(s)", p.stderr)
+        for r in (0, 1, 3):
+            self.assertIn(f"rank {r}: rank 2 failed (failed_ranks [2]); the survivors' barrier "
+                          f"passed", p.stdout)
         self.assert_none_left(pids_in(p.stdout))
 
     def test_corocoll_rank_that_fails_first_is_named(self):

@@ -9,6 +9,9 @@
 //   corocoll-fail R     corocoll ranks: rank R throws after a barrier, the others all_reduce
 //   collectives         all_reduce and broadcast across the world, checked
 //   fail-first-attempt R  rank R exits 1 in attempt 0; every attempt after that all_reduces
+//   survive-kill R      corocoll ranks: rank R kills itself with SIGKILL after a barrier; the
+//                       others all_reduce until the group fails, print its failed_ranks,
+//                       then meet in a group of their own over the store and exit 0
 
 #include <corocoll/corocoll.hpp>
 
@@ -125,6 +128,38 @@ int main(int argc, char** argv) {
                 if (x != 7) throw std::runtime_error("broadcast from the last rank: wrong value");
             std::printf("hierarchical ok\n");
         });
+    }
+    if (mode == "survive-kill") {
+        cc::io::reactor r;
+        r.run([&]() -> cc::task<> {
+            cc::init_options io;  // named: g++ 12 frees a braced temporary in co_await twice
+            auto pg = co_await cc::init_process_group(r, io);
+            co_await pg->barrier();
+            if (pg->rank() == target) ::raise(SIGKILL);
+            std::vector<float> v(4, 1.0f);
+            try {
+                for (;;) co_await pg->all_reduce(v);
+            } catch (const std::system_error&) {
+            }
+            std::string failed;
+            for (int f : pg->failed_ranks()) failed += (failed.empty() ? "" : ", ") + std::to_string(f);
+            int me = pg->rank();
+            int world = pg->size();
+            auto store = pg->shared_store();
+            co_await pg->close();
+            // The survivors still share the store (the launcher serves it): a barrier of
+            // their own there, proof that each went on.
+            if (co_await store->add("survivors", 1) == world - 1) {
+                co_await store->set("survivors-done", "1");
+            }
+            std::vector<std::string> done{"survivors-done"};  // named: g++ 12, as above
+            co_await store->wait(done, std::chrono::seconds(30));
+            std::printf("rank %d: rank %d failed (failed_ranks [%s]); the survivors' barrier "
+                        "passed\n",
+                        me, target, failed.c_str());
+            std::fflush(stdout);
+        }());
+        return 0;
     }
     if (mode == "fail-first-attempt") {
         int attempt = env_int("TORCHELASTIC_RESTART_COUNT");

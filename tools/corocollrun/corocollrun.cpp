@@ -465,6 +465,9 @@ private:
         if (w.failed() && !w.stopped_by_us && !first_local_failure_) {
             first_local_failure_ = w.local_rank;
         }
+        if (w.failed() && o_.continue_on_failure && running_ > 0) {
+            say(failure_text(w) + "; the other workers go on (--on_failure=continue)");
+        }
         wake_.request_stop();
     }
 
@@ -509,7 +512,9 @@ private:
             // program's own with other numbers, must not name a worker that is not here).
             bool ours = std::any_of(workers_.begin(), workers_.end(),
                                     [&](const worker& w) { return w.rank == rank; });
-            if (!announced_first_ && ours) {
+            // With --on_failure=continue a worker whose group failed carries on (it may
+            // leave the failed rank behind): its word names no culprit.
+            if (!announced_first_ && ours && !o_.continue_on_failure) {
                 announced_first_ = rank;
                 wake_.request_stop();
             }
@@ -581,15 +586,19 @@ private:
         }
         workers_running_ = true;
         scope.spawn(watch_announcements(finished.get_token()));
-        if (o_.nnodes > 1) scope.spawn(watch_store(attempt, finished.get_token()));
+        // With --on_failure=continue no failure stops a worker, here or on another node.
+        if (o_.nnodes > 1 && !o_.continue_on_failure) {
+            scope.spawn(watch_store(attempt, finished.get_token()));
+        }
 
         bool stopping = false;
         auto kill_at = clock_type::time_point::max();
         while (running_ > 0) {
             co_await nap(r_, kill_at, wake_.get_token());
             wake_ = std::stop_source{};
-            bool cause = interrupt_signal_ != 0 || first_local_failure_ || announced_first_ ||
-                         remote_failure_;
+            bool cause = interrupt_signal_ != 0 ||
+                         (!o_.continue_on_failure &&
+                          (first_local_failure_ || announced_first_ || remote_failure_));
             if (cause && !stopping) {
                 stopping = true;
                 // A signal goes on as it came (Ctrl-C reaches the workers as SIGINT);
@@ -627,7 +636,9 @@ private:
             result = outcome::interrupted;
         } else if (first_local_failure_ || announced_first_) {
             report_local_failure();
-            if (o_.nnodes > 1 && !first_reporter_) co_await report_remote_failure(attempt);
+            if (o_.nnodes > 1 && !first_reporter_ && !o_.continue_on_failure) {
+                co_await report_remote_failure(attempt);
+            }
             result = outcome::failed;
         } else if (remote_failure_) {
             co_await report_remote_failure(attempt);

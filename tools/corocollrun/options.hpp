@@ -30,6 +30,9 @@ struct launch_options {
     std::optional<std::uint16_t> master_port;
     bool standalone = false;
     int max_restarts = 0;
+    /// When a worker fails, the others go on (`--on_failure=continue`): for programs that
+    /// survive a rank's death (revoke, then carry on without it). Default: they are stopped.
+    bool continue_on_failure = false;
     /// How often an agent looks at the store for other nodes' failures.
     std::chrono::milliseconds monitor_interval{100};
     /// Between SIGTERM and SIGKILL when workers are stopped.
@@ -72,6 +75,9 @@ inline constexpr const char* usage_text =
     "  --rdzv_conf join_timeout=S[,exit_barrier_timeout=S]  seconds; defaults 900 and 300\n"
     "  --standalone             one node, store on a free loopback port\n"
     "  --max_restarts N         restart every worker up to N times after a failure; default 0\n"
+    "  --on_failure stop|continue  when a worker fails, stop the others (default) or let\n"
+    "                           them go on (programs that survive a rank's death); the exit\n"
+    "                           status is still a failure's\n"
     "  --monitor_interval S     seconds between looks at other nodes' state; default 0.1\n"
     "  --grace_period S         seconds from SIGTERM to SIGKILL when stopping workers; "
     "default 5\n"
@@ -270,6 +276,12 @@ inline launch_options parse_command_line(const std::vector<std::string>& args, b
             o.standalone = true;
         } else if (name == "max_restarts") {
             o.max_restarts = detail::parse_int(name, flag(true), 0, 1000000);
+        } else if (name == "on_failure") {
+            std::string v = flag(true);
+            if (v != "stop" && v != "continue") {
+                throw usage_error("--on_failure=" + v + ": expected stop or continue");
+            }
+            o.continue_on_failure = v == "continue";
         } else if (name == "monitor_interval") {
             o.monitor_interval = detail::parse_seconds(name, flag(true));
             if (o.monitor_interval.count() == 0) o.monitor_interval = std::chrono::milliseconds(1);
@@ -305,6 +317,11 @@ inline launch_options parse_command_line(const std::vector<std::string>& args, b
                 "--standalone picks its own store address; drop --master_addr, "
                 "--master_port and --rdzv_endpoint");
         }
+    }
+    if (o.continue_on_failure && o.max_restarts > 0) {
+        throw usage_error(
+            "--on_failure=continue cannot go with --max_restarts: a restart starts every "
+            "worker again, which would end the ones that went on");
     }
     if (o.node_rank >= o.nnodes) {
         throw usage_error("--node_rank=" + std::to_string(o.node_rank) +
