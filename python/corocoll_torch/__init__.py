@@ -14,6 +14,10 @@ most 60 s, until its live peers have closed theirs too.
 
 torch 1.13's dist.monitored_barrier accepts only "gloo" by name; `monitored_barrier` here
 calls the same operation on a corocoll group.
+
+`abort(group)` revokes a group from any thread (every Work in flight, here and on every live
+peer, fails naming this rank) and closes it without waiting; `failure(group)` says how a group
+failed (None while it is sound): what a fault-tolerant trainer polls and calls.
 """
 
 import atexit
@@ -24,8 +28,10 @@ import os
 import torch.distributed as dist
 
 from ._C import close_all, create_process_group
+from . import _C
 
-__all__ = ["BACKEND", "close_all", "create_process_group", "monitored_barrier"]
+__all__ = ["BACKEND", "abort", "close_all", "create_process_group", "failure",
+           "monitored_barrier"]
 
 BACKEND = "corocoll"
 
@@ -67,3 +73,32 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=True):
     if timeout is None:
         timeout = timedelta(minutes=30)
     pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+
+def _backend_of(group):
+    """The corocoll process group behind `group` (the default group when None)."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    # torch 2.x wraps a backend in a ProcessGroup of its own.
+    get_backend = getattr(pg, "_get_backend", None)
+    if get_backend is not None:
+        import torch
+        try:
+            return get_backend(torch.device("cpu"))
+        except RuntimeError:
+            pass
+    return pg
+
+
+def abort(group=None, reason=""):
+    """Revokes `group` (the default group when None) from any thread: every Work in flight on
+    it, here and on every live peer, fails with "rank R revoked process group ...: reason";
+    then closes it here without waiting for the peers. Nothing if it is closed already."""
+    _C.abort(_backend_of(group), reason)
+
+
+def failure(group=None):
+    """How `group` (the default group when None) failed: None while it is sound, else a dict
+    with 'cause' ('rank_failed': a rank ended or stopped; 'blamed': a rank is to blame but
+    may be alive; 'revoked'; 'closed'), 'rank' (the rank named, -1 for a close),
+    'failed_ranks' and 'what' (the error every operation of the group now raises)."""
+    return _C.failure(_backend_of(group))

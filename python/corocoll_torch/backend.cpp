@@ -91,6 +91,30 @@ c10::intrusive_ptr<c10d::ProcessGroup> create(const c10::intrusive_ptr<c10d::Sto
     return g;
 }
 
+/// The corocoll group behind a torch process group; a clear error for another backend's.
+group& ours(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const char* call) {
+    auto* g = dynamic_cast<group*>(pg.get());
+    if (g == nullptr) {
+        throw std::invalid_argument(std::string("corocoll_torch.") + call +
+                                    ": the group's backend is '" + pg->getBackendName() +
+                                    "', not corocoll");
+    }
+    return *g;
+}
+
+/// `group::failure` as Python sees it: None, or a dict of cause, rank, failed_ranks and what.
+py::object failure_of(const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
+    auto f = ours(pg, "failure").failure();
+    if (!f) return py::none();
+    static constexpr const char* causes[] = {"blamed", "rank_failed", "revoked", "closed"};
+    py::dict d;
+    d["cause"] = causes[static_cast<int>(f->cause) & 3];
+    d["rank"] = f->rank;
+    d["failed_ranks"] = f->failed_ranks;
+    d["what"] = f->what;
+    return d;
+}
+
 }  // namespace corocoll_torch
 
 PYBIND11_MODULE(_C, m) {
@@ -98,6 +122,18 @@ PYBIND11_MODULE(_C, m) {
     m.def("create_process_group", &corocoll_torch::create, py::arg("store"), py::arg("rank"),
           py::arg("world_size"), py::arg("timeout"),
           "Builds a corocoll process group on torch's store (the backend's factory)");
+    m.def(
+        "abort",
+        [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& reason) {
+            corocoll_torch::ours(pg, "abort").abort(reason);
+        },
+        py::arg("group"), py::arg("reason") = "",
+        "Revokes the group (every Work in flight here and on every live peer fails, naming "
+        "this rank and the reason), then closes it without waiting for the peers; from any "
+        "thread");
+    m.def("failure", &corocoll_torch::failure_of, py::arg("group"),
+          "None while the group is sound, else a dict: cause ('rank_failed', 'blamed', "
+          "'revoked', 'closed'), rank, failed_ranks, what");
     m.def("close_all", &corocoll_torch::close_all,
           "Closes every corocoll group of this process, each first waiting (up to its timeout, "
           "at most 60 s) until its live peers have closed theirs: run as the process exits");

@@ -96,31 +96,35 @@ public:
         without_gil released;
         std::lock_guard once(shutdown_m_);
         if (!pg_ || pg_->closed()) return;
-        // Close on the progress thread, then let the thread go.
-        struct close_item : cc::detail::work_item {
-            group* self;
-            std::mutex m;
-            std::condition_variable cv;
-            bool done = false;
-            bool eager = true;
-        } item;
-        item.self = this;
-        item.run_ = [](cc::detail::work_item* i) noexcept {
-            auto* s = static_cast<close_item*>(i);
-            [](close_item* s) -> detached {
-                try {
-                    co_await s->self->pg_->close_after_peers(s->self->linger());
-                } catch (...) {
-                }
-                s->self->progress_.finished(s->eager);
-                std::lock_guard lock(s->m);
-                s->done = true;
-                s->cv.notify_all();
-            }(s);
-        };
-        progress_.submit(item, true);
-        std::unique_lock lock(item.m);
-        item.cv.wait(lock, [&] { return item.done; });
+        on_progress([](group& g) { return g.pg_->close_after_peers(g.linger()); });
+    }
+
+    /// Aborts the group, from any thread (what later torch calls ProcessGroup::abort, and
+    /// TorchFT asks of a backend): revokes it, so every Work in flight here and on every live
+    /// peer fails with "rank R revoked process group ...: `reason`", then closes it at once,
+    /// without waiting for the peers. Idempotent; operations after it fail, naming the closed
+    /// group.
+    void abort(const std::string& reason) {
+        without_gil released;
+        std::lock_guard once(shutdown_m_);
+        if (!pg_ || pg_->closed()) return;
+        on_progress([&reason](group& g) {
+            g.pg_->revoke(reason);
+            return g.pg_->close();
+        });
+    }
+
+    /// How the group failed (revoked, a rank that failed, a mismatch, closed), if it has:
+    /// the asynchronous error query, read on the reactor's thread.
+    std::optional<cc::group_failure> failure() {
+        without_gil released;
+        std::optional<cc::group_failure> f;
+        if (!pg_) return f;
+        on_progress([&f](group& g) -> cc::task<> {
+            f = g.pg_->failure();
+            co_return;
+        });
+        return f;
     }
 
     /// How long a close waits for the peers to close too: the group's timeout, at most 60 s
@@ -804,6 +808,38 @@ private:
     }
 
     milliseconds timeout_;
+    // Runs `body(*this)` (a task) on the reactor, as the progress thread drives it, and waits
+    // for it without the GIL; what it throws is dropped (closing never fails the caller).
+    template <class Body>
+    void on_progress(Body body) {
+        struct item_t : cc::detail::work_item {
+            group* self;
+            Body* body;
+            std::mutex m;
+            std::condition_variable cv;
+            bool done = false;
+            bool eager = true;
+        } item;
+        item.self = this;
+        item.body = &body;
+        item.run_ = [](cc::detail::work_item* i) noexcept {
+            auto* s = static_cast<item_t*>(i);
+            [](item_t* s) -> detached {
+                try {
+                    co_await (*s->body)(*s->self);
+                } catch (...) {
+                }
+                s->self->progress_.finished(s->eager);
+                std::lock_guard lock(s->m);
+                s->done = true;
+                s->cv.notify_all();
+            }(s);
+        };
+        progress_.submit(item, true);
+        std::unique_lock lock(item.m);
+        item.cv.wait(lock, [&] { return item.done; });
+    }
+
     std::mutex shutdown_m_;
     cc::thread_pool store_pool_;
     cc::thread_pool callbacks_;

@@ -12,6 +12,9 @@ TCPStore the parent serves on a port of the kernel's choosing):
   - a barrier that only rank 0 calls, its peers idle in Python, fails at the group's timeout
     saying it timed out and naming the ranks that did not call it (torch's
     test_barrier_timeout_*): idle ranks answer status queries;
+  - corocoll_torch.abort from another thread fails rank 0's pending irecv and rank 1's
+    recv, both naming rank 0 and the reason; corocoll_torch.failure is None before and says
+    'revoked' after, on both ranks;
   - all_gather_coalesced and a sparse (COO) all_reduce give Gloo's results;
   - unsupported calls raise an exception naming the call (several tensors per rank, dtypes
     that cannot be reduced, a sparse reduction other than SUM, CUDA-less checks).
@@ -180,7 +183,30 @@ def idle(rank, n, port):
     os._exit(0)  # the groups failed on rank 0 only; leave without their goodbyes
 
 
-CASES = {"works": (works, 2), "timeout": (timeout, 2), "death": (death, 2),
+def aborted(rank, n, port):
+    store = init(rank, n, port, 60)
+    assert corocoll_torch.failure() is None
+    if rank == 0:
+        req = dist.irecv(torch.zeros(1), src=1)  # rank 1 never sends
+        store.wait(["waiting"])
+        # Another thread aborts, as a trainer's supervisor would, while this one waits.
+        threading.Timer(0.1, corocoll_torch.abort, kwargs={"reason": "the trainer gives up"}).start()
+        text = expect_error(req.wait, "rank 0 revoked process group", "the trainer gives up")
+    else:
+        store.set("waiting", "1")
+        text = expect_error(lambda: dist.recv(torch.zeros(1), src=0),
+                            "rank 0 revoked process group", "the trainer gives up",
+                            "reported by rank 0")
+    f = corocoll_torch.failure()
+    assert f is not None and f["cause"] == "revoked" and f["rank"] == 0, f
+    assert f["failed_ranks"] == [] and "the trainer gives up" in f["what"], f
+    if rank == 1:
+        corocoll_torch.abort()  # a failed group closes at once, without waiting for rank 0
+    print(f"rank {rank}: aborted: {text.splitlines()[0]}; failure(): {f['cause']}", flush=True)
+    dist.destroy_process_group()  # after abort: nothing left to close, no hang
+
+
+CASES = {"works": (works, 2), "aborted": (aborted, 2), "timeout": (timeout, 2), "death": (death, 2),
          "monitored": (monitored, 3), "idle": (idle, 3)}
 
 
