@@ -142,7 +142,10 @@ int main(int argc, char** argv) {
             } catch (const std::system_error&) {
             }
             std::string failed;
-            for (int f : pg->failed_ranks()) failed += (failed.empty() ? "" : ", ") + std::to_string(f);
+            for (int f : pg->failed_ranks()) {
+                if (!failed.empty()) failed += ", ";
+                failed += std::to_string(f);
+            }
             int me = pg->rank();
             int world = pg->size();
             auto store = pg->shared_store();

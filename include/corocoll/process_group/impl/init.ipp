@@ -394,7 +394,10 @@ namespace detail {
 // "0,1,3": the members a shrink agreed on, as they travel through the store.
 inline std::string encode_ranks(const std::vector<int>& ranks) {
     std::string out;
-    for (int r : ranks) out += (out.empty() ? "" : ",") + std::to_string(r);
+    for (int r : ranks) {
+        if (!out.empty()) out += ',';
+        out += std::to_string(r);
+    }
     return out;
 }
 

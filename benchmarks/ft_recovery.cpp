@@ -1,0 +1,193 @@
+// ft_recovery: how long a group takes to get going again after a rank's death, and what a
+// shrink costs. Spawns --nproc ranks (the store served by this process, as corocollrun's agent
+// serves it) that run all_reduces of one float; in each repetition rank --victim notes the
+// time and kills itself with SIGKILL, and every survivor times, from that moment:
+//   seen     its all_reduce failed (the death was detected and the failure spread),
+//   shrunk   `shrink()` gave the group of the survivors,
+//   first    the first all_reduce on it completed, its sum checked.
+// With --no-kill every rank shrinks a sound group instead: the cost of the agreement and of
+// the new group's set-up alone, at any size. Transport from COROCOLL_TRANSPORT (shm by default
+// on one host). Times are in ms on the CLOCK_MONOTONIC of the host; each line is the slowest
+// survivor's, and the summary gives min / median / max over repetitions.
+
+#include <corocoll/corocoll.hpp>
+
+#include "common/args.hpp"
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace cc = corocoll;
+
+namespace {
+
+long long now_ns() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<long long>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+constexpr int max_ranks = 256;
+
+struct timing {
+    std::atomic<long long> seen{0};
+    std::atomic<long long> shrunk{0};
+    std::atomic<long long> first{0};
+};
+// Shared by this process and every rank.
+struct board {
+    std::atomic<long long> killed{0};  // when the victim died (or the shrink began: --no-kill)
+    timing ranks[max_ranks];
+};
+
+struct config {
+    int n = 4;
+    int victim = -1;  // default: the last rank
+    bool no_kill = false;
+};
+
+cc::task<> rank_body(cc::process_group& first, board& b, const config& c) {
+    std::vector<float> one(1);
+    const int me = first.rank();
+    timing& t = b.ranks[me];
+    if (c.no_kill) {
+        co_await first.barrier();
+        if (me == 0) b.killed = now_ns();
+        co_await first.barrier();  // every rank starts from the same moment
+        auto g = co_await first.shrink();
+        t.shrunk = now_ns();
+        one[0] = 1;
+        co_await g->all_reduce(one);
+        t.first = now_ns();
+        if (one[0] != static_cast<float>(g->size())) throw std::runtime_error("wrong sum");
+        co_await g->close();
+        co_await first.close();
+        co_return;
+    }
+    try {
+        for (long i = 0;; ++i) {
+            one[0] = 1;
+            if (me == c.victim && i == 50) {
+                b.killed = now_ns();
+                ::raise(SIGKILL);
+            }
+            co_await first.all_reduce(one);
+        }
+    } catch (const std::system_error&) {
+        t.seen = now_ns();
+    }
+    auto g = co_await first.shrink();
+    t.shrunk = now_ns();
+    one[0] = 1;
+    co_await g->all_reduce(one);
+    t.first = now_ns();
+    if (one[0] != static_cast<float>(g->size())) throw std::runtime_error("wrong sum");
+    co_await first.close();
+    co_await g->close();
+}
+
+std::string cpu_model() {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+    }
+    return "unknown CPU";
+}
+
+double ms(long long ns) { return static_cast<double>(ns) / 1e6; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    config c;
+    int reps = 5;
+    perf::args a("ft_recovery",
+                 "Time from a rank's SIGKILL to the first all_reduce of the shrunk group.");
+    a.integer("--nproc", c.n, 2, max_ranks, "ranks (default 4)");
+    a.integer("--victim", c.victim, -1, max_ranks - 1, "the rank killed (default: the last)");
+    a.integer("--reps", reps, 1, 1000, "repetitions (default 5)");
+    a.boolean("--no-kill", c.no_kill, "shrink a sound group: the agreement and set-up alone");
+    perf::parse_or_exit(a, argc, argv);
+    if (c.victim < 0) c.victim = c.n - 1;
+    if (c.victim >= c.n) {
+        std::fprintf(stderr, "ft_recovery: --victim must be below --nproc\n");
+        return 2;
+    }
+    void* m =
+        ::mmap(nullptr, sizeof(board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return 1;
+    const char* transport = std::getenv("COROCOLL_TRANSPORT");
+    std::printf("# ft_recovery: %d ranks, %s, transport %s, %s\n", c.n,
+                c.no_kill ? "shrink of a sound group" : ("SIGKILL of rank " + std::to_string(c.victim)).c_str(),
+                transport != nullptr ? transport : "default (shm on one host)", "ms from the kill");
+    std::printf("# %s; caches %s\n", cpu_model().c_str(),
+                cc::describe(cc::machine_cache_sizes()).c_str());
+    std::printf("# %4s %9s %9s %9s\n", "rep", "seen", "shrunk", "first");
+    std::vector<double> seen, shrunk, first;
+    for (int rep = 0; rep < reps; ++rep) {
+        auto* b = new (m) board();
+        cc::spawn_options o;
+        o.stop_others_on_failure = false;
+        o.timeout = std::chrono::seconds(120);
+        auto res = cc::spawn_processes(
+            c.n,
+            [&]() -> int {
+                cc::io::reactor r;
+                try {
+                    r.run([&]() -> cc::task<> {
+                        cc::init_options io;
+                        auto pg = co_await cc::init_process_group(r, io);
+                        co_await rank_body(*pg, *b, c);
+                    }());
+                } catch (const std::exception& e) {
+                    std::fprintf(stderr, "ft_recovery: %s\n", e.what());
+                    return 1;
+                }
+                return 0;
+            },
+            o);
+        long long worst_seen = 0, worst_shrunk = 0, worst_first = 0;
+        for (int r = 0; r < c.n; ++r) {
+            if (!c.no_kill && r == c.victim) continue;
+            if (!res.ranks[static_cast<std::size_t>(r)].ok()) {
+                std::fprintf(stderr, "ft_recovery: %s\n",
+                             res.ranks[static_cast<std::size_t>(r)].describe().c_str());
+                return 1;
+            }
+            worst_seen = std::max(worst_seen, b->ranks[r].seen.load() - b->killed);
+            worst_shrunk = std::max(worst_shrunk, b->ranks[r].shrunk.load() - b->killed);
+            worst_first = std::max(worst_first, b->ranks[r].first.load() - b->killed);
+        }
+        if (c.no_kill) worst_seen = 0;
+        std::printf("  %4d %9.2f %9.2f %9.2f\n", rep, ms(worst_seen), ms(worst_shrunk),
+                    ms(worst_first));
+        std::fflush(stdout);
+        seen.push_back(ms(worst_seen));
+        shrunk.push_back(ms(worst_shrunk));
+        first.push_back(ms(worst_first));
+    }
+    auto summary = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        char text[96];
+        std::snprintf(text, sizeof text, "%.2f / %.2f / %.2f", v.front(), v[v.size() / 2],
+                      v.back());
+        return std::string(text);
+    };
+    std::printf("# min / median / max: seen %s; shrunk %s; first all_reduce %s\n",
+                summary(seen).c_str(), summary(shrunk).c_str(), summary(first).c_str());
+    return 0;
+}
