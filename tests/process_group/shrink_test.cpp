@@ -3,7 +3,8 @@
 // next all_reduce is exactly the sum over the survivors on every one of them, with p2p and a
 // broadcast working too; three deaths in a row at 8 ranks, each followed by a shrink; a rank
 // that dies during the shrink itself is left out by a second try; a rank stopped with SIGSTOP
-// is found by the stall check and left out, and when it runs again it learns that it was.
+// is found by the stall check and left out, and when it runs again it learns that it was;
+// agree gives every survivor the same AND and failed ranks; a subgroup is shrunk the same way.
 // Runs over shared memory, and again over TCP (COROCOLL_TRANSPORT=tcp). The store is served
 // by the test process (as corocollrun's agent serves it), so it outlives every rank.
 
@@ -326,5 +327,67 @@ TEST_CASE("a stopped rank, found by the stall check, is left out, and learns it 
     CHECK(std::string(late.text).find("rank 2 of group 'default' was left out of the shrunk "
                                       "group: the others agreed on rank(s) 0,1,3") !=
           std::string::npos);
+    ::munmap(&b, sizeof(board));
+}
+
+TEST_CASE("agree gives every survivor the same AND of their flags and the same failed ranks") {
+    board& b = *new_board();
+    constexpr int n = 4;
+    auto res = run_job(n, "60", [&b](std::shared_ptr<cc::process_group> pg) -> cc::task<> {
+        rank_record& me = b.ranks[pg->rank()];
+        // On a sound group: everyone is counted; one false flag makes the AND false.
+        auto sound = co_await pg->agree(true);
+        auto one_no = co_await pg->agree(pg->rank() != 1);
+        co_await loop_until_failure(*pg, me, 3, 5);
+        // On the failed group, over the survivors.
+        auto all_yes = co_await pg->agree(true);
+        auto some_no = co_await pg->agree(pg->rank() != 2);
+        bool ok = sound.value && sound.failed.empty() && !one_no.value && one_no.failed.empty() &&
+                  all_yes.value && all_yes.failed == std::vector<int>{3} && !some_no.value &&
+                  some_no.failed == std::vector<int>{3};
+        me.checked = ok ? 1 : 0;
+        if (!ok) {
+            note(me, "agree: " + std::to_string(sound.value) + std::to_string(one_no.value) +
+                         std::to_string(all_yes.value) + std::to_string(some_no.value) +
+                         " failed sizes " + std::to_string(all_yes.failed.size()) +
+                         std::to_string(some_no.failed.size()));
+        }
+        co_await pg->close();
+    });
+    for (int r = 0; r < 3; ++r) {
+        CAPTURE(r);
+        CAPTURE(std::string(b.ranks[r].text));
+        CHECK(res.ranks[static_cast<std::size_t>(r)].ok());
+        CHECK(b.ranks[r].checked == 1);
+    }
+    CHECK_FALSE(res.ranks[3].ok());
+    ::munmap(&b, sizeof(board));
+}
+
+TEST_CASE("a subgroup made by new_group is shrunk the same way") {
+    board& b = *new_board();
+    auto res = run_job(4, "60", [&b](std::shared_ptr<cc::process_group> world) -> cc::task<> {
+        rank_record& me = b.ranks[world->rank()];
+        const int first = world->rank();
+        std::vector<int> three{0, 1, 3};
+        auto sub = co_await world->new_group(three);
+        if (sub) {
+            // Rank 1 of the world (1 in the subgroup too) dies in the subgroup's loop.
+            co_await loop_until_failure(*sub, me, first == 1 ? sub->rank() : -1, 5);
+            auto small = co_await sub->shrink();
+            ++me.shrinks;
+            co_await check_group(*small, me, first);
+            co_await small->close();
+            co_await sub->close();
+        }
+        co_await world->close();
+    });
+    CHECK_FALSE(res.ranks[1].ok());
+    for (int r : {0, 2, 3}) {
+        CAPTURE(r);
+        CAPTURE(res.ranks[static_cast<std::size_t>(r)].describe());
+        CHECK(res.ranks[static_cast<std::size_t>(r)].ok());
+    }
+    check_survivors(b, all_but(4, {1, 2}), 1);
     ::munmap(&b, sizeof(board));
 }

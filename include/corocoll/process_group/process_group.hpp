@@ -76,6 +76,14 @@ using failure_cause = transport::failure_cause;
 /// cause, the rank it names (-1: none), the ranks known to have failed, the error's text.
 using group_failure = transport::failure_report;
 
+/// What `process_group::agree` yields, the same on every rank counted in.
+struct agreement {
+    /// The AND of the flags of the ranks counted in.
+    bool value = true;
+    /// The group's ranks not counted in: failed, or later than the join window.
+    std::vector<int> failed;
+};
+
 class process_group;
 
 namespace detail {
@@ -219,6 +227,15 @@ public:
     /// and nothing waits past its deadline.
     task<std::shared_ptr<process_group>> shrink(
         std::chrono::milliseconds join_window = std::chrono::seconds(10));
+
+    /// A fault-tolerant AND over the live ranks, as MPI's MPIX_Comm_agree: every live rank
+    /// calls it with its `flag` and every caller gets the same `agreement`: the AND of the
+    /// flags of the ranks counted in, and the ranks not counted (failed, or later than
+    /// `join_window`). Works on a failed group: it goes through the group's store, as
+    /// `shrink` does (docs/architecture.md, "Shrink"), with the same rules for who is counted
+    /// and the same error for a rank that was not.
+    task<agreement> agree(bool flag,
+                          std::chrono::milliseconds join_window = std::chrono::seconds(10));
 
     // ---- failures (docs/architecture.md, "The failure model") ----
 
@@ -535,11 +552,22 @@ private:
     // The store a subgroup's set-up (`call`: "new_group", "split"; `name`: the subgroup's)
     // goes through: this group's, watched for this group's failure (a rank that died).
     std::shared_ptr<rendezvous::store> watched_store(const char* call, const std::string& name);
-    // One try of a shrink (keys under `base` in this group's store): publishes this rank as
-    // alive and yields the members every caller agrees on (compare_set on `base` "members"):
-    // `candidates`, once all of them came, or, after `join_window`, those that had.
-    task<std::vector<int>> agree_on_members(std::string base, std::vector<int> candidates,
-                                            std::chrono::milliseconds join_window);
+    // What the callers of one `decide` agreed on: who came, and the AND of their flags.
+    struct decision {
+        std::vector<int> members;
+        bool all_true = true;
+    };
+    // One decision through this group's store, under `base` (a try of a shrink, an agree):
+    // publishes this rank as come, with `flag`, and yields what every caller agrees on (a
+    // compare_set of `base` "members" that the first proposal wins): `candidates`, once all
+    // of them came, or, after `join_window`, those that had; and the AND of their flags.
+    task<decision> decide(std::string base, std::vector<int> candidates,
+                          std::chrono::milliseconds join_window, bool flag);
+    // This group's ranks less those known to have failed.
+    std::vector<int> live_candidates() const;
+    // The error of a rank that `call` (shrink, agree) did not count in.
+    std::string left_out(const char* call, const std::vector<int>& members,
+                         std::chrono::milliseconds join_window) const;
     // Awaits a subgroup's `set_up`; if it fails because a rank of this group died, the error
     // says so, naming the rank.
     task<std::shared_ptr<process_group>> set_up_subgroup(
@@ -649,6 +677,7 @@ private:
     transport::engine_options limits_;
     int subgroups_ = 0;
     int shrinks_ = 0;
+    int agreements_ = 0;
     // Before engine_: a bad COROCOLL_ALGORITHM throws before any reader starts.
     collectives::algorithm_choice algorithms_ = collectives::algorithm_choice::from_env();
     collectives::thresholds thresholds_;

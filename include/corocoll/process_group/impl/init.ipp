@@ -384,6 +384,9 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::new_group(rank
                             static_cast<int>(ranks.size()), name, timeout_, limits_, listen_on_,
                             nullptr, engine_.failure_token()),
         "new_group", name);
+    // Set up: the group's keys from now on do not depend on this group staying sound (a
+    // shrink of the subgroup after this group failed) or alive.
+    group->store_ = std::make_shared<rendezvous::prefix_store>("sub/" + std::to_string(k), store_);
     std::erase_if(made_, [](const auto& w) { return w.expired(); });
     made_.push_back(group);
     co_return group;
@@ -415,15 +418,16 @@ inline std::vector<int> decode_ranks(const std::string& text) {
 
 }  // namespace detail
 
-COROCOLL_DECL task<std::vector<int>> process_group::agree_on_members(
-    std::string base, std::vector<int> candidates, std::chrono::milliseconds join_window) {
+COROCOLL_DECL task<process_group::decision> process_group::decide(
+    std::string base, std::vector<int> candidates, std::chrono::milliseconds join_window,
+    bool flag) {
     auto alive_key = [&](int p) { return base + "alive/" + std::to_string(p); };
-    co_await store_->set(alive_key(rank()), "1");
+    co_await store_->set(alive_key(rank()), flag ? "1" : "0");
     auto came = co_await store_->add(base + "came", 1);
     std::vector<std::string> every_alive;
     for (int p : candidates) every_alive.push_back(alive_key(p));
     std::vector<std::string> decided{base + "members"};
-    std::string members;
+    std::string verdict;
     // The rank that completes the count proposes, if the ranks that came are the candidates;
     // everyone else waits for the decision, and proposes what it saw once the window is over.
     bool propose_now = came == static_cast<std::int64_t>(candidates.size()) &&
@@ -431,46 +435,79 @@ COROCOLL_DECL task<std::vector<int>> process_group::agree_on_members(
     if (!propose_now) {
         try {
             co_await store_->wait(decided, join_window);
-            members = co_await store_->get(decided.front());
+            verdict = co_await store_->get(decided.front());
         } catch (const std::system_error& e) {
             if (e.code() != std::errc::timed_out) throw;
         }
     }
-    if (members.empty()) {
+    if (verdict.empty()) {
         std::vector<int> present;
+        std::vector<std::string> present_keys;
         for (int p : candidates) {
             std::vector<std::string> one{alive_key(p)};
-            if (co_await store_->check(one)) present.push_back(p);
+            if (co_await store_->check(one)) {
+                present.push_back(p);
+                present_keys.push_back(alive_key(p));
+            }
         }
-        members = co_await store_->compare_set(decided.front(), "", detail::encode_ranks(present));
+        bool all = true;
+        std::vector<std::string> flags = co_await store_->multi_get(present_keys, join_window);
+        for (const auto& f : flags) all = all && f == "1";
+        verdict = co_await store_->compare_set(
+            decided.front(), "", std::string(all ? "1" : "0") + "|" + detail::encode_ranks(present));
     }
-    co_return detail::decode_ranks(members);
+    auto bar = verdict.find('|');
+    co_return decision{detail::decode_ranks(verdict.substr(bar + 1)), verdict.substr(0, bar) == "1"};
+}
+
+COROCOLL_DECL std::vector<int> process_group::live_candidates() const {
+    std::vector<int> candidates;
+    std::vector<int> failed = failed_ranks();
+    for (int p = 0; p < size(); ++p) {
+        if (std::find(failed.begin(), failed.end(), p) == failed.end()) candidates.push_back(p);
+    }
+    return candidates;
+}
+
+COROCOLL_DECL std::string process_group::left_out(const char* call, const std::vector<int>& members,
+                                                  std::chrono::milliseconds join_window) const {
+    return prefix(call) + "rank " + std::to_string(rank()) + " of group '" + name_ +
+           "' was left out of the " + (std::string(call) == "shrink" ? "shrunk group" : "agreement") +
+           ": the others agreed on rank(s) " + detail::encode_ranks(members) + " (it came more than " +
+           std::to_string(join_window.count()) +
+           " ms after them, or one of them took it for failed)";
+}
+
+COROCOLL_DECL task<agreement> process_group::agree(bool flag, std::chrono::milliseconds join_window) {
+    check_open("agree");
+    const int k = ++agreements_;
+    auto d = co_await decide("agree/" + std::to_string(k) + "/", live_candidates(), join_window,
+                             flag);
+    if (std::find(d.members.begin(), d.members.end(), rank()) == d.members.end()) {
+        throw std::runtime_error(left_out("agree", d.members, join_window));
+    }
+    agreement a;
+    a.value = d.all_true;
+    for (int p = 0; p < size(); ++p) {
+        if (std::find(d.members.begin(), d.members.end(), p) == d.members.end()) a.failed.push_back(p);
+    }
+    co_return a;
 }
 
 COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::shrink(
     std::chrono::milliseconds join_window) {
     check_open("shrink");
     const int k = ++shrinks_;
-    std::vector<int> candidates;
-    std::vector<int> failed = failed_ranks();
-    for (int p = 0; p < size(); ++p) {
-        if (std::find(failed.begin(), failed.end(), p) == failed.end()) candidates.push_back(p);
-    }
+    std::vector<int> candidates = live_candidates();
     std::string name = name_ + "/shrink" + std::to_string(k);
     std::string tries;
     // Each failed try leaves out at least the rank that did not come again: at most size().
     for (int t = 0; t < size(); ++t) {
         std::string base = "shrink/" + std::to_string(k) + "/" + std::to_string(t) + "/";
-        std::vector<int> members = co_await agree_on_members(base, candidates, join_window);
+        std::vector<int> members =
+            (co_await decide(base, candidates, join_window, true)).members;
         auto me = std::find(members.begin(), members.end(), rank());
-        if (me == members.end()) {
-            throw std::runtime_error(
-                prefix("shrink") + "rank " + std::to_string(rank()) + " of group '" + name_ +
-                "' was left out of the shrunk group: the others agreed on rank(s) " +
-                detail::encode_ranks(members) + " (it came more than " +
-                std::to_string(join_window.count()) +
-                " ms after them, or one of them took it for failed)");
-        }
+        if (me == members.end()) throw std::runtime_error(left_out("shrink", members, join_window));
         COROCOLL_LOG(info, "FT", "shrink of group '", name_, "' (try ", t, "): rank(s) ",
                      detail::encode_ranks(members), " of ", size());
         auto store = std::make_shared<rendezvous::prefix_store>(base + "group", store_);
@@ -535,6 +572,8 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::split(int colo
         detail::build_group(reactor_, std::move(store), index, static_cast<int>(members.size()),
                             name, timeout_, limits_, listen_on_, nullptr, engine_.failure_token()),
         "split", name);
+    group->store_ = std::make_shared<rendezvous::prefix_store>(
+        "split/" + std::to_string(k) + "/" + std::to_string(colour), store_);  // as new_group's
     std::erase_if(made_, [](const auto& w) { return w.expired(); });
     made_.push_back(group);
     co_return group;
