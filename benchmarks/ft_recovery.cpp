@@ -132,7 +132,8 @@ int main(int argc, char** argv) {
     if (m == MAP_FAILED) return 1;
     const char* transport = std::getenv("COROCOLL_TRANSPORT");
     std::printf("# ft_recovery: %d ranks, %s, transport %s, %s\n", c.n,
-                c.no_kill ? "shrink of a sound group" : ("SIGKILL of rank " + std::to_string(c.victim)).c_str(),
+                c.no_kill ? "shrink of a sound group"
+                          : ("SIGKILL of rank " + std::to_string(c.victim)).c_str(),
                 transport != nullptr ? transport : "default (shm on one host)", "ms from the kill");
     std::printf("# %s; caches %s\n", cpu_model().c_str(),
                 cc::describe(cc::machine_cache_sizes()).c_str());

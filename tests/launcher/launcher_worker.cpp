@@ -157,9 +157,10 @@ int main(int argc, char** argv) {
             }
             std::vector<std::string> done{"survivors-done"};  // named: g++ 12, as above
             co_await store->wait(done, std::chrono::seconds(30));
-            std::printf("rank %d: rank %d failed (failed_ranks [%s]); the survivors' barrier "
-                        "passed\n",
-                        me, target, failed.c_str());
+            std::printf(
+                "rank %d: rank %d failed (failed_ranks [%s]); the survivors' barrier "
+                "passed\n",
+                me, target, failed.c_str());
             std::fflush(stdout);
         }());
         return 0;

@@ -29,12 +29,12 @@ namespace {
 
 // What each rank saw, in memory that the test process and every rank share.
 struct rank_record {
-    std::atomic<int> waiting{0};     // 1 once the rank is about to wait in its operation
-    std::atomic<int> op_failed{0};   // its operation ended with an error
-    std::atomic<int> cause{-1};      // failure()->cause
-    std::atomic<int> named{-2};      // failure()->rank
+    std::atomic<int> waiting{0};    // 1 once the rank is about to wait in its operation
+    std::atomic<int> op_failed{0};  // its operation ended with an error
+    std::atomic<int> cause{-1};     // failure()->cause
+    std::atomic<int> named{-2};     // failure()->rank
     std::atomic<unsigned> failed_mask{0};
-    std::atomic<int> woke{0};        // when_failed completed
+    std::atomic<int> woke{0};  // when_failed completed
     std::atomic<int> woke_cause{-1};
     std::atomic<int> woke_named{-2};
     std::atomic<long> completed{0};  // operations done before the failure
@@ -52,7 +52,9 @@ board* new_board() {
     return new (m) board();
 }
 
-void note(char (&to)[1500], const std::string& s) { std::snprintf(to, sizeof(to), "%s", s.c_str()); }
+void note(char (&to)[1500], const std::string& s) {
+    std::snprintf(to, sizeof(to), "%s", s.c_str());
+}
 
 unsigned mask_of(const std::vector<int>& ranks) {
     unsigned m = 0;
@@ -146,9 +148,15 @@ void revoke_case(blocked_in op, const char* op_name) {
             } else {
                 me.waiting = 1;
                 switch (op) {
-                    case blocked_in::recv: co_await pg.recv(v, 0, 9); break;  // never sent
-                    case blocked_in::all_reduce: co_await pg.all_reduce(v); break;
-                    case blocked_in::barrier: co_await pg.barrier(); break;
+                    case blocked_in::recv:
+                        co_await pg.recv(v, 0, 9);
+                        break;  // never sent
+                    case blocked_in::all_reduce:
+                        co_await pg.all_reduce(v);
+                        break;
+                    case blocked_in::barrier:
+                        co_await pg.barrier();
+                        break;
                 }
             }
         } catch (const std::system_error& e) {

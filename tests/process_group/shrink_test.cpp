@@ -281,14 +281,14 @@ TEST_CASE("a stopped rank, found by the stall check, is left out, and learns it 
             }
             return true;
         };
-        for (int i = 0; i < 60'000 && !every([](rank_record& rec, int) {
+        for (int i = 0; i < 60'000 && !every([](rank_record&rec, int) {
                             return rec.pid != 0 && rec.completed >= 20;
                         });
              ++i) {
             ::usleep(1000);
         }
         ::kill(b.ranks[victim].pid, SIGSTOP);
-        for (int i = 0; i < 60'000 && !every([](rank_record& rec, int r) {
+        for (int i = 0; i < 60'000 && !every([](rank_record&rec, int r) {
                             return r == victim || rec.checked != 0;
                         });
              ++i) {
@@ -297,7 +297,8 @@ TEST_CASE("a stopped rank, found by the stall check, is left out, and learns it 
         ::kill(b.ranks[victim].pid, SIGCONT);
         ::_exit(0);
     }
-    auto res = run_job(n, "1", [&b](std::shared_ptr<cc::process_group> pg) -> cc::task<> {
+    // Stall checks every 2 s (a 1 s answer window): failure_test's, which holds under TSan.
+    auto res = run_job(n, "2", [&b](std::shared_ptr<cc::process_group> pg) -> cc::task<> {
         rank_record& me = b.ranks[pg->rank()];
         me.pid = ::getpid();
         const int first = pg->rank();

@@ -216,7 +216,8 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
             arena.reset();
         } else if (arena) {
             // Counted before "mesh/arena" too: final as well.
-            if (co_await group_store->add("mesh/arena_reads", 0) == size) arena->allow_single_copy();
+            if (co_await group_store->add("mesh/arena_reads", 0) == size)
+                arena->allow_single_copy();
             std::string copies =
                 !arena->single_copies()
                     ? std::string(arena->single_copy_from() == 0
@@ -425,13 +426,14 @@ COROCOLL_DECL task<process_group::decision> process_group::decide(
     co_await store_->set(alive_key(rank()), flag ? "1" : "0");
     auto came = co_await store_->add(base + "came", 1);
     std::vector<std::string> every_alive;
+    every_alive.reserve(candidates.size());
     for (int p : candidates) every_alive.push_back(alive_key(p));
     std::vector<std::string> decided{base + "members"};
     std::string verdict;
     // The rank that completes the count proposes, if the ranks that came are the candidates;
     // everyone else waits for the decision, and proposes what it saw once the window is over.
-    bool propose_now = came == static_cast<std::int64_t>(candidates.size()) &&
-                       co_await store_->check(every_alive);
+    bool propose_now =
+        came == static_cast<std::int64_t>(candidates.size()) && co_await store_->check(every_alive);
     if (!propose_now) {
         try {
             co_await store_->wait(decided, join_window);
@@ -454,10 +456,12 @@ COROCOLL_DECL task<process_group::decision> process_group::decide(
         std::vector<std::string> flags = co_await store_->multi_get(present_keys, join_window);
         for (const auto& f : flags) all = all && f == "1";
         verdict = co_await store_->compare_set(
-            decided.front(), "", std::string(all ? "1" : "0") + "|" + detail::encode_ranks(present));
+            decided.front(), "",
+            std::string(all ? "1" : "0") + "|" + detail::encode_ranks(present));
     }
     auto bar = verdict.find('|');
-    co_return decision{detail::decode_ranks(verdict.substr(bar + 1)), verdict.substr(0, bar) == "1"};
+    co_return decision{detail::decode_ranks(verdict.substr(bar + 1)),
+                       verdict.substr(0, bar) == "1"};
 }
 
 COROCOLL_DECL std::vector<int> process_group::live_candidates() const {
@@ -472,24 +476,27 @@ COROCOLL_DECL std::vector<int> process_group::live_candidates() const {
 COROCOLL_DECL std::string process_group::left_out(const char* call, const std::vector<int>& members,
                                                   std::chrono::milliseconds join_window) const {
     return prefix(call) + "rank " + std::to_string(rank()) + " of group '" + name_ +
-           "' was left out of the " + (std::string(call) == "shrink" ? "shrunk group" : "agreement") +
-           ": the others agreed on rank(s) " + detail::encode_ranks(members) + " (it came more than " +
-           std::to_string(join_window.count()) +
+           "' was left out of the " +
+           (std::string(call) == "shrink" ? "shrunk group" : "agreement") +
+           ": the others agreed on rank(s) " + detail::encode_ranks(members) +
+           " (it came more than " + std::to_string(join_window.count()) +
            " ms after them, or one of them took it for failed)";
 }
 
-COROCOLL_DECL task<agreement> process_group::agree(bool flag, std::chrono::milliseconds join_window) {
+COROCOLL_DECL task<agreement> process_group::agree(bool flag,
+                                                   std::chrono::milliseconds join_window) {
     check_open("agree");
     const int k = ++agreements_;
-    auto d = co_await decide("agree/" + std::to_string(k) + "/", live_candidates(), join_window,
-                             flag);
+    auto d =
+        co_await decide("agree/" + std::to_string(k) + "/", live_candidates(), join_window, flag);
     if (std::find(d.members.begin(), d.members.end(), rank()) == d.members.end()) {
         throw std::runtime_error(left_out("agree", d.members, join_window));
     }
     agreement a;
     a.value = d.all_true;
     for (int p = 0; p < size(); ++p) {
-        if (std::find(d.members.begin(), d.members.end(), p) == d.members.end()) a.failed.push_back(p);
+        if (std::find(d.members.begin(), d.members.end(), p) == d.members.end())
+            a.failed.push_back(p);
     }
     co_return a;
 }
@@ -504,18 +511,17 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::shrink(
     // Each failed try leaves out at least the rank that did not come again: at most size().
     for (int t = 0; t < size(); ++t) {
         std::string base = "shrink/" + std::to_string(k) + "/" + std::to_string(t) + "/";
-        std::vector<int> members =
-            (co_await decide(base, candidates, join_window, true)).members;
+        std::vector<int> members = (co_await decide(base, candidates, join_window, true)).members;
         auto me = std::find(members.begin(), members.end(), rank());
         if (me == members.end()) throw std::runtime_error(left_out("shrink", members, join_window));
         COROCOLL_LOG(info, "FT", "shrink of group '", name_, "' (try ", t, "): rank(s) ",
                      detail::encode_ranks(members), " of ", size());
         auto store = std::make_shared<rendezvous::prefix_store>(base + "group", store_);
         try {
-            co_return co_await detail::build_group(
-                reactor_, std::move(store), static_cast<int>(me - members.begin()),
-                static_cast<int>(members.size()), name, timeout_, limits_, listen_on_, hosted_, {},
-                join_window);
+            co_return co_await detail::build_group(reactor_, std::move(store),
+                                                   static_cast<int>(me - members.begin()),
+                                                   static_cast<int>(members.size()), name, timeout_,
+                                                   limits_, listen_on_, hosted_, {}, join_window);
         } catch (const std::exception& e) {
             COROCOLL_LOG(warn, "FT", "shrink of group '", name_, "': try ", t,
                          " failed (a member may have died): ", e.what());
