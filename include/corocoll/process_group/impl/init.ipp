@@ -459,6 +459,10 @@ COROCOLL_DECL task<process_group::decision> process_group::decide(
             decided.front(), "",
             std::string(all ? "1" : "0") + "|" + detail::encode_ranks(present));
     }
+    // Decided: nobody needs this rank's key any more (a caller still proposing gets the
+    // decision from its compare_set). "came" and "members" stay: a rank that comes later
+    // must learn that it was left out.
+    co_await store_->delete_key(alive_key(rank()));
     auto bar = verdict.find('|');
     co_return decision{detail::decode_ranks(verdict.substr(bar + 1)),
                        verdict.substr(0, bar) == "1"};
