@@ -19,6 +19,8 @@
 
 #include <corocoll/corocoll.hpp>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -29,6 +31,7 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <random>
 #include <span>
 #include <stdexcept>
@@ -100,6 +103,9 @@ public:
 
     std::vector<float> params;
     std::vector<float> grad;
+    /// The optimizer's state (momentum), which a rank that joins a smaller group takes over
+    /// from its new rank 0 along with the parameters.
+    std::vector<float>& velocity() noexcept { return velocity_; }
 
     /// Copies the images `indices` of `d` in as the batch, pixels scaled to [0, 1].
     void load_batch(const ddp::dataset& d, std::span<const std::uint32_t> indices) {
@@ -282,6 +288,10 @@ struct options {
     double min_accuracy = -1;  // < 0: not checked
     std::size_t check_single = 0;
     std::size_t bucket_kib = 128;
+    // A rank that kills itself (SIGKILL) before step `kill_at_step`; the others shrink the
+    // group and finish the epochs without it.
+    int kill_rank = -1;
+    std::size_t kill_at_step = 0;
 };
 
 /// One step of synchronous data-parallel SGD on this rank's local batch (already loaded), as
@@ -438,9 +448,14 @@ void check_single_process(const options& o, const ddp::dataset& train, int world
 }
 
 /// One rank's whole run: loading the data, training, the parity check, the test accuracy.
-cc::task<> train(cc::process_group& pg, const options& o) {
-    const int world = pg.size();
-    const int rank = pg.rank();
+cc::task<> train(cc::process_group& first_group, const options& o) {
+    // The group trained on: the first one, then (after a rank died) the survivors' group.
+    cc::process_group* group = &first_group;
+    std::shared_ptr<cc::process_group> survivors;
+    cc::process_group& pg = first_group;
+    int world = pg.size();
+    int rank = pg.rank();
+    const int first_rank = rank;
     // Every rank loads its own copy, as torch's ranks do, and as ranks on different machines
     // must.
     const ddp::data_sets data = ddp::load_fashion_mnist(o.data, ddp::derive_seed(o.seed, 5));
@@ -491,8 +506,42 @@ cc::task<> train(cc::process_group& pg, const options& o) {
         double loss_sum = 0;
         std::size_t batches = 0;
         for (std::size_t s = 0; s < part.steps() && steps < o.max_steps; ++s) {
+            if (first_rank == o.kill_rank && steps == o.kill_at_step) ::raise(SIGKILL);
             m.load_batch(data.train, part.batch(rank, s));
-            float loss = co_await train_step(pg, m, buckets, waiting);
+            float loss = 0;
+            bool lost_a_rank = false;
+            try {
+                loss = co_await train_step(*group, m, buckets, waiting);
+            } catch (const std::system_error&) {
+                if (o.kill_rank < 0 || group->failed_ranks().empty()) throw;
+                lost_a_rank = true;
+            }
+            if (lost_a_rank) {
+                // A rank died during this step, which no survivor finished: shrink, take the
+                // new rank 0's parameters and momentum (the same everywhere unless a rank had
+                // stepped), and split what is left of the epoch, this step's samples included,
+                // over the survivors. The global batch shrinks with the group.
+                const int old_world = world;
+                const std::string lost = std::to_string(group->failed_ranks().front());
+                auto next = co_await group->shrink();
+                co_await group->close();
+                survivors = std::move(next);
+                group = survivors.get();
+                world = group->size();
+                rank = group->rank();
+                co_await group->broadcast(m.params, 0);
+                co_await group->broadcast(m.velocity(), 0);
+                part = ddp::partition(part.left_after(old_world, s), world, local_batch);
+                s = std::numeric_limits<std::size_t>::max();  // the loop's ++s makes it 0
+                if (rank == 0) {
+                    std::printf(
+                        "Rank 0 (rank %d before): rank %s died at step %zu; %d ranks "
+                        "go on with %zu steps left in epoch %d\n",
+                        first_rank, lost.c_str(), steps, world, part.steps(), epoch);
+                    std::fflush(stdout);
+                }
+                continue;
+            }
             loss_sum += loss;
             ++batches;
             ++steps;
@@ -510,8 +559,14 @@ cc::task<> train(cc::process_group& pg, const options& o) {
 
     // DDP's invariant: every rank holds the same parameters, bit for bit.
     co_await check_same_everywhere(
-        pg, ddp::hash_bytes(m.params.data(), m.params.size() * sizeof(float)),
+        *group, ddp::hash_bytes(m.params.data(), m.params.size() * sizeof(float)),
         "parameters after training");
+    if (o.kill_rank >= 0 && o.kill_at_step < steps && world != first_group.size() - 1) {
+        throw std::runtime_error("rank " + std::to_string(o.kill_rank) +
+                                 " was to die, but the group still has " + std::to_string(world) +
+                                 " ranks");
+    }
+    if (survivors) co_await survivors->close();
 
     if (rank != 0) co_return;
     if (o.check_single > 0) {
@@ -548,7 +603,10 @@ const char* const usage =
     "  --max-steps N     stop after N steps\n"
     "  --min-accuracy X  exit non-zero if the test accuracy is below X (0..1)\n"
     "  --check-single N  train N <= 100 steps, then check them against one process\n"
-    "  --bucket-kib K    cap of a gradient bucket (default 128)\n";
+    "  --bucket-kib K    cap of a gradient bucket (default 128)\n"
+    "  --kill-rank R --kill-at-step S\n"
+    "                    rank R kills itself (SIGKILL) before step S; the others shrink the\n"
+    "                    group, take the rest of the epoch over between them, and go on\n";
 
 bool parse_options(int argc, char** argv, options& o) {
     auto number = [](const char* flag, const char* text, double lo, double hi) {
@@ -601,12 +659,19 @@ bool parse_options(int argc, char** argv, options& o) {
             o.check_single = static_cast<std::size_t>(whole(f, v, 1, max_parity_steps));
         } else if (flag == "--bucket-kib") {
             o.bucket_kib = static_cast<std::size_t>(whole(f, v, 1, 1 << 20));
+        } else if (flag == "--kill-rank") {
+            o.kill_rank = static_cast<int>(whole(f, v, 0, 1023));
+        } else if (flag == "--kill-at-step") {
+            o.kill_at_step = static_cast<std::size_t>(whole(f, v, 0, 1e12));
         } else {
             throw std::invalid_argument("unknown flag " + flag + "\n" + usage);
         }
     }
     // The check replays exactly the steps that were trained.
     if (o.check_single > 0) o.max_steps = o.check_single;
+    if (o.kill_rank >= 0 && o.check_single > 0) {
+        throw std::invalid_argument("--kill-rank cannot go with --check-single");
+    }
     return true;
 }
 
@@ -620,6 +685,17 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "ddp: %s\n", e.what());
         return 2;
     }
-    return cc::run_or_spawn(o.nproc,
-                            [&](cc::process_group& pg) -> cc::task<> { return train(pg, o); });
+    auto body = [&](cc::process_group& pg) -> cc::task<> { return train(pg, o); };
+    if (o.kill_rank < 0 || cc::launched_by_launcher()) return cc::run_or_spawn(o.nproc, body);
+    // The survivors must not be stopped when the killed rank ends; they succeed without it.
+    cc::spawn_options keep_going;
+    keep_going.stop_others_on_failure = false;
+    auto result = cc::spawn_ranks(o.nproc, body, keep_going);
+    int failed = 0;
+    for (std::size_t r = 0; r < result.ranks.size(); ++r) {
+        if (static_cast<int>(r) == o.kill_rank || result.ranks[r].ok()) continue;
+        std::fprintf(stderr, "ddp: %s\n", result.ranks[r].describe().c_str());
+        ++failed;
+    }
+    return failed == 0 ? 0 : 1;
 }

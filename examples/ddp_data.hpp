@@ -415,10 +415,32 @@ class partition {
 public:
     partition(std::size_t dataset_size, int world_size, std::size_t local_batch, std::uint64_t seed,
               int epoch)
-        : order_(shuffled_indices(dataset_size, derive_seed(seed, 100 + std::uint64_t(epoch)))),
+        : partition(shuffled_indices(dataset_size, derive_seed(seed, 100 + std::uint64_t(epoch))),
+                    world_size, local_batch) {}
+
+    /// The samples of `order`, split over `world_size` ranks as above.
+    partition(std::vector<std::uint32_t> order, int world_size, std::size_t local_batch)
+        : order_(std::move(order)),
           local_batch_(local_batch),
-          steps_(steps_for(dataset_size, world_size, local_batch)) {
+          steps_(steps_for(order_.size(), world_size, local_batch)) {
         share_ = steps_ * local_batch_;
+    }
+
+    /// What this epoch still holds once `steps_done` steps of every one of `world_size` ranks
+    /// are done: each rank's share from there on, rank after rank. A group that lost a rank
+    /// splits it again over the survivors (`partition(left_after(...), survivors, ...)`), so
+    /// the dead rank's samples are not lost to the epoch.
+    std::vector<std::uint32_t> left_after(int world_size, std::size_t steps_done) const {
+        std::vector<std::uint32_t> rest;
+        for (int r = 0; r < world_size; ++r) {
+            auto from =
+                order_.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * share_ +
+                                                             steps_done * local_batch_);
+            auto to = order_.begin() +
+                      static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r + 1) * share_);
+            rest.insert(rest.end(), from, to);
+        }
+        return rest;
     }
 
     /// Steps (local batches per rank) in an epoch of a data set of `dataset_size`.
