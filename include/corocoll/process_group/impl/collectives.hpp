@@ -41,6 +41,11 @@ task<> process_group::collective(collectives::collective_kind kind, dtype type, 
     meta.root = static_cast<std::uint32_t>(root);
     meta.count = count;
     meta.seq = ++collective_seq_;
+    // A call on a failed group fails here, before it shows itself to the others: announced in
+    // the arena, it would be a mismatch to a rank still waiting in its own call of that number
+    // that has not read the failure yet (a barrier after a revoke, against the others'
+    // all_reduce), and that rank would report the mismatch instead of the revoke.
+    engine_.raise_if_failed(meta);
     engine_.begin_collective(meta);
     if (arena_) arena_->announce(meta);
     collectives::context c{engine_, meta, deadline(), chunk_bytes_, &scratch_};
