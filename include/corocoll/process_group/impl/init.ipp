@@ -443,13 +443,19 @@ COROCOLL_DECL task<process_group::decision> process_group::decide(
         }
     }
     if (verdict.empty()) {
+        // Who came: every candidate where this rank completed the count, else a look at each.
         std::vector<int> present;
         std::vector<std::string> present_keys;
-        for (int p : candidates) {
-            std::vector<std::string> one{alive_key(p)};
-            if (co_await store_->check(one)) {
-                present.push_back(p);
-                present_keys.push_back(alive_key(p));
+        if (propose_now) {
+            present = candidates;
+            present_keys = every_alive;
+        } else {
+            for (int p : candidates) {
+                std::vector<std::string> one{alive_key(p)};
+                if (co_await store_->check(one)) {
+                    present.push_back(p);
+                    present_keys.push_back(alive_key(p));
+                }
             }
         }
         bool all = true;
