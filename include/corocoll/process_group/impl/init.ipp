@@ -436,8 +436,8 @@ COROCOLL_DECL task<process_group::decision> process_group::decide(
         came == static_cast<std::int64_t>(candidates.size()) && co_await store_->check(every_alive);
     if (!propose_now) {
         try {
-            co_await store_->wait(decided, join_window);
-            verdict = co_await store_->get(decided.front());
+            // Waits for the decision and reads it: one round trip to corocoll's server.
+            verdict = (co_await store_->multi_get(decided, join_window)).front();
         } catch (const std::system_error& e) {
             if (e.code() != std::errc::timed_out) throw;
         }
