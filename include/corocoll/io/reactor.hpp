@@ -272,6 +272,11 @@ private:
     bool fire_due_timers();
 
     static std::atomic<int>& live_reactors() noexcept;
+    // /proc/loadavg, opened once per process (by the first reactor) and read with pread, so
+    // that `host_busy` opens nothing while reactors run: a descriptor that came and went every
+    // 10 ms made the count of free descriptors at a given moment a matter of luck. -1 if it
+    // cannot be opened.
+    static int loadavg_fd() noexcept;
     static std::atomic<int>& local_processes() noexcept;
 
     // True when the queue was empty, so the loop may be asleep.

@@ -66,6 +66,7 @@ COROCOLL_DECL reactor::reactor(reactor_options options) : options_(options) {
             slack_thread_ = std::this_thread::get_id();
         }
     }
+    if (options_.yield_when_host_busy) loadavg_fd();  // opened now, not while the loop runs
     current_ref() = this;
     live_reactors().fetch_add(1, std::memory_order_relaxed);
 }
@@ -91,10 +92,7 @@ COROCOLL_DECL bool reactor::host_busy() noexcept {
     // "0.52 0.58 0.59 3/128 4242": the fourth field is runnable/all.
     char text[128];
     ssize_t n = -1;
-    if (int fd = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC); fd >= 0) {
-        n = ::read(fd, text, sizeof(text) - 1);
-        ::close(fd);
-    }
+    if (int fd = loadavg_fd(); fd >= 0) n = ::pread(fd, text, sizeof(text) - 1, 0);
     if (n <= 0) return busy.load(std::memory_order_relaxed);
     text[n] = '\0';
     int fields = 0;
@@ -299,6 +297,11 @@ COROCOLL_DECL bool reactor::fire_due_timers() {
 COROCOLL_DECL std::atomic<int>& reactor::live_reactors() noexcept {
     static std::atomic<int> n{0};
     return n;
+}
+
+COROCOLL_DECL int reactor::loadavg_fd() noexcept {
+    static const int fd = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+    return fd;
 }
 
 COROCOLL_DECL std::atomic<int>& reactor::local_processes() noexcept {
