@@ -164,6 +164,20 @@ TEST_CASE("a rank claimed by two processes fails set-up on every rank at once, n
     }
 }
 
+TEST_CASE("a RANK that comes after its group was set up is named as claimed twice, at once") {
+    // Ranks 0 and 1 run the job and leave; their claims are gone from the store with them.
+    // Another rank 1 found a fresh set-up and waited out its timeout (20 s here) before.
+    auto errors = init_in_waves({{{0, 2}, {1, 2}}, {{1, 2}}});
+    REQUIRE(errors.size() == 3);
+    CHECK(errors[0].empty());
+    CHECK(errors[1].empty());
+    CAPTURE(errors[2]);
+    CHECK(errors[2].find("rank 1 was claimed by two processes: group 'default' was set up with "
+                         "all 2 of its ranks in this store before rank 1 (pid ") !=
+          std::string::npos);
+    CHECK(errors[2].find("timeout") == std::string::npos);
+}
+
 TEST_CASE("ranks that disagree on the world size fail at once, each naming both sizes") {
     auto errors = init_in_waves({{{0, 2}, {1, 3}}});
     for (const auto& e : errors) {

@@ -13,6 +13,9 @@ Cases (all by default):
   duplicate_rank     RANK 0, 1, 1 with WORLD_SIZE 2 on a store that outlives them (store_tool
                      serve, as torchrun's agent store): no process hangs; each one either
                      completes or names rank 1 as claimed twice, and at least one names it.
+  duplicate_late     the same store, RANK 0 and 1 run the job to its end, then another RANK 1
+                     comes: it ends (not after COROCOLL_TIMEOUT's 20 s) naming rank 1 as
+                     claimed twice, though the first holder has left and removed its claim.
   world_size         WORLD_SIZE 2 on rank 0 and 3 on rank 1: both end naming both sizes.
   not_a_store        MASTER_PORT is a server that answers like HTTP: rank 1 says it is not a
                      store.
@@ -115,6 +118,25 @@ def case_duplicate_rank(worker, store_tool):
     expect(all(code == 0 or "rank 1 was claimed by two processes" in err for code, _, err in r),
            "duplicate_rank: a process that fails names rank 1 as claimed twice", r)
     expect(len(named) >= 1, "duplicate_rank: at least one process names the duplicate", r)
+
+
+def case_duplicate_late(worker, store_tool):
+    store = subprocess.Popen([store_tool, "serve"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(store.stdout.readline().split()[1])
+        agent = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0"}
+        first = ranks(worker, port, [{"RANK": 0, "WORLD_SIZE": 2},
+                                     {"RANK": 1, "WORLD_SIZE": 2}], agent).finish()
+        late = ranks(worker, port, [{"RANK": 1, "WORLD_SIZE": 2}],
+                     dict(agent, COROCOLL_TIMEOUT="40")).finish()
+    finally:
+        store.stdin.close()
+        store.wait()
+    expect(all(code == 0 for code, _, _ in first), "duplicate_late: the job itself runs", first)
+    expect(late[0][0] not in (0, "hung") and "rank 1 was claimed by two processes" in late[0][2],
+           "duplicate_late: the late RANK 1 names rank 1 as claimed twice", late)
+    expect("timeout" not in late[0][2], "duplicate_late: not by waiting out its timeout", late)
 
 
 def case_world_size(worker, store_tool):

@@ -108,6 +108,9 @@ COROCOLL_DECL std::chrono::milliseconds left_until(std::chrono::steady_clock::ti
 // "ok", so every rank waiting there learns it at once, by name, instead of at the deadline;
 // a rank that never came is named when the deadline passes. A rank that serves the store
 // (`hosting`) waits up to 2 s after a bad verdict, until every rank that joined has read it.
+// The world group's set-up leaves "init/world_size" behind as "done N" (`forget_setup_keys`),
+// and counts who joined: a process whose RANK was taken by one that has finished set-up and
+// removed its claim learns so at once, by the marker or by a count past the world size.
 // Costs four store round trips.
 COROCOLL_DECL task<> roll_call(rendezvous::store& store, int rank, int size,
                                const std::string& name,
@@ -118,7 +121,10 @@ COROCOLL_DECL task<> roll_call(rendezvous::store& store, int rank, int size,
 // claim, its addresses) at once, since every rank had its connections before
 // "init/complete"; the shared ones by the last rank to count itself under "init/done", after
 // every rank's last read. A store that cannot delete keeps them: set-up does not fail for it.
-COROCOLL_DECL task<> forget_setup_keys(rendezvous::store& store, int rank, int size);
+// `world` (the group of init_process_group, whose ranks come from the launcher and may clash)
+// keeps one key, "init/world_size" = "done N": a process that comes with a RANK already
+// served learns so (`roll_call`); a subgroup's ranks are computed and cannot clash.
+COROCOLL_DECL task<> forget_setup_keys(rendezvous::store& store, int rank, int size, bool world);
 
 // The part of set-up every group shares, the world and subgroups alike: the mesh under the
 // group's own store namespace, then a store-based barrier, as torch's init ends with: nobody
@@ -127,11 +133,12 @@ COROCOLL_DECL task<> forget_setup_keys(rendezvous::store& store, int rank, int s
 // `stop` ends the set-up early (a parent group that failed; see `parent_watched_store`).
 // `setup_timeout`, where given, bounds the set-up instead of the group's `timeout` (a
 // shrink, whose members may die meanwhile, must not wait for them for the group's timeout).
+// `world`: the group of init_process_group (see `forget_setup_keys`).
 COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
     io::reactor& r, std::shared_ptr<rendezvous::prefix_store> group_store, int rank, int size,
     std::string name, std::chrono::milliseconds timeout, transport::engine_options limits,
     io::endpoint listen_on, std::shared_ptr<rendezvous::tcp_store_server> hosted,
-    std::stop_token stop = {}, std::chrono::milliseconds setup_timeout = {});
+    std::stop_token stop = {}, std::chrono::milliseconds setup_timeout = {}, bool world = false);
 
 /// The part of `init_process_group` that does not depend on the backend: works out rank and
 /// world size (explicit, else from the launcher's environment), reaches the store, and opens

@@ -77,8 +77,18 @@ COROCOLL_DECL task<> roll_call(rendezvous::store& store, int rank, int size,
     std::string claim = me + " #" + std::to_string(std::random_device{}());
     auto description = [](const std::string& v) { return v.substr(v.find(' ') + 1); };
     std::string problem;
+    // A process that comes after the world's set-up is over: its RANK was served by another.
+    auto came_after = [&](int ranks) {
+        return "rank " + std::to_string(rank) + " was claimed by two processes: group '" + name +
+               "' was set up with all " + std::to_string(ranks) +
+               " of its ranks in this store before " + me +
+               " came (every process needs its own RANK; a job run again needs a fresh store)";
+    };
     std::string first =
         co_await store.compare_set("init/world_size", "", std::to_string(size) + " " + claim);
+    if (first.rfind("done ", 0) == 0) {
+        throw std::invalid_argument(init_error(came_after(std::atoi(first.c_str() + 5))));
+    }
     if (first.substr(0, first.find(' ')) != std::to_string(size)) {
         std::string them = description(first);
         problem = "the world size differs between ranks: " + them.substr(0, them.rfind(" #")) +
@@ -113,9 +123,13 @@ COROCOLL_DECL task<> roll_call(rendezvous::store& store, int rank, int size,
         co_await linger();
         throw std::invalid_argument(init_error(problem));
     }
-    if (co_await store.add("init/joined", 1) == size) {
+    if (std::int64_t joined = co_await store.add("init/joined", 1); joined == size) {
         co_await store.compare_set(verdict_key, "", "ok");
         co_await store.set(decided_key, "1");
+    } else if (joined > size) {
+        // Every rank had joined; this one's claim went through because its holder had
+        // finished set-up and removed it.
+        throw std::invalid_argument(init_error(came_after(size)));
     }
     std::vector<std::string> keys{decided_key};
     std::optional<std::system_error> late;
@@ -126,6 +140,12 @@ COROCOLL_DECL task<> roll_call(rendezvous::store& store, int rank, int size,
         late = e;
     }
     if (late) {
+        // The set-up ended while this rank was between its claim and its count.
+        std::vector<std::string> size_key{"init/world_size"};
+        if (co_await store.check(size_key) &&
+            (co_await store.get(size_key[0])).rfind("done ", 0) == 0) {
+            throw std::invalid_argument(init_error(came_after(size)));
+        }
         // Named claims, one at a time: g++ 12.2 rejects an initializer_list temporary inside
         // co_await ("array used as initializer").
         std::string missing;
@@ -153,16 +173,20 @@ COROCOLL_DECL task<> roll_call(rendezvous::store& store, int rank, int size,
     }
 }
 
-COROCOLL_DECL task<> forget_setup_keys(rendezvous::store& store, int rank, int size) {
+COROCOLL_DECL task<> forget_setup_keys(rendezvous::store& store, int rank, int size, bool world) {
     try {
         std::string me = std::to_string(rank);
         for (const char* key : {"init/rank/", "mesh/addr/", "mesh/shm/"}) {
             co_await store.delete_key(key + me);
         }
         if (co_await store.add("init/done", 1) != size) co_return;
-        for (const char* key :
-             {"init/world_size", "init/verdict", "init/decided", "init/joined", "init/arrived",
-              "init/complete", "mesh/arena", "mesh/arena_reads", "init/done"}) {
+        if (world) {
+            co_await store.set("init/world_size", "done " + std::to_string(size));
+        } else {
+            co_await store.delete_key("init/world_size");
+        }
+        for (const char* key : {"init/verdict", "init/decided", "init/joined", "init/arrived",
+                                "init/complete", "mesh/arena", "mesh/arena_reads", "init/done"}) {
             co_await store.delete_key(key);
         }
     } catch (const std::exception& e) {
@@ -174,7 +198,7 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
     io::reactor& r, std::shared_ptr<rendezvous::prefix_store> group_store, int rank, int size,
     std::string name, std::chrono::milliseconds timeout, transport::engine_options limits,
     io::endpoint listen_on, std::shared_ptr<rendezvous::tcp_store_server> hosted,
-    std::stop_token stop, std::chrono::milliseconds setup_timeout) {
+    std::stop_token stop, std::chrono::milliseconds setup_timeout, bool world) {
     auto deadline = io::deadline_after(setup_timeout.count() > 0 ? setup_timeout : timeout);
     // A COROCOLL_CACHE_L2 that is not a size stops every rank here, before any connection.
     const cache_sizes& caches = machine_cache_sizes();
@@ -240,7 +264,7 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
         }
         std::rethrow_exception(failed);
     }
-    co_await forget_setup_keys(*group_store, rank, size);
+    co_await forget_setup_keys(*group_store, rank, size, world);
     COROCOLL_LOG(info, "INIT", "group '", name, "' ready: rank ", rank, " of ", size);
     COROCOLL_LOG(info, "INIT", "group '", name, "': ", hosts.describe(),
                  hosts.hierarchical() ? " (all_reduce, broadcast, all_gather hierarchical)" : "");
@@ -362,7 +386,7 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> init_process_group(io::reacto
     auto rv = co_await detail::rendezvous_for(r, o);
     co_return co_await detail::build_group(
         r, std::move(rv.group_store), rv.rank, rv.world_size, o.group_name, o.timeout, o.limits,
-        transport::choose_listen_address(rv.master), std::move(rv.hosted));
+        transport::choose_listen_address(rv.master), std::move(rv.hosted), {}, {}, true);
 }
 
 COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::new_group(rank_list list) {
