@@ -400,32 +400,35 @@ TEST_CASE("reduce: every type, op, world size, count and root; other buffers unt
     });
 }
 
-TEST_CASE("reduce_scatter: every type, op, world size and count") {
+TEST_CASE("reduce_scatter: every type, op, world size and count, with each algorithm") {
     on_every_world([](cc::process_group& pg) -> cc::task<> {
         int n = pg.size(), r = pg.rank();
-        auto per_type = [&](auto tag) -> cc::task<> {
-            using T = decltype(tag);
-            for (auto op : all_ops) {
-                if (!cc::op_supported(op, cc::dtype_of<T>)) continue;
-                co_await over_counts<T>(
-                    pg, op == cc::reduce_op::sum, [&](std::size_t count) -> cc::task<> {
-                        auto in =
-                            filled<T>(count * n, [&](std::size_t i) { return value(op, r, i); });
-                        auto in_copy = in;
-                        vector_of<T> out(count);
-                        co_await pg.reduce_scatter_into(out, in, op);
-                        expect_equal(out,
-                                     filled<T>(count,
-                                               [&](std::size_t i) {
-                                                   return expected<T>(op, n, r * count + i);
-                                               }),
-                                     label("reduce_scatter", coll::algorithm::ring, cc::dtype_of<T>,
-                                           cc::op_name(op), count, n));
-                        expect_equal(in, in_copy, "reduce_scatter leaves its input");
-                    });
-            }
-        };
-        co_await each_type(per_type);
+        for (auto algo : with_shm(pg, {coll::algorithm::ring})) {
+            pg.set_algorithm(coll::collective_kind::reduce_scatter, algo);
+            auto per_type = [&](auto tag) -> cc::task<> {
+                using T = decltype(tag);
+                for (auto op : all_ops) {
+                    if (!cc::op_supported(op, cc::dtype_of<T>)) continue;
+                    co_await over_counts<T>(
+                        pg, op == cc::reduce_op::sum, [&](std::size_t count) -> cc::task<> {
+                            auto in = filled<T>(count * n,
+                                                [&](std::size_t i) { return value(op, r, i); });
+                            auto in_copy = in;
+                            vector_of<T> out(count);
+                            co_await pg.reduce_scatter_into(out, in, op);
+                            expect_equal(out,
+                                         filled<T>(count,
+                                                   [&](std::size_t i) {
+                                                       return expected<T>(op, n, r * count + i);
+                                                   }),
+                                         label("reduce_scatter", algo, cc::dtype_of<T>,
+                                               cc::op_name(op), count, n));
+                            expect_equal(in, in_copy, "reduce_scatter leaves its input");
+                        });
+                }
+            };
+            co_await each_type(per_type);
+        }
     });
 }
 
@@ -493,51 +496,58 @@ TEST_CASE("gather and scatter: every type, world size, count and root, with each
     });
 }
 
-TEST_CASE("all_to_all: every type, world size and count, equal and given splits") {
+TEST_CASE(
+    "all_to_all: every type, world size and count, equal and given splits, with each algorithm") {
     on_every_world([](cc::process_group& pg) -> cc::task<> {
         int n = pg.size(), r = pg.rank();
-        auto per_type = [&](auto tag) -> cc::task<> {
-            using T = decltype(tag);
-            co_await over_counts<T>(pg, big_moves_bytes<T>(), [&](std::size_t count) -> cc::task<> {
-                // Equal blocks: block p of rank r holds (r, p)-dependent values.
-                auto in = filled<T>(count * n, [&](std::size_t i) {
-                    return static_cast<double>((r * 13 + i) % 97);
-                });
-                vector_of<T> out(count * n);
-                co_await pg.all_to_all_single(out, in);
-                std::size_t c1 = std::max<std::size_t>(count, 1);
-                expect_equal(
-                    out,
-                    filled<T>(count * n,
-                              [&](std::size_t i) {
-                                  std::size_t from = i / c1;
-                                  return static_cast<double>((from * 13 + r * count + i % c1) % 97);
-                              }),
-                    label("all_to_all", coll::algorithm::pairwise, cc::dtype_of<T>, "-", count, n));
-            });
-            // Given splits: rank r sends (r + p) % 3 elements to rank p.
-            std::vector<std::size_t> in_splits(n), out_splits(n);
-            for (int p = 0; p < n; ++p) {
-                in_splits[p] = static_cast<std::size_t>((r + p) % 3);
-                out_splits[p] = static_cast<std::size_t>((p + r) % 3);
-            }
-            vector_of<T> in, out;
-            for (int p = 0; p < n; ++p) {
-                for (std::size_t k = 0; k < in_splits[p]; ++k)
-                    in.push_back(make<T>(r * 10 + p + k));
-            }
-            vector_of<T> want;
-            for (int p = 0; p < n; ++p) {
-                for (std::size_t k = 0; k < out_splits[p]; ++k)
-                    want.push_back(make<T>(p * 10 + r + k));
-            }
-            out.resize(want.size());
-            co_await pg.all_to_all_single(out, in, out_splits, in_splits);
-            expect_equal(out, want,
-                         label("all_to_all splits", coll::algorithm::pairwise, cc::dtype_of<T>, "-",
-                               in.size(), n));
-        };
-        co_await each_type(per_type);
+        for (auto algo : with_shm(pg, {coll::algorithm::pairwise})) {
+            pg.set_algorithm(coll::collective_kind::all_to_all, algo);
+            auto per_type = [&](auto tag) -> cc::task<> {
+                using T = decltype(tag);
+                co_await over_counts<T>(
+                    pg, big_moves_bytes<T>(), [&](std::size_t count) -> cc::task<> {
+                        // Equal blocks: block p of rank r holds (r, p)-dependent values.
+                        auto in = filled<T>(count * n, [&](std::size_t i) {
+                            return static_cast<double>((r * 13 + i) % 97);
+                        });
+                        vector_of<T> out(count * n);
+                        co_await pg.all_to_all_single(out, in);
+                        std::size_t c1 = std::max<std::size_t>(count, 1);
+                        expect_equal(out,
+                                     filled<T>(count * n,
+                                               [&](std::size_t i) {
+                                                   std::size_t from = i / c1;
+                                                   return static_cast<double>(
+                                                       (from * 13 + r * count + i % c1) % 97);
+                                               }),
+                                     label("all_to_all", algo, cc::dtype_of<T>, "-", count, n));
+                    });
+                // Given splits: rank r sends (r + p) % 3 elements to rank p.
+                std::vector<std::size_t> in_splits(n), out_splits(n);
+                for (int p = 0; p < n; ++p) {
+                    in_splits[p] = static_cast<std::size_t>((r + p) % 3);
+                    out_splits[p] = static_cast<std::size_t>((p + r) % 3);
+                }
+                vector_of<T> in, out;
+                for (int p = 0; p < n; ++p) {
+                    for (std::size_t k = 0; k < in_splits[p]; ++k)
+                        in.push_back(make<T>(r * 10 + p + k));
+                }
+                vector_of<T> want;
+                for (int p = 0; p < n; ++p) {
+                    for (std::size_t k = 0; k < out_splits[p]; ++k)
+                        want.push_back(make<T>(p * 10 + r + k));
+                }
+                out.resize(want.size());
+                co_await pg.all_to_all_single(out, in, out_splits, in_splits);
+                // Uneven splits go pairwise whatever is set (the arena's readers need equal
+                // blocks).
+                expect_equal(out, want,
+                             label("all_to_all splits", coll::algorithm::pairwise, cc::dtype_of<T>,
+                                   "-", in.size(), n));
+            };
+            co_await each_type(per_type);
+        }
     });
 }
 
@@ -766,6 +776,15 @@ TEST_CASE(
     CHECK(pick(k::broadcast, std::size_t{1} << 20, 4) == coll::algorithm::shm);
     CHECK(pick(k::all_gather, 4, 8) == coll::algorithm::shm);
     CHECK(pick(k::reduce, 4, 2) == coll::algorithm::binomial);
+    CHECK(pick(k::reduce_scatter, 8, 2) == coll::algorithm::shm);
+    CHECK(pick(k::reduce_scatter, std::size_t{32} << 10, 2) == coll::algorithm::shm);
+    CHECK(pick(k::reduce_scatter, std::size_t{64} << 10, 2) == coll::algorithm::ring);
+    CHECK(pick(k::reduce_scatter, std::size_t{256} << 10, 4) == coll::algorithm::shm);
+    CHECK(pick(k::reduce_scatter, std::size_t{512} << 10, 4) == coll::algorithm::ring);
+    CHECK(pick(k::all_to_all, 8, 2) == coll::algorithm::shm);
+    CHECK(pick(k::all_to_all, std::size_t{64} << 10, 2) == coll::algorithm::pairwise);
+    CHECK(pick(k::all_to_all, 64, 8) == coll::algorithm::shm);
+    CHECK(coll::select(k::reduce_scatter, 8, 2, {}, {}, nullptr, false) == coll::algorithm::ring);
     CHECK(coll::select(k::all_reduce, 4, 2, {}, {}, nullptr, false) ==
           coll::algorithm::recursive_doubling);
     // With single copies from 256 KiB (2 ranks by default): all_gather stays on the arena,
@@ -801,7 +820,8 @@ TEST_CASE("shm arena: forcing it on a group without one is refused, naming the r
 }
 
 TEST_CASE(
-    "shm arena: broadcasts from changing roots, mixed with all_reduce and all_gather, in a loop") {
+    "shm arena: broadcasts from changing roots, mixed with all_reduce, all_gather, reduce_scatter "
+    "and all_to_all, in a loop") {
     // The root goes on without waiting and the others wait for the root alone (broadcast_shm):
     // what any rank writes next must still wait for every rank. Sizes cross the small lines
     // (16 bytes), a slot and the 16 KiB data set; with single copies from 16 KiB, the larger
@@ -823,7 +843,8 @@ TEST_CASE(
                     int n = pg.size(), r = pg.rank();
                     for (auto k :
                          {coll::collective_kind::all_reduce, coll::collective_kind::broadcast,
-                          coll::collective_kind::all_gather}) {
+                          coll::collective_kind::all_gather, coll::collective_kind::reduce_scatter,
+                          coll::collective_kind::all_to_all}) {
                         pg.set_algorithm(k, coll::algorithm::shm);
                     }
                     // 40000 elements: 160,000 bytes, two whole pieces of a backward sweep
@@ -854,6 +875,20 @@ TEST_CASE(
                                 g[i] != sent(j) * 8 + from) {
                                 throw std::runtime_error("iteration " + std::to_string(it) +
                                                          ": wrong value at " + std::to_string(i));
+                            }
+                        }
+                        if (it % 3 == 1) continue;
+                        // g holds block p = what rank p sent: reduce_scatter sums block r of
+                        // every rank's g (n equal copies), all_to_all swaps g's blocks.
+                        std::vector<std::int32_t> rs(count), a2a(g.size());
+                        co_await pg.reduce_scatter_into(rs, g);
+                        co_await pg.all_to_all_single(a2a, g);
+                        for (std::size_t i = 0; i < g.size(); ++i) {
+                            const bool rs_wrong = i < count && rs[i] != n * g[r * count + i];
+                            if (rs_wrong || a2a[i] != g[r * count + i % count]) {
+                                throw std::runtime_error(
+                                    "iteration " + std::to_string(it) +
+                                    ": reduce_scatter or all_to_all wrong at " + std::to_string(i));
                             }
                         }
                     }

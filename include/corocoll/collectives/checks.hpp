@@ -33,6 +33,10 @@ COROCOLL_DECL void check_op(int rank, const char* what, reduce_op op, dtype type
 COROCOLL_DECL void check_size(int rank, const char* what, const char* name, std::size_t got,
                               std::size_t expected);
 
+/// Refuses a buffer `name` of all_to_all ("input", "output") of `total` elements that does not
+/// split evenly over `size` ranks (as it must without split sizes).
+COROCOLL_DECL void check_even_split(int rank, int size, const char* name, std::size_t total);
+
 /// all_to_all's block offsets in bytes (size + 1 of them: block p is [off[p], off[p + 1])) for
 /// a buffer `name` ("input", "output") of `total` elements of `elem` bytes. Empty `splits`
 /// are filled with equal blocks, refused if `total` does not split evenly over `size` ranks;

@@ -57,13 +57,16 @@ COROCOLL_DECL task<> gather(context& c, algorithm a, std::span<const std::byte> 
 COROCOLL_DECL task<> scatter(context& c, algorithm a, std::span<const std::byte> in,
                              std::span<std::byte> out, int root);
 
-/// Reduce-scatter of `in` (blocks of out.size() bytes) into `out` (the ring, the one algorithm).
-COROCOLL_DECL task<> reduce_scatter(context& c, std::span<std::byte> out,
+/// Reduce-scatter of `in` (blocks of out.size() bytes) into `out` with algorithm `a` (shm or
+/// ring; shm goes by the ring where the arena cannot carry it: `exchange_shm_fits`).
+COROCOLL_DECL task<> reduce_scatter(context& c, algorithm a, std::span<std::byte> out,
                                     std::span<const std::byte> in, const reduction& red);
 
-/// All-to-all of the blocks of `in` at `in_offsets` into `out` at `out_offsets` (pairwise
-/// exchange, the one algorithm).
-COROCOLL_DECL task<> all_to_all(context& c, std::span<std::byte> out,
+/// All-to-all of the blocks of `in` at `in_offsets` into `out` at `out_offsets` with
+/// algorithm `a` (shm, for equal blocks only, or pairwise exchange; shm goes pairwise where the
+/// arena cannot carry it). Empty offsets mean equal blocks (out.size() / n bytes each, the
+/// same in `in`); with offsets the exchange is pairwise whatever `a` says.
+COROCOLL_DECL task<> all_to_all(context& c, algorithm a, std::span<std::byte> out,
                                 const std::vector<std::size_t>& out_offsets,
                                 std::span<const std::byte> in,
                                 const std::vector<std::size_t>& in_offsets);

@@ -56,7 +56,9 @@ enum class algorithm : std::uint8_t {
     pairwise,            ///< all_to_all
     dissemination,       ///< barrier
     hierarchical,        ///< all_reduce, broadcast, all_gather across hosts (see topology.hpp)
-    shm,  ///< all_reduce, broadcast, all_gather through a one-host group's shared arena
+    /// all_reduce, broadcast, all_gather, reduce_scatter, all_to_all through a one-host group's
+    /// shared arena
+    shm,
 };
 /// The last algorithm of the enumeration.
 inline constexpr algorithm last_algorithm = algorithm::shm;
@@ -91,6 +93,13 @@ struct thresholds {
     /// all_gather stays ahead of the ring at every size, and its broadcast up to (not
     /// including) this size, from which the tree's pipelined pieces win again.
     std::size_t shm_pair_single_copy_tree_from = std::size_t{2} << 20;
+    /// On a group with a shared arena, reduce_scatter and all_to_all (equal blocks) of inputs
+    /// below this many bytes (a rank's whole input) go through it (exchange_shm.hpp), larger
+    /// ones by the ring and the pairwise exchange: on 2 ranks ...
+    std::size_t shm_pair_exchange_below = std::size_t{64} << 10;
+    /// ... and on more (measured with coll_perf, docs/performance.md, "reduce_scatter and
+    /// all_to_all through the arena").
+    std::size_t shm_exchange_below = std::size_t{512} << 10;
 
     /// The L2 (per core) of the machine the shared-memory thresholds above were measured on.
     /// Three of them mark where a 2-rank call's working set (its buffers, the arena's slots,

@@ -426,14 +426,15 @@ public:
                    std::ranges::size(out) * size());
         auto out_bytes = detail::writable_bytes_of(out);
         auto in_bytes = detail::bytes_of(in);
+        auto kind = collectives::collective_kind::reduce_scatter;
+        auto algo = choose(kind, in_bytes.size());
         return call("reduce_scatter_into",
                     collective(
-                        collectives::collective_kind::reduce_scatter, red.type,
-                        std::ranges::size(out), static_cast<std::uint8_t>(op), 0,
-                        [out_bytes, in_bytes, red](collectives::context& c) {
-                            return collectives::reduce_scatter(c, out_bytes, in_bytes, red);
+                        kind, red.type, std::ranges::size(out), static_cast<std::uint8_t>(op), 0,
+                        [out_bytes, in_bytes, red, algo](collectives::context& c) {
+                            return collectives::reduce_scatter(c, algo, out_bytes, in_bytes, red);
                         },
-                        collectives::algorithm::ring));
+                        algo));
     }
 
     /// torch's reduce_scatter with a list: rank r gets the reduction of every rank's
@@ -454,23 +455,37 @@ public:
         static_assert(std::is_same_v<std::ranges::range_value_t<O>, std::ranges::range_value_t<I>>,
                       "corocoll: all_to_all: input and output must hold the same type");
         std::size_t elem = sizeof(std::ranges::range_value_t<I>);
-        auto out_off = collectives::all_to_all_offsets(rank(), size(), "output", out_splits,
-                                                       std::ranges::size(out), elem);
-        auto in_off = collectives::all_to_all_offsets(rank(), size(), "input", in_splits,
-                                                      std::ranges::size(in), elem);
-        bool even = std::adjacent_find(in_splits.begin(), in_splits.end(), std::not_equal_to<>()) ==
-                        in_splits.end() &&
-                    in_splits == out_splits;
+        const std::size_t out_count = std::ranges::size(out), in_count = std::ranges::size(in);
+        // Equal blocks without split sizes (the usual call) need no offsets: none are made
+        // unless the pairwise exchange runs (collectives::all_to_all).
+        std::vector<std::size_t> out_off, in_off;
+        bool even = out_splits.empty() && in_splits.empty() && out_count == in_count;
+        if (even) {
+            collectives::check_even_split(rank(), size(), "output", out_count);
+            collectives::check_even_split(rank(), size(), "input", in_count);
+        } else {
+            out_off = collectives::all_to_all_offsets(rank(), size(), "output", out_splits,
+                                                      out_count, elem);
+            in_off =
+                collectives::all_to_all_offsets(rank(), size(), "input", in_splits, in_count, elem);
+            even = std::adjacent_find(in_splits.begin(), in_splits.end(), std::not_equal_to<>()) ==
+                       in_splits.end() &&
+                   in_splits == out_splits;
+        }
         auto out_bytes = detail::writable_bytes_of(out);
         auto in_bytes = detail::bytes_of(in);
+        auto kind = collectives::collective_kind::all_to_all;
+        // Through the arena only with equal blocks (its readers know where each block is).
+        auto algo = even ? choose(kind, in_bytes.size()) : collectives::algorithm::pairwise;
         return call("all_to_all_single",
                     collective(
-                        collectives::collective_kind::all_to_all, element_of<I>(),
-                        even ? std::ranges::size(in) : 0, 0, 0,
-                        [out_bytes, in_bytes, out_off, in_off](collectives::context& c) {
-                            return collectives::all_to_all(c, out_bytes, out_off, in_bytes, in_off);
+                        kind, element_of<I>(), even ? in_count : 0, 0, 0,
+                        [out_bytes, in_bytes, out_off = std::move(out_off),
+                         in_off = std::move(in_off), algo](collectives::context& c) {
+                            return collectives::all_to_all(c, algo, out_bytes, out_off, in_bytes,
+                                                           in_off);
                         },
-                        collectives::algorithm::pairwise));
+                        algo));
     }
 
     /// torch's all_to_all with lists: `outs[p]` receives `ins[rank()]` of rank p.

@@ -30,16 +30,21 @@ COROCOLL_DECL void check_size(int rank, const char* what, const char* name, std:
     }
 }
 
+COROCOLL_DECL void check_even_split(int rank, int size, const char* name, std::size_t total) {
+    auto n = static_cast<std::size_t>(size);
+    if (total % n != 0) {
+        throw std::invalid_argument(
+            error_prefix(rank, "all_to_all") + name + " of " + std::to_string(total) +
+            " elements does not split evenly over " + std::to_string(n) + " ranks");
+    }
+}
+
 COROCOLL_DECL std::vector<std::size_t> all_to_all_offsets(int rank, int size, const char* name,
                                                           std::vector<std::size_t>& splits,
                                                           std::size_t total, std::size_t elem) {
     auto n = static_cast<std::size_t>(size);
     if (splits.empty()) {
-        if (total % n != 0) {
-            throw std::invalid_argument(
-                error_prefix(rank, "all_to_all") + name + " of " + std::to_string(total) +
-                " elements does not split evenly over " + std::to_string(n) + " ranks");
-        }
+        check_even_split(rank, size, name, total);
         splits.assign(n, total / n);
     }
     check_size(rank, "all_to_all", (std::string(name) + " splits").c_str(), splits.size(), n);

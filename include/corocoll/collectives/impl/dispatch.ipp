@@ -18,6 +18,7 @@
 #include <corocoll/collectives/broadcast_object_binomial.hpp>
 #include <corocoll/collectives/broadcast_shm.hpp>
 #include <corocoll/collectives/dispatch.hpp>
+#include <corocoll/collectives/exchange_shm.hpp>
 #include <corocoll/collectives/gather_binomial.hpp>
 #include <corocoll/collectives/gather_linear.hpp>
 #include <corocoll/collectives/gather_object_direct.hpp>
@@ -97,15 +98,37 @@ COROCOLL_DECL task<> scatter(context& c, algorithm a, std::span<const std::byte>
     return scatter_binomial(c, in, out, root);
 }
 
-COROCOLL_DECL task<> reduce_scatter(context& c, std::span<std::byte> out,
+COROCOLL_DECL task<> reduce_scatter(context& c, algorithm a, std::span<std::byte> out,
                                     std::span<const std::byte> in, const reduction& red) {
+    if (a == algorithm::shm && exchange_shm_fits(*c.arena, in.size(), red.elem())) {
+        return reduce_scatter_shm(c, out, in, red);
+    }
     return reduce_scatter_ring(c, out, in, red);
 }
 
-COROCOLL_DECL task<> all_to_all(context& c, std::span<std::byte> out,
+namespace detail {
+
+// The pairwise exchange of equal blocks, with the offsets the caller did not make.
+COROCOLL_DECL task<> all_to_all_pairwise_even(context& c, std::span<std::byte> out,
+                                              std::span<const std::byte> in) {
+    const auto n = static_cast<std::size_t>(c.size());
+    std::vector<std::size_t> offsets(n + 1);
+    for (std::size_t p = 0; p <= n; ++p) offsets[p] = p * (out.size() / n);
+    co_await all_to_all_pairwise(c, out, offsets, in, offsets);
+}
+
+}  // namespace detail
+
+COROCOLL_DECL task<> all_to_all(context& c, algorithm a, std::span<std::byte> out,
                                 const std::vector<std::size_t>& out_offsets,
                                 std::span<const std::byte> in,
                                 const std::vector<std::size_t>& in_offsets) {
+    if (out_offsets.empty()) {
+        if (a == algorithm::shm && exchange_shm_fits(*c.arena, in.size(), 1)) {
+            return all_to_all_shm(c, out, in);
+        }
+        return detail::all_to_all_pairwise_even(c, out, in);
+    }
     return all_to_all_pairwise(c, out, out_offsets, in, in_offsets);
 }
 

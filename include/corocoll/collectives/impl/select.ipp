@@ -90,9 +90,9 @@ COROCOLL_DECL bool supports(collective_kind k, algorithm a) noexcept {
         case collective_kind::scatter:
             return a == algorithm::binomial || a == algorithm::linear;
         case collective_kind::reduce_scatter:
-            return a == algorithm::ring;
+            return a == algorithm::ring || a == algorithm::shm;
         case collective_kind::all_to_all:
-            return a == algorithm::pairwise;
+            return a == algorithm::pairwise || a == algorithm::shm;
         case collective_kind::barrier:
             return a == algorithm::dissemination;
         default:
@@ -213,6 +213,11 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
                         : single(bytes) ? bytes >= t.shm_pair_single_copy_tree_from
                                         : bytes >= t.shm_pair_ring_from;
             return tree ? algorithm::binomial : algorithm::shm;
+        }
+        if (k == collective_kind::reduce_scatter || k == collective_kind::all_to_all) {
+            if (bytes < (n == 2 ? t.shm_pair_exchange_below : t.shm_exchange_below)) {
+                return algorithm::shm;
+            }
         }
     }
     if (hosts != nullptr && hosts->hierarchical() && supports(k, algorithm::hierarchical)) {

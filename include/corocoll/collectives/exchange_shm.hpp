@@ -1,0 +1,46 @@
+#pragma once
+
+// Reduce-scatter and all-to-all through the group's shared arena (transport/shm/arena.hpp),
+// for a group whose ranks all share one host: every rank copies its whole input (n blocks)
+// into its slot of the arena, meets the others at one step, and reads block `rank` of every
+// rank's slot: all-to-all copies each into place, reduce-scatter reduces them over every rank
+// in rank order. An input of up to 16 bytes goes in the rank's own line; blocks larger than
+// a slot's share (the arena's data set / n / n) go in pieces of that share, one step each.
+// Cost: one step per piece, with no message: each rank writes its input once and reads n
+// blocks once, where the pairwise exchange and the ring each take n - 1 rounds of messages.
+// Chosen: on a group with an arena, for inputs below `thresholds::shm_exchange_below`
+// (select.hpp); all-to-all only with equal blocks (uneven splits go pairwise).
+
+#include <corocoll/collectives/context.hpp>
+#include <corocoll/collectives/reduction.hpp>
+#include <corocoll/transport/shm/arena.hpp>
+#include <corocoll/version.hpp>
+
+#include <cstring>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace collectives {
+
+/// Whether the arena carries an input of `in_bytes` (blocks of a multiple of `grain` bytes):
+/// in one line, or in a slot's share per block of at least one grain. Where it does not (so
+/// many ranks that a share is smaller than an element), the callers go by messages.
+COROCOLL_DECL bool exchange_shm_fits(const transport::shm_arena& a, std::size_t in_bytes,
+                                     std::size_t grain) noexcept;
+
+/// Rank r's `out` gets the reduction over every rank of block r of `in` (n blocks of
+/// out.size() bytes).
+COROCOLL_DECL task<> reduce_scatter_shm(context& c, std::span<std::byte> out,
+                                        std::span<const std::byte> in, const reduction& red);
+
+/// Block p of rank r's `in` lands in block r of rank p's `out` (n equal blocks each).
+COROCOLL_DECL task<> all_to_all_shm(context& c, std::span<std::byte> out,
+                                    std::span<const std::byte> in);
+
+}  // namespace collectives
+
+COROCOLL_END_NAMESPACE
+
+#if COROCOLL_DEFINE_BODIES
+#include <corocoll/collectives/impl/exchange_shm.ipp>
+#endif
