@@ -797,6 +797,10 @@ TEST_CASE(
     CHECK(pick_single(k::broadcast, std::size_t{1} << 20, 2) == coll::algorithm::shm);
     CHECK(pick_single(k::broadcast, std::size_t{4} << 20, 2) == coll::algorithm::binomial);
     CHECK(pick_single(k::all_reduce, std::size_t{1} << 20, 2) == coll::algorithm::ring);
+    // all_to_all by single copies at every size from a block of the single-copy size.
+    CHECK(pick_single(k::all_to_all, std::size_t{512} << 10, 2) == coll::algorithm::shm);
+    CHECK(pick_single(k::all_to_all, std::size_t{64} << 20, 2) == coll::algorithm::shm);
+    CHECK(pick_single(k::all_to_all, std::size_t{256} << 10, 2) == coll::algorithm::pairwise);
 }
 
 TEST_CASE("shm arena: forcing it on a group without one is refused, naming the reason") {

@@ -6,10 +6,18 @@
 // rank's slot: all-to-all copies each into place, reduce-scatter reduces them over every rank
 // in rank order. An input of up to 16 bytes goes in the rank's own line; blocks larger than
 // a slot's share (the arena's data set / n / n) go in pieces of that share, one step each.
+// From the group's single-copy size (shm_arena::single_copy; 16 KiB on 2 ranks by default),
+// all-to-all puts only the inputs' addresses in the arena: each rank copies its own block
+// into place and block `rank` of every other rank's input straight from that rank's buffer
+// (process_vm_readv), then waits at a second step until every rank is done with its input;
+// every other call backward (shm_arena::next_sweep_backward), as all_gather_shm does.
 // Cost: one step per piece, with no message: each rank writes its input once and reads n
 // blocks once, where the pairwise exchange and the ring each take n - 1 rounds of messages.
-// Chosen: on a group with an arena, for inputs below `thresholds::shm_exchange_below`
-// (select.hpp); all-to-all only with equal blocks (uneven splits go pairwise).
+// With single copies: two steps, one copy of each block (the pairwise exchange's messages
+// make two).
+// Chosen: on a group with an arena, for inputs below `thresholds::shm_pair_exchange_below`
+// (2 ranks) or `shm_exchange_below`, and all-to-all at every size where its blocks go by
+// single copies (select.hpp); all-to-all only with equal blocks (uneven splits go pairwise).
 
 #include <corocoll/collectives/context.hpp>
 #include <corocoll/collectives/reduction.hpp>

@@ -67,14 +67,46 @@ COROCOLL_DECL task<> reduce_scatter_shm(context& c, std::span<std::byte> out,
 
 COROCOLL_DECL task<> all_to_all_shm(context& c, std::span<std::byte> out,
                                     std::span<const std::byte> in) {
-    const int n = c.arena->size();
-    const std::size_t block = out.size() / static_cast<std::size_t>(n);
-    return detail::exchange_shm(
-        c, in, block, 1, [out, n, block](std::size_t off, std::size_t len, auto from) {
-            for (int r = 0; r < n; ++r) {
-                std::memcpy(out.data() + static_cast<std::size_t>(r) * block + off, from(r), len);
-            }
-        });
+    transport::shm_arena& a = *c.arena;
+    const int n = a.size(), me = a.rank();
+    const auto at = [](int r) { return static_cast<std::size_t>(r); };
+    const std::size_t block = out.size() / at(n);
+    if (block == 0 || !a.single_copy(block)) {
+        co_await detail::exchange_shm(
+            c, in, block, 1, [out, n, block](std::size_t off, std::size_t len, auto from) {
+                for (int r = 0; r < n; ++r) {
+                    std::memcpy(out.data() + static_cast<std::size_t>(r) * block + off, from(r),
+                                len);
+                }
+            });
+        co_return;
+    }
+    // Single copies: every rank offers its input and copies block `me` of every other rank's
+    // straight into place, then waits at a second step until every rank is done with its
+    // input; every other call backward, as all_gather_shm's.
+    co_await a.settle(c.net, c.deadline);
+    a.declare(c.meta);
+    const std::uint64_t s = a.next_step();
+    std::span<std::byte> mine = out.subspan(at(me) * block, block);
+    const std::byte* own = in.data() + at(me) * block;
+    const bool copy_mine = mine.data() != own;
+    const bool backward = a.next_sweep_backward();
+    if (copy_mine && !backward) std::memcpy(mine.data(), own, block);
+    a.offer(in.data(), in.size());
+    try {
+        co_await a.arrive(c.net, c.meta, c.deadline, true);
+        for (int k = 1; k < n; ++k) {
+            const int r = (me + (backward ? n - k : k)) % n;
+            a.copy_from(c.net, c.meta, r, s, at(me) * block, out.subspan(at(r) * block, block),
+                        backward);
+        }
+        if (copy_mine && backward) a.copy_backward(mine.data(), own, block);
+        a.expect_copies(c.net, block);
+        co_await a.arrive(c.net, c.meta, c.deadline);
+    } catch (...) {
+        a.withdraw();
+        throw;
+    }
 }
 
 }  // namespace collectives

@@ -214,6 +214,9 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
                                         : bytes >= t.shm_pair_ring_from;
             return tree ? algorithm::binomial : algorithm::shm;
         }
+        if (k == collective_kind::all_to_all && single(bytes / static_cast<std::size_t>(n))) {
+            return algorithm::shm;  // one copy of each block, at every size
+        }
         if (k == collective_kind::reduce_scatter || k == collective_kind::all_to_all) {
             if (bytes < (n == 2 ? t.shm_pair_exchange_below : t.shm_exchange_below)) {
                 return algorithm::shm;
