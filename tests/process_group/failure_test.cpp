@@ -7,6 +7,7 @@
 // before the group's timeout.
 
 #include "../support/port.hpp"
+#include "../support/process_board.hpp"
 #include "../support/sanitized.hpp"
 
 #include <corocoll/corocoll.hpp>
@@ -54,12 +55,7 @@ struct board {
     std::atomic<long long> continued_ns{0};
 };
 
-board* new_board() {
-    void* m =
-        ::mmap(nullptr, sizeof(board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    REQUIRE(m != MAP_FAILED);
-    return new (m) board();
-}
+board* new_board() { return corocoll_test::new_shared_board<board>(); }
 
 void record_failure(rank_record& r, const std::exception& e) {
     r.failed_ns = now_ns();
@@ -78,35 +74,20 @@ struct job {
 // body records what it saw on the board.
 cc::spawn_result run_job(const job& j, std::function<cc::task<>(cc::process_group&)> body,
                          const corocoll_test::reserved_port* store_port = nullptr) {
-    cc::spawn_options o;
-    o.stop_others_on_failure = false;
-    o.timeout = 90s;
-    return cc::spawn_processes(
-        j.ranks,
-        [&]() -> int {
-            if (j.rank0_hosts_store) {
-                ::unsetenv("TORCHELASTIC_USE_AGENT_STORE");
-                ::setenv("MASTER_PORT", std::to_string(store_port->port()).c_str(), 1);
-            }
-            // Through the environment, as a launched job sets it (and so that this test also
-            // builds against versions without the option).
-            ::setenv("COROCOLL_STALL_S", std::to_string(j.stall.count() / 1000.0).c_str(), 1);
-            cc::io::reactor r;
-            cc::init_options io;
-            io.timeout = j.timeout;
-            try {
-                r.run([&]() -> cc::task<> {
-                    auto pg = co_await cc::init_process_group(r, io);
-                    co_await body(*pg);
-                    co_await pg->close();
-                }());
-            } catch (const std::exception& e) {
-                std::fprintf(stderr, "set-up or close failed: %s\n", e.what());
-                return 1;
-            }
-            return 0;
-        },
-        o);
+    corocoll_test::process_job p;
+    p.ranks = j.ranks;
+    // Through the environment, as a launched job sets it (and so that this test also builds
+    // against versions without the option).
+    p.stall_s = std::to_string(j.stall.count() / 1000.0);
+    p.timeout = j.timeout;
+    p.failed_says = "set-up or close failed";
+    if (j.rank0_hosts_store) {
+        p.before = [store_port] {
+            ::unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+            ::setenv("MASTER_PORT", std::to_string(store_port->port()).c_str(), 1);
+        };
+    }
+    return corocoll_test::run_process_job(p, corocoll_test::then_close(std::move(body)));
 }
 
 // A process that stops rank `victim` once every rank has completed `after` operations,

@@ -5,6 +5,8 @@
 // a close wakes `when_failed` too. Runs over shared memory, and again over TCP
 // (COROCOLL_TRANSPORT=tcp, as meson.build's tcp_again_tests do).
 
+#include "../support/process_board.hpp"
+
 #include <corocoll/corocoll.hpp>
 
 #include <doctest/doctest.h>
@@ -45,16 +47,9 @@ struct board {
     rank_record ranks[8];
 };
 
-board* new_board() {
-    void* m =
-        ::mmap(nullptr, sizeof(board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    REQUIRE(m != MAP_FAILED);
-    return new (m) board();
-}
+board* new_board() { return corocoll_test::new_shared_board<board>(); }
 
-void note(char (&to)[1500], const std::string& s) {
-    std::snprintf(to, sizeof(to), "%s", s.c_str());
-}
+using corocoll_test::note;
 
 unsigned mask_of(const std::vector<int>& ranks) {
     unsigned m = 0;
@@ -83,30 +78,9 @@ cc::task<> supervise(cc::process_group& pg, rank_record& me) {
 // Runs `body` on `ranks` process ranks, each in a group of its own set-up, then closes it.
 // A rank exits 0 unless set-up or close failed (or `body` threw what it did not expect).
 cc::spawn_result run_job(int ranks, std::function<cc::task<>(cc::process_group&)> body) {
-    cc::spawn_options o;
-    o.stop_others_on_failure = false;  // the survivors report what they saw
-    o.timeout = 90s;
-    return cc::spawn_processes(
-        ranks,
-        [&]() -> int {
-            // No status round: nothing here may end by a stall verdict or a deadline.
-            ::setenv("COROCOLL_STALL_S", "0", 1);
-            cc::io::reactor r;
-            cc::init_options io;
-            io.timeout = 60s;
-            try {
-                r.run([&]() -> cc::task<> {
-                    auto pg = co_await cc::init_process_group(r, io);
-                    co_await body(*pg);
-                    co_await pg->close();
-                }());
-            } catch (const std::exception& e) {
-                std::fprintf(stderr, "rank failed: %s\n", e.what());
-                return 1;
-            }
-            return 0;
-        },
-        o);
+    corocoll_test::process_job j;  // no status round: nothing ends by a stall verdict
+    j.ranks = ranks;
+    return corocoll_test::run_process_job(j, corocoll_test::then_close(std::move(body)));
 }
 
 void check_exits(const cc::spawn_result& res, int except = -1) {

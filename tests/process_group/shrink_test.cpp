@@ -9,6 +9,7 @@
 // Runs over shared memory, and again over TCP (COROCOLL_TRANSPORT=tcp). The store is served
 // by the test process (as corocollrun's agent serves it), so it outlives every rank.
 
+#include "../support/process_board.hpp"
 #include "../support/sanitized.hpp"
 
 #include <corocoll/corocoll.hpp>
@@ -54,43 +55,19 @@ struct board {
     rank_record ranks[8];
 };
 
-board* new_board() {
-    void* m =
-        ::mmap(nullptr, sizeof(board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    REQUIRE(m != MAP_FAILED);
-    return new (m) board();
-}
+board* new_board() { return corocoll_test::new_shared_board<board>(); }
 
-void note(rank_record& r, const std::string& s) {
-    std::snprintf(r.text, sizeof(r.text), "%s", s.c_str());
-}
+void note(rank_record& r, const std::string& s) { corocoll_test::note(r.text, s); }
 
 // Runs `body` on `ranks` process ranks (stall checks as given), each in a group of its own
 // set-up; a rank exits 0 unless something it did not expect threw.
 cc::spawn_result run_job(int ranks, const char* stall_s,
                          std::function<cc::task<>(std::shared_ptr<cc::process_group>)> body) {
-    cc::spawn_options o;
-    o.stop_others_on_failure = false;
-    o.timeout = 100s;
-    return cc::spawn_processes(
-        ranks,
-        [&]() -> int {
-            ::setenv("COROCOLL_STALL_S", stall_s, 1);
-            cc::io::reactor r;
-            cc::init_options io;
-            io.timeout = 60s;
-            try {
-                r.run([&]() -> cc::task<> {
-                    auto pg = co_await cc::init_process_group(r, io);
-                    co_await body(pg);
-                }());
-            } catch (const std::exception& e) {
-                std::fprintf(stderr, "rank failed: %s\n", e.what());
-                return 1;
-            }
-            return 0;
-        },
-        o);
+    corocoll_test::process_job j;
+    j.ranks = ranks;
+    j.stall_s = stall_s;
+    j.job_timeout = 100s;
+    return corocoll_test::run_process_job(j, std::move(body));
 }
 
 // all_reduces on `pg` until it fails (or `victim` kills itself after `after` of them).
