@@ -178,6 +178,34 @@ TEST_CASE("a RANK that comes after its group was set up is named as claimed twic
     CHECK(errors[2].find("timeout") == std::string::npos);
 }
 
+TEST_CASE("a RANK that comes while its holder forgets its claim is named by the count of joins") {
+    // Between the holder's deleting its claim (set-up over for it) and the last rank's marking
+    // the set-up done, a second rank 1 finds the claim free; the count of joins past the world
+    // size names it (the roll call alone, on one store, one rank after the other).
+    cc::rendezvous::tcp_store_server server(cc::io::endpoint::loopback(0));
+    cc::io::reactor r;
+    auto connect = [&] {
+        return r.run(cc::rendezvous::tcp_store::connect(r, server.local_endpoint(), 20s));
+    };
+    auto store = connect(), other = connect();  // one connection per rank, as ranks have
+    auto deadline = cc::io::deadline_after(20s);
+    r.run([&]() -> cc::task<> {
+        // Ranks 0 and 1 of 2 join together (the second one's count completes the roll call).
+        co_await cc::when_all(cc::detail::roll_call(*store, 0, 2, "g", deadline, false),
+                              cc::detail::roll_call(*other, 1, 2, "g", deadline, false));
+        co_await store->delete_key("init/rank/1");  // rank 1's set-up is over: its claim goes
+    }());
+    std::string e;
+    try {
+        r.run(cc::detail::roll_call(*store, 1, 2, "g", deadline, false));
+    } catch (const std::invalid_argument& x) {
+        e = x.what();
+    }
+    CAPTURE(e);
+    CHECK(e.find("rank 1 was claimed by two processes: group 'g' was set up with all 2 of its "
+                 "ranks in this store before rank 1 (pid ") != std::string::npos);
+}
+
 TEST_CASE("ranks that disagree on the world size fail at once, each naming both sizes") {
     auto errors = init_in_waves({{{0, 2}, {1, 3}}});
     for (const auto& e : errors) {
