@@ -803,6 +803,33 @@ TEST_CASE(
     CHECK(pick_single(k::all_to_all, std::size_t{256} << 10, 2) == coll::algorithm::pairwise);
 }
 
+TEST_CASE("all_to_all: a rank that gives equal split sizes and ranks that give none agree") {
+    // Both are equal blocks and take the same path, the arena's at this size (a rank that
+    // went pairwise here would wait for ranks waiting in the arena until the deadline).
+    for (int n : {2, 3}) {
+        CAPTURE(n);
+        check_every_rank_ok(run_threads(n, [](cc::process_group& pg) -> cc::task<> {
+            const int n = pg.size(), r = pg.rank();
+            const std::size_t count = 4;
+            std::vector<std::int32_t> in(count * static_cast<std::size_t>(n)), out(in.size());
+            for (std::size_t i = 0; i < in.size(); ++i) in[i] = r * 1000 + static_cast<int>(i);
+            if (r == 0) {
+                co_await pg.all_to_all_single(out, in, std::vector<std::size_t>(n, count),
+                                              std::vector<std::size_t>(n, count));
+            } else {
+                co_await pg.all_to_all_single(out, in);
+            }
+            for (std::size_t i = 0; i < out.size(); ++i) {
+                const auto from = static_cast<int>(i / count);
+                if (out[i] !=
+                    from * 1000 + r * static_cast<int>(count) + static_cast<int>(i % count)) {
+                    throw std::runtime_error("wrong value at " + std::to_string(i));
+                }
+            }
+        }));
+    }
+}
+
 TEST_CASE("shm arena: forcing it on a group without one is refused, naming the reason") {
     thread_ranks_options o;
     o.limits.transport = cc::transport::transport_choice::tcp;
