@@ -578,6 +578,9 @@ private:
         std::vector<int> members;
         bool all_true = true;
     };
+    // How long a proposer's read of the flags of the ranks that came waits before it looks
+    // whether the decision was made meanwhile (see `decide`).
+    static constexpr std::chrono::milliseconds flag_read_wait{100};
     // One decision through this group's store, under `base` (a try of a shrink, an agree):
     // publishes this rank as come, with `flag`, and yields what every caller agrees on (a
     // compare_set of `base` "members" that the first proposal wins): `candidates`, once all

@@ -482,12 +482,35 @@ COROCOLL_DECL task<process_group::decision> process_group::decide(
                 }
             }
         }
-        bool all = true;
-        std::vector<std::string> flags = co_await store_->multi_get(present_keys, join_window);
-        for (const auto& f : flags) all = all && f == "1";
-        verdict = co_await store_->compare_set(
-            decided.front(), "",
-            std::string(all ? "1" : "0") + "|" + detail::encode_ranks(present));
+        // Their flags. Every key was there a moment ago; one that went since went because its
+        // owner had the decision (it deletes its key only then), so a read that does not come
+        // back at once looks for the decision before it reads again.
+        std::vector<std::string> flags;
+        bool read = false;
+        const auto until = io::deadline_after(join_window);
+        while (!read && verdict.empty()) {
+            std::optional<std::system_error> slow;
+            try {
+                flags = co_await store_->multi_get(present_keys, flag_read_wait);
+                read = true;
+            } catch (const std::system_error& e) {
+                if (e.code() != std::errc::timed_out) throw;
+                slow = e;
+            }
+            if (read) break;
+            if (co_await store_->check(decided)) {
+                verdict = (co_await store_->multi_get(decided, join_window)).front();
+            } else if (std::chrono::steady_clock::now() > until) {
+                throw *slow;
+            }
+        }
+        if (verdict.empty()) {
+            bool all = true;
+            for (const auto& f : flags) all = all && f == "1";
+            verdict = co_await store_->compare_set(
+                decided.front(), "",
+                std::string(all ? "1" : "0") + "|" + detail::encode_ranks(present));
+        }
     }
     // Decided: nobody needs this rank's key any more (a caller still proposing gets the
     // decision from its compare_set). "came" and "members" stay: a rank that comes later
