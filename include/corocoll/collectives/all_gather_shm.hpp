@@ -30,6 +30,15 @@ namespace collectives {
 COROCOLL_DECL task<> all_gather_shm(context& c, std::span<std::byte> out,
                                     std::span<const std::byte> in);
 
+/// The single-copy step both all_gather_shm and all_to_all_shm take, after `settle` and
+/// `declare`: offers `offered` (this rank's buffer), copies `own` into block `rank` of `out`
+/// and, from every other rank r, the `block` bytes at `read_at` of r's offered buffer into
+/// block r of `out` (process_vm_readv), then waits until every rank is done with its buffer.
+/// Every other call backward (shm_arena::next_sweep_backward).
+COROCOLL_DECL task<> gather_single_copies(context& c, std::span<const std::byte> offered,
+                                          std::size_t read_at, std::span<const std::byte> own,
+                                          std::span<std::byte> out);
+
 }  // namespace collectives
 
 COROCOLL_END_NAMESPACE

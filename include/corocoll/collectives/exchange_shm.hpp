@@ -24,8 +24,6 @@
 #include <corocoll/transport/shm/arena.hpp>
 #include <corocoll/version.hpp>
 
-#include <cstring>
-
 COROCOLL_BEGIN_NAMESPACE
 
 namespace collectives {

@@ -18,27 +18,7 @@ COROCOLL_DECL task<> all_gather_shm(context& c, std::span<std::byte> out,
     a.declare(c.meta);
     auto at = [](int r) { return static_cast<std::size_t>(r); };
     if (a.single_copy(block)) {
-        const std::uint64_t s = a.next_step();
-        std::span<std::byte> mine = out.subspan(at(me) * block, block);
-        const bool copy_mine = mine.data() != in.data();
-        // Every other call goes backward: its own block last, the others in reverse order,
-        // each from its end (shm_arena::next_sweep_backward).
-        const bool backward = a.next_sweep_backward();
-        if (copy_mine && !backward) std::memcpy(mine.data(), in.data(), block);
-        a.offer(in.data(), block);
-        try {
-            co_await a.arrive(c.net, c.meta, c.deadline, true);
-            for (int k = 1; k < n; ++k) {
-                const int r = (me + (backward ? n - k : k)) % n;
-                a.copy_from(c.net, c.meta, r, s, 0, out.subspan(at(r) * block, block), backward);
-            }
-            if (copy_mine && backward) a.copy_backward(mine.data(), in.data(), block);
-            a.expect_copies(c.net, block);
-            co_await a.arrive(c.net, c.meta, c.deadline);
-        } catch (...) {
-            a.withdraw();
-            throw;
-        }
+        co_await gather_single_copies(c, in, 0, in, out);
         co_return;
     }
     if (block <= transport::shm_arena::small_bytes) {
@@ -60,6 +40,36 @@ COROCOLL_DECL task<> all_gather_shm(context& c, std::span<std::byte> out,
         for (int r = 0; r < n; ++r) {
             std::memcpy(out.data() + at(r) * block + off, set + at(r) * slot, len);
         }
+    }
+}
+
+COROCOLL_DECL task<> gather_single_copies(context& c, std::span<const std::byte> offered,
+                                          std::size_t read_at, std::span<const std::byte> own,
+                                          std::span<std::byte> out) {
+    transport::shm_arena& a = *c.arena;
+    const int n = a.size(), me = a.rank();
+    const std::size_t block = own.size();
+    auto at = [](int r) { return static_cast<std::size_t>(r); };
+    const std::uint64_t s = a.next_step();
+    std::span<std::byte> mine = out.subspan(at(me) * block, block);
+    const bool copy_mine = mine.data() != own.data();
+    // Every other call goes backward: its own block last, the others in reverse order, each
+    // from its end (shm_arena::next_sweep_backward).
+    const bool backward = a.next_sweep_backward();
+    if (copy_mine && !backward) std::memcpy(mine.data(), own.data(), block);
+    a.offer(offered.data(), offered.size());
+    try {
+        co_await a.arrive(c.net, c.meta, c.deadline, true);
+        for (int k = 1; k < n; ++k) {
+            const int r = (me + (backward ? n - k : k)) % n;
+            a.copy_from(c.net, c.meta, r, s, read_at, out.subspan(at(r) * block, block), backward);
+        }
+        if (copy_mine && backward) a.copy_backward(mine.data(), own.data(), block);
+        a.expect_copies(c.net, block);
+        co_await a.arrive(c.net, c.meta, c.deadline);
+    } catch (...) {
+        a.withdraw();
+        throw;
     }
 }
 

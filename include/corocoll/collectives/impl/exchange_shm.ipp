@@ -2,7 +2,10 @@
 // inline where corocoll is header-only, compiled once in separate compilation (version.hpp).
 #pragma once
 
+#include <corocoll/collectives/all_gather_shm.hpp>
 #include <corocoll/collectives/exchange_shm.hpp>
+
+#include <cstring>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -29,7 +32,8 @@ task<> exchange_shm(context& c, std::span<const std::byte> in, std::size_t block
         if (block > 0) take(0, block, [&](int r) { return a.small(r, s) + at(me) * block; });
         co_return;
     }
-    // Each block's share of a slot; at least one grain (`usable` checks that beforehand).
+    // Each block's share of a slot; at least one grain (`exchange_shm_fits` checked that
+    // beforehand).
     const std::size_t piece = slot / at(n) / grain * grain;
     bool check = true;
     for (std::size_t off = 0; off < block; off += piece) {
@@ -82,31 +86,10 @@ COROCOLL_DECL task<> all_to_all_shm(context& c, std::span<std::byte> out,
         co_return;
     }
     // Single copies: every rank offers its input and copies block `me` of every other rank's
-    // straight into place, then waits at a second step until every rank is done with its
-    // input; every other call backward, as all_gather_shm's.
+    // straight into place, as all_gather_shm does with whole buffers.
     co_await a.settle(c.net, c.deadline);
     a.declare(c.meta);
-    const std::uint64_t s = a.next_step();
-    std::span<std::byte> mine = out.subspan(at(me) * block, block);
-    const std::byte* own = in.data() + at(me) * block;
-    const bool copy_mine = mine.data() != own;
-    const bool backward = a.next_sweep_backward();
-    if (copy_mine && !backward) std::memcpy(mine.data(), own, block);
-    a.offer(in.data(), in.size());
-    try {
-        co_await a.arrive(c.net, c.meta, c.deadline, true);
-        for (int k = 1; k < n; ++k) {
-            const int r = (me + (backward ? n - k : k)) % n;
-            a.copy_from(c.net, c.meta, r, s, at(me) * block, out.subspan(at(r) * block, block),
-                        backward);
-        }
-        if (copy_mine && backward) a.copy_backward(mine.data(), own, block);
-        a.expect_copies(c.net, block);
-        co_await a.arrive(c.net, c.meta, c.deadline);
-    } catch (...) {
-        a.withdraw();
-        throw;
-    }
+    co_await gather_single_copies(c, in, at(me) * block, in.subspan(at(me) * block, block), out);
 }
 
 }  // namespace collectives
