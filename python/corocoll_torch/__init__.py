@@ -17,7 +17,9 @@ calls the same operation on a corocoll group.
 
 `abort(group)` revokes a group from any thread (every Work in flight, here and on every live
 peer, fails naming this rank) and closes it without waiting; `failure(group)` says how a group
-failed (None while it is sound): what a fault-tolerant trainer polls and calls.
+failed (None while it is sound): what a fault-tolerant trainer polls and calls. `shrink(group)`
+makes the group of its live ranks (after a rank died), a torch process group that
+torch.distributed's calls and DistributedDataParallel take as any other.
 """
 
 import atexit
@@ -31,7 +33,7 @@ from ._C import close_all, create_process_group
 from . import _C
 
 __all__ = ["BACKEND", "abort", "close_all", "create_process_group", "failure",
-           "monitored_barrier"]
+           "monitored_barrier", "shrink"]
 
 BACKEND = "corocoll"
 
@@ -102,3 +104,41 @@ def failure(group=None):
     may be alive; 'revoked'; 'closed'), 'rank' (the rank named, -1 for a close),
     'failed_ranks' and 'what' (the error every operation of the group now raises)."""
     return _C.failure(_backend_of(group))
+
+
+def _world_dict(name):
+    """One of torch.distributed's tables of groups: an attribute of `_world` in torch 2.x, a
+    module global (with a leading underscore) in torch 1.13."""
+    c10d = dist.distributed_c10d
+    world = getattr(c10d, "_world", None)
+    if world is not None and hasattr(world, name):
+        return getattr(world, name)
+    return getattr(c10d, "_" + name)
+
+
+def shrink(group=None, join_window=timedelta(seconds=10)):
+    """The group of the live ranks of `group` (the default group when None), as MPI's
+    MPIX_Comm_shrink: every live rank calls it, typically once `failure(group)` says a rank
+    failed. Its members are the ranks that call it within `join_window` of the first and that
+    nobody knows to have failed, renumbered in the old order; it is a new torch process group
+    with its own connections, which dist.get_rank(g), dist.get_world_size(g), every
+    collective's group= and DistributedDataParallel(process_group=g) take. A rank left out, or
+    a shrink that every try failed, raises an error that says why. `group` stays as it was:
+    abort it (its Work failed already). The agreement runs through the job's store, which must
+    outlive the failed rank (corocollrun's agent serves it: launch with --on_failure=continue
+    so that the others go on)."""
+    old = group if group is not None else dist.distributed_c10d._get_default_group()
+    made, old_ranks = _C.shrink(_backend_of(old), join_window)
+    # torch's tables: the new group's ranks as the job's (global) ranks, as new_group leaves
+    # them, so that torch's calls that take a group know it.
+    group_ranks = _world_dict("pg_group_ranks")
+    if old in group_ranks:
+        global_of = {r: g for g, r in group_ranks[old].items()}
+    else:
+        global_of = {r: r for r in range(old.size())}
+    group_ranks[made] = {global_of[r]: i for i, r in enumerate(old_ranks)}
+    pg_map = _world_dict("pg_map")
+    if old in pg_map:
+        pg_map[made] = pg_map[old]
+    _world_dict("pg_names")[made] = f"corocoll_shrink_{id(made)}"
+    return made

@@ -27,6 +27,7 @@
 #include <corocoll/corocoll.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -131,6 +132,16 @@ PYBIND11_MODULE(_C, m) {
         "Revokes the group (every Work in flight here and on every live peer fails, naming "
         "this rank and the reason), then closes it without waiting for the peers; from any "
         "thread");
+    m.def(
+        "shrink",
+        [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, std::chrono::milliseconds window) {
+            auto [made, ranks] = corocoll_torch::ours(pg, "shrink").shrink(window);
+            return std::pair<c10::intrusive_ptr<c10d::ProcessGroup>, std::vector<int>>(
+                std::move(made), std::move(ranks));
+        },
+        py::arg("group"), py::arg("join_window"),
+        "The group of the group's live ranks (every live rank calls it) and, for each of its "
+        "ranks, that rank's rank in `group`");
     m.def("failure", &corocoll_torch::failure_of, py::arg("group"),
           "None while the group is sound, else a dict: cause ('rank_failed', 'blamed', "
           "'revoked', 'closed'), rank, failed_ranks, what");

@@ -27,20 +27,31 @@ inline void unregister_group(group* g) {
 }
 void close_all();
 
+/// What the groups made from one set-up share: the reactor and the threads around it. A
+/// group that `shrink` makes lives on the reactor of the group it was made from (its
+/// connections are that reactor's), so the two share these, and they stop with the last.
+struct runtime {
+    cc::thread_pool store_pool{1};
+    cc::thread_pool callbacks{1};
+    std::shared_ptr<torch_store> adapter;
+    // Last: it stops first, before the pools and the adapter it uses go away.
+    progress_thread progress;
+};
+
 /// The backend "corocoll": a c10d::ProcessGroup whose operations run on a corocoll
-/// process_group on the group's own progress thread.
+/// process_group on the group's own progress thread (shared with the groups shrunk from it).
 class group final : public c10d::ProcessGroup {
 public:
     group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, milliseconds timeout)
-        : c10d::ProcessGroup(rank, size), timeout_(timeout), store_pool_(1), callbacks_(1) {
+        : c10d::ProcessGroup(rank, size), timeout_(timeout), rt_(std::make_shared<runtime>()) {
         // Ranks of this host that outnumber its processors must not busy-poll plainly. One
         // thread per rank drives the reactor at a time (progress_thread), so a rank counts
         // once.
         if (const char* local = std::getenv("LOCAL_WORLD_SIZE")) {
             cc::io::reactor::set_local_processes(std::atoi(local));
         }
-        adapter_ = std::make_shared<torch_store>(store, store_pool_);
-        adapter_->set_timeout(timeout);
+        rt_->adapter = std::make_shared<torch_store>(store, rt_->store_pool);
+        rt_->adapter->set_timeout(timeout);
         master_ = store_master(store);
         // Set-up runs on the progress thread; this thread waits, without the GIL.
         struct setup_item : cc::detail::work_item {
@@ -61,14 +72,14 @@ public:
                 } catch (...) {
                     error = std::current_exception();
                 }
-                s->self->progress_.finished(s->eager);
+                s->self->progress().finished(s->eager);
                 std::lock_guard lock(s->m);
                 s->error = error;
                 s->done = true;
                 s->cv.notify_all();
             }(s);
         };
-        progress_.submit(item, true);
+        progress().submit(item, true);
         {
             without_gil released;
             std::unique_lock lock(item.m);
@@ -76,14 +87,53 @@ public:
         }
         if (item.error) {
             // The progress thread must not outlive a half-built group: the destructors below
-            // (progress_ first) stop it.
+            // (the runtime's progress thread first) stop it.
             std::rethrow_exception(item.error);
         }
     }
 
+    /// A group that `shrink` made: `pg` on the reactor of `rt`, the one it was shrunk from.
+    group(std::shared_ptr<runtime> rt, std::shared_ptr<cc::process_group> pg, milliseconds timeout)
+        : c10d::ProcessGroup(pg->rank(), pg->size()),
+          timeout_(timeout),
+          rt_(std::move(rt)),
+          pg_(std::move(pg)) {}
+
     ~group() override {
         unregister_group(this);
         shutdown();
+    }
+
+    /// The group of this group's live ranks (cc::process_group::shrink), as a new torch
+    /// process group on the same progress thread, and the rank in this group of each of its
+    /// ranks (its rank r was this group's rank `ranks[r]`). Every live rank calls it, typically
+    /// after the group failed; a rank left out, or a failure that leaves no group, raises an
+    /// error naming the ranks and the reason. This group stays as it was (close or abort it).
+    std::pair<c10::intrusive_ptr<group>, std::vector<int>> shrink(milliseconds join_window) {
+        std::shared_ptr<cc::process_group> next;
+        std::vector<int> ranks;
+        std::exception_ptr error;
+        {
+            without_gil released;
+            if (!pg_) throw std::runtime_error("corocoll_torch.shrink: the group was never set up");
+            on_progress([&](group& g) -> cc::task<> {
+                try {
+                    next = co_await g.pg_->shrink(join_window);
+                    // Each member's rank here, from every member: torch maps a group's ranks
+                    // to the job's.
+                    std::vector<std::int32_t> all(static_cast<std::size_t>(next->size()));
+                    std::array<std::int32_t, 1> mine{g.pg_->rank()};
+                    co_await next->all_gather_into(all, mine);
+                    ranks.assign(all.begin(), all.end());
+                } catch (...) {
+                    error = std::current_exception();
+                }
+            });
+        }
+        if (error) std::rethrow_exception(error);
+        auto made = c10::make_intrusive<group>(rt_, std::move(next), timeout_);
+        register_group(made.get());
+        return {made, std::move(ranks)};
     }
 
     /// Closes the group, first waiting (up to `linger()`) until every live peer has closed its
@@ -134,8 +184,8 @@ public:
 
     const std::string getBackendName() const override { return "corocoll"; }
 
-    progress_thread& progress() noexcept { return progress_; }
-    cc::thread_pool& callbacks() noexcept { return callbacks_; }
+    progress_thread& progress() noexcept { return rt_->progress; }
+    cc::thread_pool& callbacks() noexcept { return rt_->callbacks; }
     cc::process_group& pg() noexcept { return *pg_; }
 
     // ---- point-to-point ----
@@ -591,9 +641,9 @@ private:
     friend class work;
 
     cc::task<> set_up() {
-        auto scoped = std::make_shared<cc::rendezvous::prefix_store>("corocoll", adapter_);
+        auto scoped = std::make_shared<cc::rendezvous::prefix_store>("corocoll", rt_->adapter);
         pg_ = co_await cc::detail::build_group(
-            progress_.reactor(), std::move(scoped), getRank(), getSize(), "torch", timeout_, {},
+            progress().reactor(), std::move(scoped), getRank(), getSize(), "torch", timeout_, {},
             cc::transport::choose_listen_address(master_), nullptr);
     }
 
@@ -829,24 +879,22 @@ private:
                     co_await (*s->body)(*s->self);
                 } catch (...) {
                 }
-                s->self->progress_.finished(s->eager);
+                s->self->progress().finished(s->eager);
                 std::lock_guard lock(s->m);
                 s->done = true;
                 s->cv.notify_all();
             }(s);
         };
-        progress_.submit(item, true);
+        progress().submit(item, true);
         std::unique_lock lock(item.m);
         item.cv.wait(lock, [&] { return item.done; });
     }
 
     std::mutex shutdown_m_;
-    cc::thread_pool store_pool_;
-    cc::thread_pool callbacks_;
-    std::shared_ptr<torch_store> adapter_;
     std::optional<cc::io::endpoint> master_;
-    // Last: it stops first, before the pools and the adapter it uses go away.
-    progress_thread progress_;
+    // Before the group: the group goes first, then (with the last group made from the same
+    // set-up) the progress thread, the pools and the adapter.
+    std::shared_ptr<runtime> rt_;
     std::shared_ptr<cc::process_group> pg_;
 };
 
