@@ -108,9 +108,10 @@ class LauncherTest(unittest.TestCase):
             (["--bogus", "env"], "unknown option '--bogus'"),
             (["--nproc_per_node=2"], "no program to run"),
             (["--rdzv_conf", "join_timeout=abc", "env"], "expected a number of seconds"),
-            (["--on_failure=later", "env"], "--on_failure=later: expected stop or continue"),
+            (["--on_failure=later", "env"], "--on_failure=later: expected stop, continue or replace"),
             (["--on_failure=continue", "--max_restarts=1", "env"],
              "--on_failure=continue cannot go with --max_restarts"),
+            (["--on_failure=replace", "env"], "--on_failure=replace needs --max_restarts N"),
         ]
         for args, message in cases:
             p, _ = launch(*args)
@@ -186,6 +187,24 @@ class LauncherTest(unittest.TestCase):
         for r in (0, 1, 3):
             self.assertIn(f"rank {r}: rank 2 failed (failed_ranks [2]); the survivors' barrier "
                           f"passed", p.stdout)
+        self.assert_none_left(pids_in(p.stdout))
+
+    def test_on_failure_replace_starts_a_replacement_that_joins(self):
+        # Rank 2 is killed; the launcher starts it again alone with COROCOLL_JOIN=1; the
+        # others shrink to 3, admit it with grow, and all 4 all_reduce: 1+2+3+4. Nobody else
+        # is stopped, and the job succeeds.
+        p, _ = launch("--on_failure=replace", "--max_restarts=1", "--nproc_per_node=4", WORKER,
+                      "replace", "2")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertRegex(p.stderr, r"rank 2 \(local rank 2 on node 0, pid \d+\) was killed by "
+                                   r"signal 9[^\n]*; starting a replacement that joins the others "
+                                   r"\(1 of 1, --on_failure=replace\)")
+        self.assertNotIn("worker failed", p.stderr)
+        self.assertNotIn("stopped rank(s)", p.stderr)
+        for r in (0, 1, 3):
+            self.assertIn(f"[rank {r}] rank {r}: shrank to 3, grew back to 4 of 4; all_reduce 10",
+                          p.stdout)
+        self.assertIn("[rank 2] joined as rank 3 of 4; all_reduce 10", p.stdout)
         self.assert_none_left(pids_in(p.stdout))
 
     def test_corocoll_rank_that_fails_first_is_named(self):

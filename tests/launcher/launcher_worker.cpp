@@ -12,6 +12,9 @@
 //   survive-kill R      corocoll ranks: rank R kills itself with SIGKILL after a barrier; the
 //                       others all_reduce until the group fails, print its failed_ranks,
 //                       then meet in a group of their own over the store and exit 0
+//   replace R           corocoll ranks: rank R kills itself with SIGKILL after a barrier; the
+//                       others shrink, wait for its replacement (COROCOLL_JOIN=1, which
+//                       joins) and grow back to the full size; all print an all_reduce
 
 #include <corocoll/corocoll.hpp>
 
@@ -162,6 +165,52 @@ int main(int argc, char** argv) {
                 "passed\n",
                 me, target, failed.c_str());
             std::fflush(stdout);
+        }());
+        return 0;
+    }
+    if (mode == "replace") {
+        // Rank R (its first process) kills itself; the others shrink, wait for its replacement
+        // (corocollrun --on_failure=replace starts it with COROCOLL_JOIN=1) and grow back.
+        cc::io::reactor r;
+        r.run([&]() -> cc::task<> {
+            cc::init_options io;  // named: g++ 12, as above
+            if (cc::joining()) {
+                auto g = co_await cc::join_process_group(r, io);
+                std::vector<std::int64_t> v{g->rank() + 1};
+                co_await g->all_reduce(v);
+                std::printf("joined as rank %d of %d; all_reduce %lld\n", g->rank(), g->size(),
+                            static_cast<long long>(v[0]));
+                std::fflush(stdout);
+                co_await g->close();
+                co_return;
+            }
+            auto pg = co_await cc::init_process_group(r, io);
+            const int size = pg->size();
+            co_await pg->barrier();
+            if (pg->rank() == target) ::raise(SIGKILL);
+            std::vector<float> f(4, 1.0f);
+            try {
+                for (;;) co_await pg->all_reduce(f);
+            } catch (const std::system_error&) {
+            }
+            auto small = co_await pg->shrink();
+            co_await pg->close();
+            int waiting = 0;
+            for (int i = 0; i < 600 && waiting == 0; ++i) {
+                waiting = co_await small->joiners_waiting();
+                if (waiting == 0) {
+                    co_await r.sleep_until(std::chrono::steady_clock::now() +
+                                           std::chrono::milliseconds(50));
+                }
+            }
+            auto whole = co_await small->grow(small->size() + waiting);
+            co_await small->close();
+            std::vector<std::int64_t> v{whole->rank() + 1};
+            co_await whole->all_reduce(v);
+            std::printf("rank %d: shrank to %d, grew back to %d of %d; all_reduce %lld\n", rank,
+                        size - 1, whole->size(), size, static_cast<long long>(v[0]));
+            std::fflush(stdout);
+            co_await whole->close();
         }());
         return 0;
     }

@@ -5,7 +5,10 @@
 // that dies during the shrink itself is left out by a second try; a rank stopped with SIGSTOP
 // is found by the stall check and left out, and when it runs again it learns that it was;
 // agree gives every survivor the same AND and failed ranks; a subgroup is shrunk the same way;
-// 100 shrinks in a row leave no descriptor, mapping or store key behind.
+// 100 shrinks in a row leave no descriptor, mapping or store key behind. Grow: after a shrink a
+// process that joins (join_process_group) is admitted and the group is whole again; too few
+// joiners fail every rank's grow with the count, and the group goes on; 100 grows in a row
+// leave nothing behind.
 // Runs over shared memory, and again over TCP (COROCOLL_TRANSPORT=tcp). The store is served
 // by the test process (as corocollrun's agent serves it), so it outlives every rank.
 
@@ -347,6 +350,134 @@ TEST_CASE("agree gives every survivor the same AND of their flags and the same f
     ::munmap(&b, sizeof(board));
 }
 
+// A job of `n` ranks and `joiners` more processes: the ranks set a group of `n` up and run
+// `body`; the joiners (RANK n, n+1, ...) wait until `ready` reaches `n - 1` (the survivors
+// say when to come), then call join_process_group and run `check_group` on what they got,
+// posing as rank `stands_for` of the first group, under board slot RANK.
+cc::spawn_result grow_job(board& b, int n, int joiners, std::atomic<int>& ready, int stands_for,
+                          std::function<cc::task<>(std::shared_ptr<cc::process_group>)> body) {
+    cc::spawn_options o;
+    o.stop_others_on_failure = false;
+    o.timeout = 100s;
+    return cc::spawn_processes(
+        n + joiners,
+        [&]() -> int {
+            ::setenv("COROCOLL_STALL_S", "60", 1);
+            const int rank = std::atoi(std::getenv("RANK"));
+            cc::io::reactor r;
+            cc::init_options io;
+            io.timeout = 60s;
+            try {
+                if (rank < n) {
+                    ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+                    r.run([&]() -> cc::task<> {
+                        co_await body(co_await cc::init_process_group(r, io));
+                    }());
+                    return 0;
+                }
+                for (int i = 0; i < 6000 && ready.load() < n - 1; ++i) ::usleep(10'000);
+                r.run([&]() -> cc::task<> {
+                    auto g = co_await cc::join_process_group(r, io);
+                    co_await check_group(*g, b.ranks[rank], stands_for);
+                    co_await g->close();
+                }());
+            } catch (const std::exception& e) {
+                std::fprintf(stderr, "rank %d failed: %s\n", rank, e.what());
+                return 1;
+            }
+            return 0;
+        },
+        o);
+}
+
+TEST_CASE("after a shrink, a process that joins is admitted by grow: the group is whole again") {
+    board& b = *new_board();
+    std::atomic<int>& ready = *corocoll_test::new_shared_board<std::atomic<int>>();
+    constexpr int n = 4, victim = 3;
+    auto res = grow_job(b, n, 1, ready, victim,
+                        [&b, &ready](std::shared_ptr<cc::process_group> pg) -> cc::task<> {
+                            rank_record& me = b.ranks[pg->rank()];
+                            const int first = pg->rank();
+                            co_await loop_until_failure(*pg, me, victim, 20);
+                            auto small = co_await pg->shrink();
+                            ++me.shrinks;
+                            co_await pg->close();
+                            ++ready;  // the launcher would start the replacement now
+                            auto whole = co_await small->grow(n);
+                            co_await small->close();
+                            co_await check_group(*whole, me, first);
+                            co_await whole->close();
+                        });
+    for (int r = 0; r <= n; ++r) {
+        CAPTURE(r);
+        CAPTURE(res.ranks[static_cast<std::size_t>(r)].describe());
+        CHECK(res.ranks[static_cast<std::size_t>(r)].ok() == (r != victim));
+    }
+    // The survivors keep ranks 0-2; the joiner (slot 4) is rank 3, standing for the victim:
+    // every member sees the first group's ranks {0, 1, 2, 3} again, and the sum 1+2+3+4.
+    for (int r : {0, 1, 2, 4}) {
+        const rank_record& rec = b.ranks[r];
+        CAPTURE(r);
+        CAPTURE(std::string(rec.text));
+        CHECK(rec.final_members == 0b1111u);
+        CHECK(rec.final_size == n);
+        CHECK(rec.final_rank == (r == 4 ? victim : r));
+        CHECK(rec.sum == 10);
+        CHECK(rec.checked == 1);
+    }
+    ::munmap(&ready, sizeof(std::atomic<int>));
+    ::munmap(&b, sizeof(board));
+}
+
+TEST_CASE("grow with too few joiners fails on every rank, and the group goes on") {
+    board& b = *new_board();
+    std::atomic<int>& ready = *corocoll_test::new_shared_board<std::atomic<int>>();
+    // 3 ranks ask for 5; one process joins (it waits for the second grow, which wants one).
+    auto res = grow_job(b, 3, 1, ready, 3,
+                        [&b, &ready](std::shared_ptr<cc::process_group> pg) -> cc::task<> {
+                            rank_record& me = b.ranks[pg->rank()];
+                            const int first = pg->rank();
+                            std::string error;
+                            try {
+                                if (co_await pg->grow(5, 300ms)) error = "it grew";
+                            } catch (const std::runtime_error& e) {
+                                error = e.what();
+                            }
+                            note(me, error);
+                            std::vector<std::int64_t> one{1};
+                            co_await pg->all_reduce(one);  // still sound
+                            me.left_out = one[0] == 3 && !error.empty();
+                            ready = 2;
+                            auto four = co_await pg->grow(4);
+                            co_await pg->close();
+                            co_await check_group(*four, me, first);
+                            co_await four->close();
+                        });
+    for (int r = 0; r < 4; ++r) {
+        CAPTURE(r);
+        CAPTURE(res.ranks[static_cast<std::size_t>(r)].describe());
+        CHECK(res.ranks[static_cast<std::size_t>(r)].ok());
+    }
+    for (int r = 0; r < 3; ++r) {
+        const std::string text = b.ranks[r].text;
+        CAPTURE(r);
+        CAPTURE(text);
+        CHECK(b.ranks[r].left_out == 1);
+        CHECK(text.find("was to grow to 5 ranks") != std::string::npos);
+        CHECK(text.find("within 300 ms") != std::string::npos);
+        // Rank 0 counted who came; the others heard it from rank 0.
+        if (r == 0) CHECK(text.find("but 0 of the 2 process(es)") != std::string::npos);
+    }
+    for (int r : {0, 1, 2, 3}) {
+        CAPTURE(r);
+        CHECK(b.ranks[r].final_size == 4);
+        CHECK(b.ranks[r].sum == 10);
+        CHECK(b.ranks[r].checked == 1);
+    }
+    ::munmap(&ready, sizeof(std::atomic<int>));
+    ::munmap(&b, sizeof(board));
+}
+
 TEST_CASE("a subgroup made by new_group is shrunk the same way") {
     board& b = *new_board();
     auto res = run_job(4, "60", [&b](std::shared_ptr<cc::process_group> world) -> cc::task<> {
@@ -448,4 +579,79 @@ TEST_CASE("100 shrinks in a row leave no descriptor, mapping or store key behind
     }
     ::munmap(m, sizeof(counts) * n);
     ::munmap(&b, sizeof(board));
+}
+
+TEST_CASE("100 grows in a row leave no descriptor, mapping or store key behind") {
+    // 3 ranks grow to 4 with the same process, which joins again each time; everyone closes
+    // the grown group after one all_reduce, and the 3 ranks' own group goes on.
+    constexpr int n = 3;
+    constexpr int cycles = corocoll_test::sanitized ? 40 : 100;
+    struct counts {
+        std::atomic<int> fds_at_10{0}, fds_at_end{0}, maps_at_10{0}, maps_at_end{0};
+        std::atomic<long> keys_at_10{0}, keys_at_end{0};
+        std::atomic<int> sums_right{0};
+    };
+    void* m = ::mmap(nullptr, sizeof(counts) * (n + 1), PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(m != MAP_FAILED);
+    auto* c = new (m) counts[n + 1];
+    // One cycle on the grown group `g`: the count at cycles 10 and `cycles`, then a check.
+    auto cycle = [c](cc::process_group& g, int i) -> cc::task<> {
+        counts& mine = c[g.rank()];
+        if (i == 10 || i == cycles) {
+            // Every rank is past its close of the last grown group before anyone counts.
+            co_await g.barrier();
+            long keys = co_await g.store().num_keys();
+            (i == 10 ? mine.fds_at_10 : mine.fds_at_end) = open_fds();
+            (i == 10 ? mine.maps_at_10 : mine.maps_at_end) = shared_mappings();
+            (i == 10 ? mine.keys_at_10 : mine.keys_at_end) = keys;
+            co_await g.barrier();
+        }
+        std::vector<std::int64_t> v{g.rank() + 1};
+        co_await g.all_reduce(v);
+        if (v[0] == 10) ++mine.sums_right;
+        co_await g.close();
+    };
+    cc::spawn_options o;
+    o.stop_others_on_failure = false;
+    o.timeout = 150s;
+    auto res = cc::spawn_processes(
+        n + 1,
+        [&]() -> int {
+            ::setenv("COROCOLL_STALL_S", "60", 1);
+            const int rank = std::atoi(std::getenv("RANK"));
+            cc::io::reactor r;
+            cc::init_options io;
+            io.timeout = 60s;
+            try {
+                r.run([&]() -> cc::task<> {
+                    if (rank == n) {
+                        for (int i = 1; i <= cycles; ++i)
+                            co_await cycle(*co_await cc::join_process_group(r, io), i);
+                        co_return;
+                    }
+                    ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+                    auto pg = co_await cc::init_process_group(r, io);
+                    for (int i = 1; i <= cycles; ++i) co_await cycle(*co_await pg->grow(n + 1), i);
+                    co_await pg->close();
+                }());
+            } catch (const std::exception& e) {
+                std::fprintf(stderr, "rank %d failed: %s\n", rank, e.what());
+                return 1;
+            }
+            return 0;
+        },
+        o);
+    for (int r = 0; r <= n; ++r) {
+        CAPTURE(r);
+        CAPTURE(res.ranks[static_cast<std::size_t>(r)].describe());
+        CHECK(res.ranks[static_cast<std::size_t>(r)].ok());
+        CHECK(c[r].sums_right == cycles);
+        CHECK(c[r].fds_at_end == c[r].fds_at_10);
+        CHECK(c[r].maps_at_end == c[r].maps_at_10);
+        // Nothing stays per grow: the joiners' names and tickets go once read, the set-up's
+        // keys as every set-up's.
+        CHECK(c[r].keys_at_end == c[r].keys_at_10);
+    }
+    ::munmap(m, sizeof(counts) * (n + 1));
 }

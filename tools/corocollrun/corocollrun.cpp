@@ -8,6 +8,9 @@
 // side. When a worker fails, or a signal arrives, or another node reports a failure through
 // the store, every local worker is stopped (SIGTERM to its process group, SIGKILL after the
 // grace period); with --max_restarts, every node then starts its workers again together.
+// With --on_failure=continue the others go on; with --on_failure=replace they go on and the
+// failed worker is started again alone, with COROCOLL_JOIN=1, to join them (they admit it with
+// process_group::grow), up to --max_restarts replacements in all.
 //
 // Store keys, under "corocollrun/<attempt>/": "node/<i>" = "<nproc> <max_restarts>" (the
 // join), "node/<i>/claims" (two agents with one node rank), "failures" (a counter) and
@@ -111,6 +114,9 @@ cc::task<> nap(cc::io::reactor& r, clock_type::time_point until, std::stop_token
 struct worker {
     int local_rank = 0;
     int rank = 0;
+    std::size_t index = 0;  // in the attempt's workers (replacements come after the first ones)
+    bool joining = false;   // a replacement, started with COROCOLL_JOIN=1
+    bool replaced = false;  // failed, and a replacement was started in its place
     pid_t pid = -1;
     int pidfd = -1;
     int out = -1;  // read ends of its stdout and stderr pipes
@@ -174,8 +180,9 @@ private:
             }
             std::vector<std::string> abort_key(1, key(attempt, "abort"));
             bool aborted = co_await store_->check(abort_key);
-            if (aborted || attempt >= o_.max_restarts) {
-                if (o_.max_restarts > 0 && !aborted) {
+            // --on_failure=replace spends --max_restarts on replacements, never on a restart.
+            if (aborted || attempt >= o_.max_restarts || o_.replace_on_failure) {
+                if (o_.max_restarts > 0 && !aborted && !o_.replace_on_failure) {
                     say("giving up after " + std::to_string(o_.max_restarts) + " restart" +
                         (o_.max_restarts == 1 ? "" : "s"));
                 }
@@ -268,7 +275,7 @@ private:
     }
 
     std::vector<std::string> worker_environment(int attempt, const rank_layout& layout,
-                                                int local_rank) const {
+                                                int local_rank, bool joining) const {
         // Another launcher's rank variables would contradict ours: drop them.
         static constexpr const char* dropped[] = {"RANK",
                                                   "WORLD_SIZE",
@@ -286,6 +293,7 @@ private:
                                                   "TORCHELASTIC_RUN_ID",
                                                   "TORCHELASTIC_USE_AGENT_STORE",
                                                   "COROCOLL_FAILURE_FD",
+                                                  "COROCOLL_JOIN",
                                                   "OMPI_COMM_WORLD_RANK",
                                                   "OMPI_COMM_WORLD_SIZE",
                                                   "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -323,7 +331,9 @@ private:
         put("MASTER_ADDR", o_.store_host());
         put("MASTER_PORT", std::to_string(store_->server().port()));
         put("TORCHELASTIC_USE_AGENT_STORE", "True");
+        // A replacement runs in the same attempt, so its store namespace is the others'.
         put("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt));
+        if (joining) put("COROCOLL_JOIN", "1");
         put("TORCHELASTIC_MAX_RESTARTS", std::to_string(o_.max_restarts));
         put("TORCHELASTIC_RUN_ID", o_.run_id);
         put("COROCOLL_FAILURE_FD", std::to_string(failure_write_));
@@ -332,12 +342,16 @@ private:
         return env;
     }
 
-    // Starts one worker in its own process group, its output on two pipes.
-    worker start_worker(int attempt, const rank_layout& layout, int local_rank) {
+    // Starts one worker in its own process group, its output on two pipes; `joining`: a
+    // replacement for a worker that failed.
+    worker start_worker(int attempt, const rank_layout& layout, int local_rank,
+                        bool joining = false) {
         worker w;
         w.local_rank = local_rank;
         w.rank = layout.base + local_rank;
-        std::vector<std::string> env = worker_environment(attempt, layout, local_rank);
+        w.index = workers_.size();
+        w.joining = joining;
+        std::vector<std::string> env = worker_environment(attempt, layout, local_rank, joining);
         std::vector<char*> envp;
         for (auto& e : env) envp.push_back(e.data());
         envp.push_back(nullptr);
@@ -462,10 +476,18 @@ private:
         w.status = status;
         ::close(std::exchange(w.pidfd, -1));
         --running_;
-        if (w.failed() && !w.stopped_by_us && !first_local_failure_) {
-            first_local_failure_ = w.local_rank;
+        if (w.failed() && !w.stopped_by_us && o_.replace_on_failure && interrupt_signal_ == 0 &&
+            replacements_ < o_.max_restarts) {
+            w.replaced = true;
+            ++replacements_;
+            say(failure_text(w) + "; starting a replacement that joins the others (" +
+                std::to_string(replacements_) + " of " + std::to_string(o_.max_restarts) +
+                ", --on_failure=replace)");
+            to_replace_.push_back(w.local_rank);
+        } else if (w.failed() && !w.stopped_by_us && !first_local_failure_) {
+            first_local_failure_ = w.index;
         }
-        if (w.failed() && o_.continue_on_failure && running_ > 0) {
+        if (w.failed() && !w.replaced && o_.continue_on_failure && running_ > 0) {
             say(failure_text(w) + "; the other workers go on (--on_failure=continue)");
         }
         wake_.request_stop();
@@ -596,6 +618,24 @@ private:
         while (running_ > 0) {
             co_await nap(r_, kill_at, wake_.get_token());
             wake_ = std::stop_source{};
+            // --on_failure=replace: each failed worker's replacement, watched as the others.
+            for (int local : std::exchange(to_replace_, {})) {
+                if (stopping) break;
+                try {
+                    worker& w = workers_.emplace_back(start_worker(attempt, layout, local, true));
+                    ++running_;
+                    scope.spawn(watch_exit(w));
+                    scope.spawn(pump(w, false, drained.get_token()));
+                    scope.spawn(pump(w, true, drained.get_token()));
+                } catch (const std::exception& e) {
+                    say("cannot start a replacement for local rank " + std::to_string(local) +
+                        ": " + e.what());
+                    for (const auto& w : workers_) {
+                        if (w.local_rank == local && w.replaced && !first_local_failure_)
+                            first_local_failure_ = w.index;
+                    }
+                }
+            }
             bool cause = interrupt_signal_ != 0 ||
                          (!o_.continue_on_failure &&
                           (first_local_failure_ || announced_first_ || remote_failure_));
@@ -662,7 +702,7 @@ private:
                 if (w.rank == *announced_first_) return w;
             }
         }
-        return workers_[static_cast<std::size_t>(*first_local_failure_)];
+        return workers_[*first_local_failure_];
     }
 
     std::string failure_text(const worker& w) const {
@@ -804,11 +844,13 @@ private:
     int failure_read_ = -1;
     int failure_write_ = -1;
 
-    std::vector<worker> workers_;
+    std::deque<worker> workers_;   // a deque: the watchers hold references while it grows
+    std::vector<int> to_replace_;  // local ranks whose replacement is to start
+    int replacements_ = 0;         // workers replaced so far (--on_failure=replace)
     std::size_t running_ = 0;
     std::stop_source wake_;
-    std::optional<int> first_local_failure_;  // a local rank
-    std::optional<int> announced_first_;      // a global rank
+    std::optional<std::size_t> first_local_failure_;  // a worker's index
+    std::optional<int> announced_first_;              // a global rank
     bool remote_failure_ = false;
     bool reported_ = false;
     bool first_reporter_ = false;

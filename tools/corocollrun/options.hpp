@@ -33,6 +33,10 @@ struct launch_options {
     /// When a worker fails, the others go on (`--on_failure=continue`): for programs that
     /// survive a rank's death (revoke, then carry on without it). Default: they are stopped.
     bool continue_on_failure = false;
+    /// `--on_failure=replace`: the others go on, and the failed worker is started again alone
+    /// (up to `max_restarts` times in all), as a process that joins the live group
+    /// (COROCOLL_JOIN=1 in its environment; the program calls join_process_group).
+    bool replace_on_failure = false;
     /// How often an agent looks at the store for other nodes' failures.
     std::chrono::milliseconds monitor_interval{100};
     /// Between SIGTERM and SIGKILL when workers are stopped.
@@ -75,9 +79,12 @@ inline constexpr const char* usage_text =
     "  --rdzv_conf join_timeout=S[,exit_barrier_timeout=S]  seconds; defaults 900 and 300\n"
     "  --standalone             one node, store on a free loopback port\n"
     "  --max_restarts N         restart every worker up to N times after a failure; default 0\n"
-    "  --on_failure stop|continue  when a worker fails, stop the others (default) or let\n"
-    "                           them go on (programs that survive a rank's death); the exit\n"
-    "                           status is still a failure's\n"
+    "  --on_failure stop|continue|replace  when a worker fails, stop the others (default),\n"
+    "                           or let them go on (programs that survive a rank's death;\n"
+    "                           the exit status is still a failure's), or let them go on and\n"
+    "                           start the failed worker again alone, up to --max_restarts\n"
+    "                           times in all, with COROCOLL_JOIN=1 (it joins the others, who\n"
+    "                           admit it with grow; exit status 0 if all then succeed)\n"
     "  --monitor_interval S     seconds between looks at other nodes' state; default 0.1\n"
     "  --grace_period S         seconds from SIGTERM to SIGKILL when stopping workers; "
     "default 5\n"
@@ -278,10 +285,11 @@ inline launch_options parse_command_line(const std::vector<std::string>& args, b
             o.max_restarts = detail::parse_int(name, flag(true), 0, 1000000);
         } else if (name == "on_failure") {
             std::string v = flag(true);
-            if (v != "stop" && v != "continue") {
-                throw usage_error("--on_failure=" + v + ": expected stop or continue");
+            if (v != "stop" && v != "continue" && v != "replace") {
+                throw usage_error("--on_failure=" + v + ": expected stop, continue or replace");
             }
-            o.continue_on_failure = v == "continue";
+            o.continue_on_failure = v != "stop";
+            o.replace_on_failure = v == "replace";
         } else if (name == "monitor_interval") {
             o.monitor_interval = detail::parse_seconds(name, flag(true));
             if (o.monitor_interval.count() == 0) o.monitor_interval = std::chrono::milliseconds(1);
@@ -318,7 +326,11 @@ inline launch_options parse_command_line(const std::vector<std::string>& args, b
                 "--master_port and --rdzv_endpoint");
         }
     }
-    if (o.continue_on_failure && o.max_restarts > 0) {
+    if (o.replace_on_failure && o.max_restarts == 0) {
+        throw usage_error(
+            "--on_failure=replace needs --max_restarts N: how many workers may be replaced");
+    }
+    if (o.continue_on_failure && !o.replace_on_failure && o.max_restarts > 0) {
         throw usage_error(
             "--on_failure=continue cannot go with --max_restarts: a restart starts every "
             "worker again, which would end the ones that went on");

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -31,8 +32,10 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -156,6 +159,22 @@ COROCOLL_DECL task<rendezvous_result> rendezvous_for(io::reactor& r, init_option
 /// include-gpu root) sets up backend "nccl".
 COROCOLL_DECL task<std::shared_ptr<process_group>> init_process_group(io::reactor& r,
                                                                       init_options o = {});
+
+/// Joins a live group as a new rank, through the store `o` reaches (as `init_process_group`
+/// reaches it): a replacement for a rank that died, started by the launcher after the others
+/// shrank, or one more rank for a group that scales up. Waits (up to `o.timeout`) until the
+/// ranks of the group that descends from `init_process_group` with the same `o.group_name`
+/// call `process_group::grow`, then sets the grown group up with them; this process's rank
+/// in it is the one `grow` hands out (from the old size on), whatever RANK said. The store
+/// must be one that outlived the rank that died (the launcher's, as corocollrun serves it):
+/// with env:// that is TORCHELASTIC_USE_AGENT_STORE, which corocollrun sets.
+COROCOLL_DECL task<std::shared_ptr<process_group>> join_process_group(io::reactor& r,
+                                                                      init_options o = {});
+
+/// Whether this process was started to take the place of a rank that failed
+/// (corocollrun --on_failure=replace sets COROCOLL_JOIN=1 in its environment): it then joins
+/// the live group with `join_process_group` instead of setting one up.
+COROCOLL_DECL bool joining();
 
 COROCOLL_END_NAMESPACE
 

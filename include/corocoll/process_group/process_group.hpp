@@ -85,6 +85,7 @@ struct agreement {
 };
 
 class process_group;
+struct init_options;
 
 namespace detail {
 /// What a `shared_ptr<process_group>` made by corocoll does with the group when its last
@@ -227,6 +228,28 @@ public:
     /// and nothing waits past its deadline.
     task<std::shared_ptr<process_group>> shrink(
         std::chrono::milliseconds join_window = std::chrono::seconds(10));
+
+    /// A larger group: this group's ranks (keeping their numbers) and `new_size - size()`
+    /// processes that called `join_process_group` (numbered from size() on, in the order they
+    /// came), as NCCL's ncclCommGrow; for a replacement of a rank that died (after `shrink`)
+    /// or more ranks at a step boundary. Every rank of this group calls it, and it must be
+    /// sound: rank 0 waits up to `join_window` for the joiners that came first and not yet
+    /// admitted, hands each its rank, and tells the others through a broadcast; then all set
+    /// the new group up, which has its own connections, as `shrink`'s. Joiners meet the group
+    /// in the store under the name of the `init_process_group` it descends from, so it works
+    /// on groups made by init_process_group, shrink and grow (not new_group or split), one
+    /// grow at a time per name. Too few joiners within `join_window`: every rank gets an
+    /// error saying how many came, the joiners that came stay for the next grow, and this
+    /// group goes on. `new_size` must be larger than size().
+    task<std::shared_ptr<process_group>> grow(
+        int new_size, std::chrono::milliseconds join_window = std::chrono::seconds(60));
+
+    /// How many processes wait to join (`join_process_group`) and no grow has admitted yet:
+    /// collective (rank 0 reads the store, then broadcasts), so every rank gets the same
+    /// count, for a `grow(size() + n)` that every rank then calls. For a step boundary of a
+    /// program that takes replacements (corocollrun --on_failure=replace). 0 on a group that
+    /// cannot grow (made by new_group or split).
+    task<int> joiners_waiting();
 
     /// A fault-tolerant AND over the live ranks, as MPI's MPIX_Comm_agree: every live rank
     /// calls it with its `flag` and every caller gets the same `agreement`: the AND of the
@@ -570,6 +593,20 @@ private:
     // `close()`, waiting for the peers to close too until `until` (see `close_after_peers`).
     task<> close_lingering(std::chrono::steady_clock::time_point until);
 
+    friend task<std::shared_ptr<process_group>> join_process_group(io::reactor&, init_options);
+    friend task<std::shared_ptr<process_group>> init_process_group(io::reactor&, init_options);
+
+    // Where processes that join (`join_process_group`) meet this group's lineage in the store,
+    // and the name of the init_process_group group it descends from; null and empty for
+    // new_group's and split's groups.
+    void set_lobby(std::shared_ptr<rendezvous::store> lobby, std::string name) {
+        lobby_ = std::move(lobby);
+        lobby_name_ = std::move(name);
+    }
+    // Rank 0's part of `grow`: waits for `need` joiners not yet admitted, hands each a rank
+    // from size() on in a group of `new_size`, and yields the grow's number (its keys' prefix).
+    task<std::int64_t> admit(int need, int new_size, std::chrono::milliseconds join_window);
+
     // The store a subgroup's set-up (`call`: "new_group", "split"; `name`: the subgroup's)
     // goes through: this group's, watched for this group's failure (a rank that died).
     std::shared_ptr<rendezvous::store> watched_store(const char* call, const std::string& name);
@@ -697,6 +734,8 @@ private:
     duration timeout_;
     std::shared_ptr<rendezvous::store> store_;
     std::shared_ptr<rendezvous::tcp_store_server> hosted_;  // rank 0's store server, if any
+    std::shared_ptr<rendezvous::store> lobby_;              // see set_lobby
+    std::string lobby_name_;
     io::endpoint listen_on_;
     transport::engine_options limits_;
     int subgroups_ = 0;

@@ -276,6 +276,14 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
         group_disposer{});
 }
 
+// Where processes that join meet the groups that descend from init_process_group's group
+// `name` (see process_group::grow).
+inline std::shared_ptr<rendezvous::store> lobby_of(const std::string& name,
+                                                   std::shared_ptr<rendezvous::store> store) {
+    return std::make_shared<rendezvous::prefix_store>("corocoll/" + name + "/lobby",
+                                                      std::move(store));
+}
+
 COROCOLL_DECL task<rendezvous_result> rendezvous_for(io::reactor& r, init_options& o) {
     std::optional<rendezvous::launch_info> env;
     if (o.rank < 0 || o.world_size < 0) {
@@ -384,9 +392,65 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> init_process_group(io::reacto
             ")"));
     }
     auto rv = co_await detail::rendezvous_for(r, o);
-    co_return co_await detail::build_group(
+    auto g = co_await detail::build_group(
         r, std::move(rv.group_store), rv.rank, rv.world_size, o.group_name, o.timeout, o.limits,
         transport::choose_listen_address(rv.master), std::move(rv.hosted), {}, {}, true);
+    g->set_lobby(detail::lobby_of(o.group_name, rv.store), o.group_name);
+    co_return g;
+}
+
+COROCOLL_DECL task<std::shared_ptr<process_group>> join_process_group(io::reactor& r,
+                                                                      init_options o) {
+    if (o.backend != "tcp" && o.backend != "gloo" && o.backend != "cpu") {
+        throw std::invalid_argument("corocoll: join_process_group: backend '" + o.backend +
+                                    "' is not available (CPU groups use \"tcp\")");
+    }
+    auto rv = co_await detail::rendezvous_for(r, o);
+    auto lobby = detail::lobby_of(o.group_name, rv.store);
+    // A ticket number, then this process's name under it, for rank 0 of a grow to see.
+    const std::string n = std::to_string(co_await lobby->add("joined", 1));
+    co_await lobby->set("joiner/" + n, detail::who_is(rv.rank));
+    std::string ticket;
+    std::exception_ptr waited;
+    try {
+        std::vector<std::string> keys{"ticket/" + n};
+        co_await lobby->wait(std::move(keys), o.timeout);
+        ticket = co_await lobby->get("ticket/" + n);
+    } catch (...) {
+        waited = std::current_exception();
+    }
+    if (waited) {
+        // Not admitted: leave no name behind for a later grow to count on.
+        co_await lobby->delete_key("joiner/" + n);
+        try {
+            std::rethrow_exception(waited);
+        } catch (const std::system_error& e) {
+            corocoll::detail::throw_error(
+                e.code(), "corocoll: join_process_group: " + detail::who_is(rv.rank) + " (joiner " +
+                              n + ") was not admitted to group '" + o.group_name + "' within " +
+                              std::to_string(o.timeout.count()) +
+                              " ms: its ranks admit joiners with process_group::grow (" +
+                              corocoll::detail::context_of(e) + ")");
+        }
+    }
+    std::istringstream in(ticket);
+    std::int64_t k = -1;
+    int rank = -1, size = -1;
+    in >> k >> rank >> size;
+    if (!in || k < 1 || rank < 1 || size <= rank) {
+        throw std::runtime_error("corocoll: join_process_group: joiner " + n +
+                                 " got a ticket it cannot read: '" + ticket + "'");
+    }
+    co_await lobby->delete_key("ticket/" + n);
+    co_await lobby->delete_key("joiner/" + n);
+    COROCOLL_LOG(info, "FT", "joiner ", n, " admitted to group '", o.group_name, "' as rank ", rank,
+                 " of ", size);
+    auto g = co_await detail::build_group(
+        r, std::make_shared<rendezvous::prefix_store>(std::to_string(k) + "/group", lobby), rank,
+        size, o.group_name + "/grow" + std::to_string(k), o.timeout, o.limits,
+        transport::choose_listen_address(rv.master), std::move(rv.hosted));
+    g->set_lobby(std::move(lobby), o.group_name);
+    co_return g;
 }
 
 COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::new_group(rank_list list) {
@@ -575,10 +639,12 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::shrink(
                      detail::encode_ranks(members), " of ", size());
         auto store = std::make_shared<rendezvous::prefix_store>(base + "group", store_);
         try {
-            co_return co_await detail::build_group(reactor_, std::move(store),
-                                                   static_cast<int>(me - members.begin()),
-                                                   static_cast<int>(members.size()), name, timeout_,
-                                                   limits_, listen_on_, hosted_, {}, join_window);
+            auto g = co_await detail::build_group(reactor_, std::move(store),
+                                                  static_cast<int>(me - members.begin()),
+                                                  static_cast<int>(members.size()), name, timeout_,
+                                                  limits_, listen_on_, hosted_, {}, join_window);
+            g->set_lobby(lobby_, lobby_name_);
+            co_return g;
         } catch (const std::exception& e) {
             COROCOLL_LOG(warn, "FT", "shrink of group '", name_, "': try ", t,
                          " failed (a member may have died): ", e.what());
@@ -589,6 +655,95 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::shrink(
     }
     throw std::runtime_error(prefix("shrink") + "group '" + name_ + "' could not be shrunk" +
                              tries);
+}
+
+COROCOLL_DECL bool joining() {
+    const char* v = std::getenv("COROCOLL_JOIN");
+    return v != nullptr && std::string_view(v) == "1";
+}
+
+COROCOLL_DECL task<int> process_group::joiners_waiting() {
+    check_open("joiners_waiting");
+    std::array<std::int64_t, 1> waiting{0};
+    if (rank() == 0 && lobby_) {
+        const std::int64_t admitted = co_await lobby_->add("admitted", 0);
+        waiting[0] = co_await lobby_->add("joined", 0) - admitted;
+    }
+    co_await broadcast(waiting, 0);
+    co_return static_cast<int>(std::max<std::int64_t>(waiting[0], 0));
+}
+
+COROCOLL_DECL task<std::int64_t> process_group::admit(int need, int new_size,
+                                                      std::chrono::milliseconds join_window) {
+    const std::int64_t admitted = co_await lobby_->add("admitted", 0);
+    std::vector<std::string> names;
+    for (int i = 1; i <= need; ++i) names.push_back("joiner/" + std::to_string(admitted + i));
+    std::exception_ptr waited;
+    try {
+        co_await lobby_->wait(names, join_window);
+    } catch (const std::system_error&) {
+        waited = std::current_exception();
+    }
+    if (waited) {
+        std::int64_t came = co_await lobby_->add("joined", 0) - admitted;
+        throw std::runtime_error(
+            prefix("grow") + "group '" + name_ + "' was to grow to " + std::to_string(new_size) +
+            " ranks, but " + std::to_string(std::max<std::int64_t>(came, 0)) + " of the " +
+            std::to_string(need) + " process(es) it needs called " + "join_process_group within " +
+            std::to_string(join_window.count()) + " ms");
+    }
+    const std::int64_t k = admitted + 1;  // unique: tickets are never handed out twice
+    for (int i = 0; i < need; ++i) {
+        co_await lobby_->set(
+            "ticket/" + std::to_string(admitted + 1 + i),
+            std::to_string(k) + " " + std::to_string(size() + i) + " " + std::to_string(new_size));
+    }
+    co_await lobby_->add("admitted", need);
+    co_return k;
+}
+
+COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::grow(
+    int new_size, std::chrono::milliseconds join_window) {
+    check_open("grow");
+    if (!lobby_) {
+        throw std::logic_error(prefix("grow") + "group '" + name_ +
+                               "' was made by new_group or split: only groups made by "
+                               "init_process_group, shrink or grow can grow");
+    }
+    if (new_size <= size()) {
+        throw std::invalid_argument(prefix("grow") + "new size " + std::to_string(new_size) +
+                                    " is not larger than group '" + name_ + "''s " +
+                                    std::to_string(size()));
+    }
+    // Rank 0 admits the joiners and sends the grow's number, or -1 when too few came; the
+    // others learn either from the broadcast (which fails if this group does).
+    std::array<std::int64_t, 1> k{-1};
+    std::exception_ptr failed;
+    if (rank() == 0) {
+        try {
+            k[0] = co_await admit(new_size - size(), new_size, join_window);
+        } catch (...) {
+            failed = std::current_exception();
+        }
+    }
+    co_await broadcast(k, 0);
+    if (failed) std::rethrow_exception(failed);
+    if (k[0] < 1) {
+        throw std::runtime_error(prefix("grow") + "group '" + name_ + "' was to grow to " +
+                                 std::to_string(new_size) + " ranks, but rank 0 did not see " +
+                                 std::to_string(new_size - size()) +
+                                 " process(es) call join_process_group within " +
+                                 std::to_string(join_window.count()) + " ms");
+    }
+    const std::string round = std::to_string(k[0]);
+    COROCOLL_LOG(info, "FT", "grow of group '", name_, "' to ", new_size, " ranks (grow ", round,
+                 ")");
+    auto g = co_await detail::build_group(
+        reactor_, std::make_shared<rendezvous::prefix_store>(round + "/group", lobby_), rank(),
+        new_size, lobby_name_ + "/grow" + round, timeout_, limits_, listen_on_, hosted_, {},
+        join_window);
+    g->set_lobby(lobby_, lobby_name_);
+    co_return g;
 }
 
 COROCOLL_DECL std::shared_ptr<rendezvous::store> process_group::watched_store(
