@@ -71,7 +71,8 @@ struct config {
 
 // The process that joins (--grow): held until the kill, then admitted by the survivors.
 cc::task<> joiner_body(cc::io::reactor& r, board& b, const config& c) {
-    while (b.killed.load() == 0) ::usleep(100);
+    for (int i = 0; i < 600'000 && b.killed.load() == 0; ++i) ::usleep(100);
+    if (b.killed.load() == 0) throw std::runtime_error("joiner: no rank was killed within 60 s");
     cc::init_options io;
     auto g = co_await cc::join_process_group(r, io);
     std::vector<float> one(1, 1.0f);
@@ -122,7 +123,9 @@ cc::task<> rank_body(cc::process_group& first, board& b, const config& c) {
     co_await first.close();
     if (c.grow) {
         int waiting = 0;
-        while (waiting == 0) waiting = co_await g->joiners_waiting();
+        // Each look is a store round trip and a broadcast: 100,000 of them take seconds.
+        for (int i = 0; i < 100'000 && waiting == 0; ++i) waiting = co_await g->joiners_waiting();
+        if (waiting == 0) throw std::runtime_error("grow: no process joined after the shrink");
         auto whole = co_await g->grow(g->size() + waiting);
         one[0] = 1;
         co_await whole->all_reduce(one);
