@@ -12,6 +12,7 @@
 // Runs over shared memory, and again over TCP (COROCOLL_TRANSPORT=tcp). The store is served
 // by the test process (as corocollrun's agent serves it), so it outlives every rank.
 
+#include "../support/port.hpp"
 #include "../support/process_board.hpp"
 #include "../support/sanitized.hpp"
 
@@ -64,12 +65,21 @@ void note(rank_record& r, const std::string& s) { corocoll_test::note(r.text, s)
 
 // Runs `body` on `ranks` process ranks (stall checks as given), each in a group of its own
 // set-up; a rank exits 0 unless something it did not expect threw.
+// With `store_port`, rank 0 serves the store on it (env:// without a launcher's store), so
+// that the store dies with rank 0.
 cc::spawn_result run_job(int ranks, const char* stall_s,
-                         std::function<cc::task<>(std::shared_ptr<cc::process_group>)> body) {
+                         std::function<cc::task<>(std::shared_ptr<cc::process_group>)> body,
+                         const corocoll_test::reserved_port* store_port = nullptr) {
     corocoll_test::process_job j;
     j.ranks = ranks;
     j.stall_s = stall_s;
     j.job_timeout = 100s;
+    if (store_port != nullptr) {
+        j.before = [store_port] {
+            ::unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+            ::setenv("MASTER_PORT", std::to_string(store_port->port()).c_str(), 1);
+        };
+    }
     return corocoll_test::run_process_job(j, std::move(body));
 }
 
@@ -145,22 +155,25 @@ void check_survivors(const board& b, unsigned survivors, int shrinks) {
     }
 }
 
-void kill_case(int n, int victim) {
+void kill_case(int n, int victim, const corocoll_test::reserved_port* store_port = nullptr) {
     board& b = *new_board();
-    auto res = run_job(n, "60", [&b, victim](std::shared_ptr<cc::process_group> pg) -> cc::task<> {
-        rank_record& me = b.ranks[pg->rank()];
-        int first = pg->rank();
-        co_await loop_until_failure(*pg, me, victim, 25);
-        auto failed = pg->failed_ranks();
-        if (failed != std::vector<int>{victim}) {
-            note(me, "failed_ranks is not {victim}: " + pg->failure()->what);
-        }
-        auto small = co_await pg->shrink();
-        ++me.shrinks;
-        co_await pg->close();
-        co_await check_group(*small, me, first);
-        co_await small->close();
-    });
+    auto res = run_job(
+        n, "60",
+        [&b, victim](std::shared_ptr<cc::process_group> pg) -> cc::task<> {
+            rank_record& me = b.ranks[pg->rank()];
+            int first = pg->rank();
+            co_await loop_until_failure(*pg, me, victim, 25);
+            auto failed = pg->failed_ranks();
+            if (failed != std::vector<int>{victim}) {
+                note(me, "failed_ranks is not {victim}: " + pg->failure()->what);
+            }
+            auto small = co_await pg->shrink();
+            ++me.shrinks;
+            co_await pg->close();
+            co_await check_group(*small, me, first);
+            co_await small->close();
+        },
+        store_port);
     for (int r = 0; r < n; ++r) {
         CAPTURE(r);
         CAPTURE(res.ranks[static_cast<std::size_t>(r)].describe());
@@ -176,6 +189,38 @@ TEST_CASE("after SIGKILL of one rank the survivors shrink, and the next all_redu
     SUBCASE("1 of 4") { kill_case(4, 2); }
     SUBCASE("1 of 8") { kill_case(8, 5); }
     SUBCASE("rank 0 of 4") { kill_case(4, 0); }
+}
+
+TEST_CASE("the rank that serves the store dies: the survivors shrink through a stand-in") {
+    // env:// without a launcher's store: rank 0 serves it, and ranks 1 and 2 stand in.
+    corocoll_test::reserved_port port;
+    SUBCASE("rank 0 of 4") { kill_case(4, 0, &port); }
+    SUBCASE("rank 0 of 8") { kill_case(8, 0, &port); }
+    SUBCASE("rank 0, then the first stand-in") {
+        board& b = *new_board();
+        auto res = run_job(
+            4, "60",
+            [&b](std::shared_ptr<cc::process_group> pg) -> cc::task<> {
+                rank_record& me = b.ranks[pg->rank()];
+                const int first = pg->rank();
+                for (int victim : {0, 1}) {
+                    // Rank 0 dies in the first group; rank 1 of the first group (rank 0 of
+                    // the shrunk one, serving its store) in the second.
+                    co_await loop_until_failure(*pg, me, first == victim ? pg->rank() : -1, 5);
+                    auto next = co_await pg->shrink();
+                    ++me.shrinks;
+                    co_await pg->close();
+                    pg = std::move(next);
+                }
+                co_await check_group(*pg, me, first);
+                co_await pg->close();
+            },
+            &port);
+        CHECK_FALSE(res.ranks[0].ok());
+        CHECK_FALSE(res.ranks[1].ok());
+        check_survivors(b, all_but(4, {0, 1}), 2);
+        ::munmap(&b, sizeof(board));
+    }
 }
 
 TEST_CASE("three deaths in a row at 8 ranks, each followed by a shrink") {

@@ -82,6 +82,9 @@ struct rendezvous_result {
     std::shared_ptr<rendezvous::prefix_store> group_store;
     std::shared_ptr<rendezvous::tcp_store_server> hosted;
     std::optional<io::endpoint> master;
+    /// Rank 0 serves the store at `master` (env:// without a launcher's store, tcp://): it
+    /// dies with rank 0 (see detail::store_stand_ins).
+    bool served_by_rank0 = false;
 };
 
 // COROCOLL_JOB_TOKEN, or empty. The store rank 0 serves asks every client to prove it, and

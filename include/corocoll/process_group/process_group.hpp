@@ -93,6 +93,28 @@ namespace detail {
 struct group_disposer {
     void operator()(process_group* g) const noexcept;
 };
+
+/// The store rank 0 serves (env:// without a launcher's store, tcp://) dies with rank 0, and
+/// with it the place where the survivors' `shrink` and `agree` meet. So ranks 1 and 2 of
+/// init_process_group's group serve a store each, empty, that stands in for it: a call that
+/// follows a failure meets in the first store of `chain` that answers. Shared by the groups of
+/// a process that descend from that group (shrink, grow, new_group, split).
+struct store_stand_ins {
+    /// The store rank 0 serves, then the stand-ins, in the order they are tried.
+    std::vector<io::endpoint> chain;
+    /// Those this process found dead: a process that died does not come back.
+    std::vector<bool> gone;
+    /// The stand-in this process serves, if any, and its place in `chain`.
+    std::shared_ptr<rendezvous::tcp_store_server> mine;
+    std::size_t mine_at = 0;
+    /// Proved to the stand-ins (COROCOLL_JOB_TOKEN), as to the store.
+    std::string job_token;
+    /// "127.0.0.1:4000,127.0.0.1:4001": `chain` as it travels through the lobby.
+    std::string encode() const;
+    static store_stand_ins decode(const std::string& text);
+};
+/// How many ranks stand in for the store rank 0 serves (ranks 1 to this).
+inline constexpr int store_stand_in_count = 2;
 }  // namespace detail
 
 /// A set of ranks that exchange messages, like torch's ProcessGroup: the public face of
@@ -610,6 +632,21 @@ private:
     // The store a subgroup's set-up (`call`: "new_group", "split"; `name`: the subgroup's)
     // goes through: this group's, watched for this group's failure (a rank that died).
     std::shared_ptr<rendezvous::store> watched_store(const char* call, const std::string& name);
+    // Ranks 1 and 2 start their stand-ins for the store rank 0 serves at `primary`, and every
+    // rank learns their addresses (see detail::store_stand_ins). Collective, at set-up.
+    task<> set_up_stand_ins(io::endpoint primary);
+    // Where a decision of `call` (shrink, agree) is made: this group's store, unless a rank
+    // of it failed and the process serving it is gone; then the first stand-in that answers
+    // (`at`, its place in the chain; `hosted`, its server where this process serves it).
+    struct decision_place {
+        std::shared_ptr<rendezvous::store> store;
+        std::size_t at = 0;
+        std::shared_ptr<rendezvous::tcp_store_server> hosted;
+    };
+    task<decision_place> decision_place_for(const char* call);
+    // The lobby's store is gone with the process that served it: `call` (grow,
+    // joiners_waiting) cannot work; says so at once instead of waiting for it.
+    void check_lobby(const char* call) const;
     // What the callers of one `decide` agreed on: who came, and the AND of their flags.
     struct decision {
         std::vector<int> members;
@@ -622,8 +659,9 @@ private:
     // publishes this rank as come, with `flag`, and yields what every caller agrees on (a
     // compare_set of `base` "members" that the first proposal wins): `candidates`, once all
     // of them came, or, after `join_window`, those that had; and the AND of their flags.
-    task<decision> decide(std::string base, std::vector<int> candidates,
-                          std::chrono::milliseconds join_window, bool flag);
+    task<decision> decide(std::shared_ptr<rendezvous::store> store, std::string base,
+                          std::vector<int> candidates, std::chrono::milliseconds join_window,
+                          bool flag);
     // This group's ranks less those known to have failed.
     std::vector<int> live_candidates() const;
     // The error of a rank that `call` (shrink, agree) did not count in.
@@ -736,6 +774,8 @@ private:
     std::shared_ptr<rendezvous::tcp_store_server> hosted_;  // rank 0's store server, if any
     std::shared_ptr<rendezvous::store> lobby_;              // see set_lobby
     std::string lobby_name_;
+    std::shared_ptr<detail::store_stand_ins> stand_ins_;  // see set_up_stand_ins
+    std::size_t store_at_ = 0;                            // store_'s place in stand_ins_->chain
     io::endpoint listen_on_;
     transport::engine_options limits_;
     int subgroups_ = 0;

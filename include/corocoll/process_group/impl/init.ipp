@@ -34,6 +34,7 @@ COROCOLL_DECL task<rendezvous_result> tcp_rendezvous(io::reactor& r, const std::
     rendezvous_result out;
     io::endpoint master = io::endpoint::resolve(host, port);
     out.master = master;
+    out.served_by_rank0 = true;
     if (rank == 0) {
         try {
             rendezvous::tcp_store_server_options served;
@@ -396,6 +397,11 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> init_process_group(io::reacto
         r, std::move(rv.group_store), rv.rank, rv.world_size, o.group_name, o.timeout, o.limits,
         transport::choose_listen_address(rv.master), std::move(rv.hosted), {}, {}, true);
     g->set_lobby(detail::lobby_of(o.group_name, rv.store), o.group_name);
+    if (rv.served_by_rank0 && g->size() > 1) {
+        co_await g->set_up_stand_ins(*rv.master);
+        // For processes that join later (join_process_group).
+        if (g->rank() == 0) co_await g->lobby_->set("stand-ins", g->stand_ins_->encode());
+    }
     co_return g;
 }
 
@@ -449,6 +455,13 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> join_process_group(io::reacto
         r, std::make_shared<rendezvous::prefix_store>(std::to_string(k) + "/group", lobby), rank,
         size, o.group_name + "/grow" + std::to_string(k), o.timeout, o.limits,
         transport::choose_listen_address(rv.master), std::move(rv.hosted));
+    // The stand-ins for the store rank 0 serves, where the job has them.
+    std::vector<std::string> stand_ins_key{"stand-ins"};
+    if (co_await lobby->check(stand_ins_key)) {
+        g->stand_ins_ = std::make_shared<detail::store_stand_ins>(
+            detail::store_stand_ins::decode(co_await lobby->get("stand-ins")));
+        g->stand_ins_->job_token = detail::job_token_from_env();
+    }
     g->set_lobby(std::move(lobby), o.group_name);
     co_return g;
 }
@@ -476,6 +489,8 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::new_group(rank
     // Set up: the group's keys from now on do not depend on this group staying sound (a
     // shrink of the subgroup after this group failed) or alive.
     group->store_ = std::make_shared<rendezvous::prefix_store>("sub/" + std::to_string(k), store_);
+    group->stand_ins_ = stand_ins_;
+    group->store_at_ = store_at_;
     std::erase_if(made_, [](const auto& w) { return w.expired(); });
     made_.push_back(group);
     co_return group;
@@ -508,11 +523,11 @@ inline std::vector<int> decode_ranks(const std::string& text) {
 }  // namespace detail
 
 COROCOLL_DECL task<process_group::decision> process_group::decide(
-    std::string base, std::vector<int> candidates, std::chrono::milliseconds join_window,
-    bool flag) {
+    std::shared_ptr<rendezvous::store> store, std::string base, std::vector<int> candidates,
+    std::chrono::milliseconds join_window, bool flag) {
     auto alive_key = [&](int p) { return base + "alive/" + std::to_string(p); };
-    co_await store_->set(alive_key(rank()), flag ? "1" : "0");
-    auto came = co_await store_->add(base + "came", 1);
+    co_await store->set(alive_key(rank()), flag ? "1" : "0");
+    auto came = co_await store->add(base + "came", 1);
     std::vector<std::string> every_alive;
     every_alive.reserve(candidates.size());
     for (int p : candidates) every_alive.push_back(alive_key(p));
@@ -521,11 +536,11 @@ COROCOLL_DECL task<process_group::decision> process_group::decide(
     // The rank that completes the count proposes, if the ranks that came are the candidates;
     // everyone else waits for the decision, and proposes what it saw once the window is over.
     bool propose_now =
-        came == static_cast<std::int64_t>(candidates.size()) && co_await store_->check(every_alive);
+        came == static_cast<std::int64_t>(candidates.size()) && co_await store->check(every_alive);
     if (!propose_now) {
         try {
             // Waits for the decision and reads it: one round trip to corocoll's server.
-            verdict = (co_await store_->multi_get(decided, join_window)).front();
+            verdict = (co_await store->multi_get(decided, join_window)).front();
         } catch (const std::system_error& e) {
             if (e.code() != std::errc::timed_out) throw;
         }
@@ -540,7 +555,7 @@ COROCOLL_DECL task<process_group::decision> process_group::decide(
         } else {
             for (int p : candidates) {
                 std::vector<std::string> one{alive_key(p)};
-                if (co_await store_->check(one)) {
+                if (co_await store->check(one)) {
                     present.push_back(p);
                     present_keys.push_back(alive_key(p));
                 }
@@ -555,15 +570,15 @@ COROCOLL_DECL task<process_group::decision> process_group::decide(
         while (!read && verdict.empty()) {
             std::optional<std::system_error> slow;
             try {
-                flags = co_await store_->multi_get(present_keys, flag_read_wait);
+                flags = co_await store->multi_get(present_keys, flag_read_wait);
                 read = true;
             } catch (const std::system_error& e) {
                 if (e.code() != std::errc::timed_out) throw;
                 slow = e;
             }
             if (read) break;
-            if (co_await store_->check(decided)) {
-                verdict = (co_await store_->multi_get(decided, join_window)).front();
+            if (co_await store->check(decided)) {
+                verdict = (co_await store->multi_get(decided, join_window)).front();
             } else if (std::chrono::steady_clock::now() > until) {
                 throw *slow;
             }
@@ -571,7 +586,7 @@ COROCOLL_DECL task<process_group::decision> process_group::decide(
         if (verdict.empty()) {
             bool all = true;
             for (const auto& f : flags) all = all && f == "1";
-            verdict = co_await store_->compare_set(
+            verdict = co_await store->compare_set(
                 decided.front(), "",
                 std::string(all ? "1" : "0") + "|" + detail::encode_ranks(present));
         }
@@ -579,10 +594,102 @@ COROCOLL_DECL task<process_group::decision> process_group::decide(
     // Decided: nobody needs this rank's key any more (a caller still proposing gets the
     // decision from its compare_set). "came" and "members" stay: a rank that comes later
     // must learn that it was left out.
-    co_await store_->delete_key(alive_key(rank()));
+    co_await store->delete_key(alive_key(rank()));
     auto bar = verdict.find('|');
     co_return decision{detail::decode_ranks(verdict.substr(bar + 1)),
                        verdict.substr(0, bar) == "1"};
+}
+
+COROCOLL_DECL std::string detail::store_stand_ins::encode() const {
+    std::string out;
+    for (const auto& e : chain) out += (out.empty() ? "" : ",") + e.to_string();
+    return out;
+}
+
+COROCOLL_DECL detail::store_stand_ins detail::store_stand_ins::decode(const std::string& text) {
+    store_stand_ins s;
+    std::size_t at = 0;
+    while (at < text.size()) {
+        std::size_t comma = text.find(',', at);
+        if (comma == std::string::npos) comma = text.size();
+        s.chain.push_back(io::endpoint::parse(std::string_view(text).substr(at, comma - at)));
+        at = comma + 1;
+    }
+    s.gone.assign(s.chain.size(), false);
+    s.mine_at = s.chain.size();
+    return s;
+}
+
+COROCOLL_DECL task<> process_group::set_up_stand_ins(io::endpoint primary) {
+    auto s = std::make_shared<detail::store_stand_ins>();
+    s->job_token = detail::job_token_from_env();
+    const int count = std::min(size() - 1, detail::store_stand_in_count);
+    if (rank() >= 1 && rank() <= count) {
+        rendezvous::tcp_store_server_options o;
+        if (corocoll::detail::token_auth_available()) o.job_token = s->job_token;
+        // The address this rank's mesh listens on: reachable by every other rank.
+        s->mine = std::make_shared<rendezvous::tcp_store_server>(
+            listen_on_.empty() ? io::endpoint::loopback(0)
+                               : io::endpoint::from_numeric(listen_on_.host(), 0),
+            o);
+        co_await store_->set("stand-in/" + std::to_string(rank()),
+                             s->mine->local_endpoint().to_string());
+    }
+    std::vector<std::string> keys;
+    for (int i = 1; i <= count; ++i) keys.push_back("stand-in/" + std::to_string(i));
+    auto addresses = co_await store_->multi_get(keys, timeout_);
+    s->chain.push_back(primary);
+    for (const auto& a : addresses) s->chain.push_back(io::endpoint::parse(a));
+    s->gone.assign(s->chain.size(), false);
+    s->mine_at = s->mine ? static_cast<std::size_t>(rank()) : s->chain.size();
+    stand_ins_ = std::move(s);
+    store_at_ = 0;
+}
+
+COROCOLL_DECL task<process_group::decision_place> process_group::decision_place_for(
+    const char* call) {
+    // A sound group, or one whose store no rank serves (a launcher's): its own store.
+    if (!stand_ins_ || failed_ranks().empty()) co_return decision_place{store_, store_at_, hosted_};
+    auto& s = *stand_ins_;
+    // How long an answer from a live store may take: a dead process's port refuses at once.
+    constexpr std::chrono::milliseconds probe_window{2000};
+    std::string tried;
+    for (std::size_t i = 0; i < s.chain.size(); ++i) {
+        if (s.gone[i]) continue;
+        std::shared_ptr<rendezvous::tcp_store> client;
+        try {
+            client = co_await rendezvous::tcp_store::connect(reactor_, s.chain[i], probe_window,
+                                                             s.job_token);
+        } catch (const std::system_error& e) {
+            tried += (tried.empty() ? "" : "; ") + s.chain[i].to_string() + ": " + e.what();
+        }
+        if (!client) {
+            s.gone[i] = true;
+            COROCOLL_LOG(warn, "FT", call, " of group '", name_, "': the store at ",
+                         s.chain[i].to_string(), " is gone; trying the next stand-in");
+            continue;
+        }
+        if (i == store_at_) co_return decision_place{store_, i, hosted_};
+        client->set_timeout(timeout_);
+        COROCOLL_LOG(info, "FT", call, " of group '", name_, "' meets at the stand-in store ",
+                     s.chain[i].to_string());
+        co_return decision_place{
+            std::make_shared<rendezvous::prefix_store>("corocoll/" + name_, std::move(client)), i,
+            i == s.mine_at ? s.mine : nullptr};
+    }
+    throw std::runtime_error(prefix(call) + "group '" + name_ +
+                             "': the store rank 0 served and its stand-ins are all gone (" + tried +
+                             ")");
+}
+
+COROCOLL_DECL void process_group::check_lobby(const char* call) const {
+    if (stand_ins_ && !stand_ins_->gone.empty() && stand_ins_->gone[0]) {
+        throw std::runtime_error(prefix(call) + "group '" + name_ +
+                                 "' cannot admit joiners: they meet in the store that rank 0 of "
+                                 "group '" +
+                                 lobby_name_ + "' served at " + stand_ins_->chain[0].to_string() +
+                                 ", which is gone with it");
+    }
 }
 
 COROCOLL_DECL std::vector<int> process_group::live_candidates() const {
@@ -608,8 +715,9 @@ COROCOLL_DECL task<agreement> process_group::agree(bool flag,
                                                    std::chrono::milliseconds join_window) {
     check_open("agree");
     const int k = ++agreements_;
-    auto d =
-        co_await decide("agree/" + std::to_string(k) + "/", live_candidates(), join_window, flag);
+    auto place = co_await decision_place_for("agree");
+    auto d = co_await decide(std::move(place.store), "agree/" + std::to_string(k) + "/",
+                             live_candidates(), join_window, flag);
     if (std::find(d.members.begin(), d.members.end(), rank()) == d.members.end()) {
         throw std::runtime_error(left_out("agree", d.members, join_window));
     }
@@ -632,18 +740,22 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::shrink(
     // Each failed try leaves out at least the rank that did not come again: at most size().
     for (int t = 0; t < size(); ++t) {
         std::string base = "shrink/" + std::to_string(k) + "/" + std::to_string(t) + "/";
-        std::vector<int> members = (co_await decide(base, candidates, join_window, true)).members;
+        auto place = co_await decision_place_for("shrink");
+        std::vector<int> members =
+            (co_await decide(place.store, base, candidates, join_window, true)).members;
         auto me = std::find(members.begin(), members.end(), rank());
         if (me == members.end()) throw std::runtime_error(left_out("shrink", members, join_window));
         COROCOLL_LOG(info, "FT", "shrink of group '", name_, "' (try ", t, "): rank(s) ",
                      detail::encode_ranks(members), " of ", size());
-        auto store = std::make_shared<rendezvous::prefix_store>(base + "group", store_);
+        auto store = std::make_shared<rendezvous::prefix_store>(base + "group", place.store);
         try {
-            auto g = co_await detail::build_group(reactor_, std::move(store),
-                                                  static_cast<int>(me - members.begin()),
-                                                  static_cast<int>(members.size()), name, timeout_,
-                                                  limits_, listen_on_, hosted_, {}, join_window);
+            auto g = co_await detail::build_group(
+                reactor_, std::move(store), static_cast<int>(me - members.begin()),
+                static_cast<int>(members.size()), name, timeout_, limits_, listen_on_,
+                std::move(place.hosted), {}, join_window);
             g->set_lobby(lobby_, lobby_name_);
+            g->stand_ins_ = stand_ins_;
+            g->store_at_ = place.at;
             co_return g;
         } catch (const std::exception& e) {
             COROCOLL_LOG(warn, "FT", "shrink of group '", name_, "': try ", t,
@@ -664,6 +776,7 @@ COROCOLL_DECL bool joining() {
 
 COROCOLL_DECL task<int> process_group::joiners_waiting() {
     check_open("joiners_waiting");
+    check_lobby("joiners_waiting");
     std::array<std::int64_t, 1> waiting{0};
     if (rank() == 0 && lobby_) {
         const std::int64_t admitted = co_await lobby_->add("admitted", 0);
@@ -715,6 +828,7 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::grow(
                                     " is not larger than group '" + name_ + "''s " +
                                     std::to_string(size()));
     }
+    check_lobby("grow");
     // Rank 0 admits the joiners and sends the grow's number, or -1 when too few came; the
     // others learn either from the broadcast (which fails if this group does).
     std::array<std::int64_t, 1> k{-1};
@@ -740,9 +854,12 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::grow(
                  ")");
     auto g = co_await detail::build_group(
         reactor_, std::make_shared<rendezvous::prefix_store>(round + "/group", lobby_), rank(),
-        new_size, lobby_name_ + "/grow" + round, timeout_, limits_, listen_on_, hosted_, {},
-        join_window);
+        new_size, lobby_name_ + "/grow" + round, timeout_, limits_, listen_on_,
+        store_at_ == 0 ? hosted_ : nullptr, {}, join_window);
     g->set_lobby(lobby_, lobby_name_);
+    // The lobby is in the store rank 0 of the first group serves (the chain's first).
+    g->stand_ins_ = stand_ins_;
+    g->store_at_ = 0;
     co_return g;
 }
 
@@ -792,6 +909,8 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> process_group::split(int colo
         "split", name);
     group->store_ = std::make_shared<rendezvous::prefix_store>(
         "split/" + std::to_string(k) + "/" + std::to_string(colour), store_);  // as new_group's
+    group->stand_ins_ = stand_ins_;
+    group->store_at_ = store_at_;
     std::erase_if(made_, [](const auto& w) { return w.expired(); });
     made_.push_back(group);
     co_return group;
