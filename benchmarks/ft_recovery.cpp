@@ -13,7 +13,9 @@
 // back to --nproc, and time
 //   grown    the grown group's first all_reduce completed, its sum checked.
 // With --agree every rank of a sound group calls agree(true) instead, timed from a common
-// start to its answer (column "agreed"). Transport from COROCOLL_TRANSPORT (shm by default
+// start to its answer (column "agreed"). With --rank0-store rank 0 serves the store (env:// without
+// a launcher's store) and is the rank killed by default: the survivors shrink through rank
+// 1's stand-in for it. Transport from COROCOLL_TRANSPORT (shm by default
 // on one host). Times are in ms on the CLOCK_MONOTONIC of the host; each line is the slowest
 // survivor's, and the summary gives min / median / max over repetitions.
 
@@ -21,8 +23,11 @@
 
 #include "common/args.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -67,7 +72,25 @@ struct config {
     bool no_kill = false;
     bool grow = false;
     bool agree = false;
+    bool rank0_store = false;
 };
+
+// A loopback port held (bound, not listening, SO_REUSEADDR) until the process ends, for rank
+// 0 to serve the store on: nobody else takes it meanwhile, and rank 0's listener may.
+int reserve_port() {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (fd < 0 || ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+        ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+        throw std::runtime_error("ft_recovery: cannot reserve a port for the store");
+    }
+    return ntohs(a.sin_port);
+}
 
 // The process that joins (--grow): held until the kill, then admitted by the survivors.
 cc::task<> joiner_body(cc::io::reactor& r, board& b, const config& c) {
@@ -160,8 +183,17 @@ int main(int argc, char** argv) {
     a.boolean("--no-kill", c.no_kill, "shrink a sound group: the agreement and set-up alone");
     a.boolean("--grow", c.grow, "a process joins after the kill; the survivors grow back");
     a.boolean("--agree", c.agree, "agree(true) on a sound group, timed");
+    a.boolean("--rank0-store", c.rank0_store,
+              "rank 0 serves the store (and is killed unless --victim says otherwise)");
     perf::parse_or_exit(a, argc, argv);
-    if (c.victim < 0) c.victim = c.n - 1;
+    if (c.victim < 0) c.victim = c.rank0_store ? 0 : c.n - 1;
+    if (c.rank0_store && c.grow) {
+        std::fprintf(stderr,
+                     "ft_recovery: --rank0-store goes without --grow (joiners meet in "
+                     "rank 0's store)\n");
+        return 2;
+    }
+    const int store_port = c.rank0_store ? reserve_port() : 0;
     if (c.victim >= c.n) {
         std::fprintf(stderr, "ft_recovery: --victim must be below --nproc\n");
         return 2;
@@ -175,13 +207,14 @@ int main(int argc, char** argv) {
         ::mmap(nullptr, sizeof(board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) return 1;
     const char* transport = std::getenv("COROCOLL_TRANSPORT");
-    std::printf("# ft_recovery: %d ranks, %s, transport %s, %s\n", c.n,
+    std::printf("# ft_recovery: %d ranks, %s%s, transport %s, %s\n", c.n,
                 c.agree     ? "agree on a sound group"
                 : c.no_kill ? "shrink of a sound group"
                 : c.grow    ? ("SIGKILL of rank " + std::to_string(c.victim) +
                             ", then a process joins and the survivors grow back")
                                .c_str()
                          : ("SIGKILL of rank " + std::to_string(c.victim)).c_str(),
+                c.rank0_store ? " (rank 0 serves the store)" : "",
                 transport != nullptr ? transport : "default (shm on one host)", "ms from the kill");
     std::printf("# %s; caches %s\n", cpu_model().c_str(),
                 cc::describe(cc::machine_cache_sizes()).c_str());
@@ -202,6 +235,10 @@ int main(int argc, char** argv) {
             [&]() -> int {
                 const bool joiner = c.grow && std::atoi(std::getenv("RANK")) == c.n;
                 if (c.grow && !joiner) ::setenv("WORLD_SIZE", std::to_string(c.n).c_str(), 1);
+                if (c.rank0_store) {
+                    ::unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+                    ::setenv("MASTER_PORT", std::to_string(store_port).c_str(), 1);
+                }
                 cc::io::reactor r;
                 try {
                     r.run([&]() -> cc::task<> {

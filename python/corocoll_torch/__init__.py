@@ -19,7 +19,9 @@ calls the same operation on a corocoll group.
 peer, fails naming this rank) and closes it without waiting; `failure(group)` says how a group
 failed (None while it is sound): what a fault-tolerant trainer polls and calls. `shrink(group)`
 makes the group of its live ranks (after a rank died), a torch process group that
-torch.distributed's calls and DistributedDataParallel take as any other.
+torch.distributed's calls and DistributedDataParallel take as any other. `grow(group, n)`
+admits processes that called `join_process_group()` (a replacement, or more ranks) and makes
+the grown group torch's default group, on its old ranks and on the joiners alike.
 """
 
 import atexit
@@ -32,8 +34,8 @@ import torch.distributed as dist
 from ._C import close_all, create_process_group
 from . import _C
 
-__all__ = ["BACKEND", "abort", "close_all", "create_process_group", "failure",
-           "monitored_barrier", "shrink"]
+__all__ = ["BACKEND", "abort", "close_all", "create_process_group", "failure", "grow",
+           "join_process_group", "monitored_barrier", "shrink"]
 
 BACKEND = "corocoll"
 
@@ -141,4 +143,54 @@ def shrink(group=None, join_window=timedelta(seconds=10)):
     if old in pg_map:
         pg_map[made] = pg_map[old]
     _world_dict("pg_names")[made] = f"corocoll_shrink_{id(made)}"
+    return made
+
+
+def _make_default(pg, backend_and_store):
+    """Makes `pg` torch.distributed's default group, as init_process_group leaves one: its
+    ranks are the job's ranks from now on (dist.get_rank(), group=None, DDP without a group)."""
+    c10d = dist.distributed_c10d
+    c10d._update_default_pg(pg)
+    _world_dict("pg_map")[pg] = backend_and_store
+    _world_dict("pg_names")[pg] = f"corocoll_world_{id(pg)}"
+    _world_dict("pg_group_ranks")[pg] = {i: i for i in range(pg.size())}
+    if hasattr(c10d, "_backend"):
+        c10d._backend = BACKEND
+
+
+def grow(group=None, new_size=None, join_window=timedelta(seconds=60)):
+    """The group `group` (the default group when None) grown to `new_size` ranks (one more
+    when None), as NCCL's ncclCommGrow: its ranks keep their numbers, and the processes that
+    called `join_process_group` come after them, in the order they came. Every rank of
+    `group` calls it, typically after `shrink` and once the launcher started a replacement
+    (corocollrun --on_failure=replace). Too few joiners within `join_window` raise an error,
+    on every rank, that says how many came; `group` goes on. The grown group becomes torch's
+    default group here, as it is on the joiners: dist.get_rank() and dist.get_world_size()
+    are its rank and size from now on. Groups descend from the default group (through shrink
+    and grow) to be grown: the joiners meet it in the job's store."""
+    old = group if group is not None else dist.distributed_c10d._get_default_group()
+    if new_size is None:
+        new_size = old.size() + 1
+    made = _C.grow(_backend_of(old), new_size, join_window)
+    pg_map = _world_dict("pg_map")
+    store = pg_map[old][1] if old in pg_map else None
+    _make_default(made, (BACKEND, store))
+    return made
+
+
+def join_process_group(timeout=timedelta(minutes=30), init_method="env://"):
+    """What a process that joins a running job calls instead of init_process_group (the one
+    corocollrun --on_failure=replace starts with COROCOLL_JOIN=1, or one more rank): it
+    reaches the job's store as init_process_group would (RANK and WORLD_SIZE are those of the
+    launcher, used to reach the store only), waits up to `timeout` until the job's ranks call
+    `grow`, and returns its group, made torch's default group: its rank is the one grow hands
+    out (after the old ranks), not RANK."""
+    store, rank, world_size = next(dist.rendezvous(init_method, timeout=timeout))
+    store.set_timeout(timeout)
+    # The groups meet joiners in the job's store under every prefix: this one is only for
+    # torch's tables, as init_process_group's default group has it.
+    store = dist.PrefixStore("default_pg", store)
+    made = _C.join(store, rank, world_size, timeout)
+    _close_at_exit()
+    _make_default(made, (BACKEND, store))
     return made

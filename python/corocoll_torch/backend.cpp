@@ -142,6 +142,24 @@ PYBIND11_MODULE(_C, m) {
         py::arg("group"), py::arg("join_window"),
         "The group of the group's live ranks (every live rank calls it) and, for each of its "
         "ranks, that rank's rank in `group`");
+    m.def(
+        "grow",
+        [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, int new_size,
+           std::chrono::milliseconds window) -> c10::intrusive_ptr<c10d::ProcessGroup> {
+            return corocoll_torch::ours(pg, "grow").grow(new_size, window);
+        },
+        py::arg("group"), py::arg("new_size"), py::arg("join_window"),
+        "The group grown to new_size ranks with the processes that joined (every rank of the "
+        "group calls it); its ranks keep their numbers, the joiners come after them");
+    m.def(
+        "join",
+        [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
+           std::chrono::milliseconds timeout) -> c10::intrusive_ptr<c10d::ProcessGroup> {
+            return corocoll_torch::group::join(store, rank, world_size, timeout);
+        },
+        py::arg("store"), py::arg("rank"), py::arg("world_size"), py::arg("timeout"),
+        "Waits until the ranks of the groups set up on torch's store (the default group's) "
+        "grow, and returns this process's place in the grown group");
     m.def("failure", &corocoll_torch::failure_of, py::arg("group"),
           "None while the group is sound, else a dict: cause ('rank_failed', 'blamed', "
           "'revoked', 'closed'), rank, failed_ranks, what");

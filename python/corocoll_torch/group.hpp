@@ -34,9 +34,43 @@ struct runtime {
     cc::thread_pool store_pool{1};
     cc::thread_pool callbacks{1};
     std::shared_ptr<torch_store> adapter;
+    // The job's store under torch's prefixes, where joiners meet the groups (see `grow`).
+    std::shared_ptr<torch_store> lobby;
     // Last: it stops first, before the pools and the adapter it uses go away.
     progress_thread progress;
 };
+
+/// Runs the coroutine `body()` on `rt`'s progress thread and waits until it is over (the
+/// caller releases the GIL first, where it holds it). `body` catches what it must report.
+template <class Body>
+void run_on(runtime& rt, Body body) {
+    struct item_t : cc::detail::work_item {
+        runtime* rt;
+        Body* body;
+        std::mutex m;
+        std::condition_variable cv;
+        bool done = false;
+        bool eager = true;
+    } item;
+    item.rt = &rt;
+    item.body = &body;
+    item.run_ = [](cc::detail::work_item* i) noexcept {
+        auto* s = static_cast<item_t*>(i);
+        [](item_t* s) -> detached {
+            try {
+                co_await (*s->body)();
+            } catch (...) {
+            }
+            s->rt->progress.finished(s->eager);
+            std::lock_guard lock(s->m);
+            s->done = true;
+            s->cv.notify_all();
+        }(s);
+    };
+    rt.progress.submit(item, true);
+    std::unique_lock lock(item.m);
+    item.cv.wait(lock, [&] { return item.done; });
+}
 
 /// The backend "corocoll": a c10d::ProcessGroup whose operations run on a corocoll
 /// process_group on the group's own progress thread (shared with the groups shrunk from it).
@@ -52,43 +86,25 @@ public:
         }
         rt_->adapter = std::make_shared<torch_store>(store, rt_->store_pool);
         rt_->adapter->set_timeout(timeout);
+        rt_->lobby = std::make_shared<torch_store>(base_store(store), rt_->store_pool);
+        rt_->lobby->set_timeout(timeout);
         master_ = store_master(store);
         // Set-up runs on the progress thread; this thread waits, without the GIL.
-        struct setup_item : cc::detail::work_item {
-            group* self;
-            std::mutex m;
-            std::condition_variable cv;
-            bool done = false;
-            bool eager = true;
-            std::exception_ptr error;
-        } item;
-        item.self = this;
-        item.run_ = [](cc::detail::work_item* i) noexcept {
-            auto* s = static_cast<setup_item*>(i);
-            [](setup_item* s) -> detached {
-                std::exception_ptr error;
+        std::exception_ptr error;
+        {
+            without_gil released;
+            run_on(*rt_, [&]() -> cc::task<> {
                 try {
-                    co_await s->self->set_up();
+                    co_await set_up();
                 } catch (...) {
                     error = std::current_exception();
                 }
-                s->self->progress().finished(s->eager);
-                std::lock_guard lock(s->m);
-                s->error = error;
-                s->done = true;
-                s->cv.notify_all();
-            }(s);
-        };
-        progress().submit(item, true);
-        {
-            without_gil released;
-            std::unique_lock lock(item.m);
-            item.cv.wait(lock, [&] { return item.done; });
+            });
         }
-        if (item.error) {
+        if (error) {
             // The progress thread must not outlive a half-built group: the destructors below
             // (the runtime's progress thread first) stop it.
-            std::rethrow_exception(item.error);
+            std::rethrow_exception(error);
         }
     }
 
@@ -134,6 +150,67 @@ public:
         auto made = c10::make_intrusive<group>(rt_, std::move(next), timeout_);
         register_group(made.get());
         return {made, std::move(ranks)};
+    }
+
+    /// The group grown to `new_size` ranks (cc::process_group::grow): this group's ranks keep
+    /// their numbers and the processes that joined (`join`) come after them. Every rank of
+    /// this group calls it; too few joiners within `join_window` raise the count everywhere
+    /// and leave this group as it was.
+    c10::intrusive_ptr<group> grow(int new_size, milliseconds join_window) {
+        std::shared_ptr<cc::process_group> next;
+        std::exception_ptr error;
+        {
+            without_gil released;
+            if (!pg_) throw std::runtime_error("corocoll_torch.grow: the group was never set up");
+            on_progress([&](group& g) -> cc::task<> {
+                try {
+                    next = co_await g.pg_->grow(new_size, join_window);
+                } catch (...) {
+                    error = std::current_exception();
+                }
+            });
+        }
+        if (error) std::rethrow_exception(error);
+        auto made = c10::make_intrusive<group>(rt_, std::move(next), timeout_);
+        register_group(made.get());
+        return made;
+    }
+
+    /// A process that joins the job's groups (cc::join_process_group) through `store`, the
+    /// job's store (under whatever prefixes: they meet under all of them, in `base_store`): it
+    /// waits (up to `timeout`) until the ranks of a group of the job call `grow`, and yields
+    /// its place in the grown group.
+    static c10::intrusive_ptr<group> join(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                          int size, milliseconds timeout) {
+        if (const char* local = std::getenv("LOCAL_WORLD_SIZE")) {
+            cc::io::reactor::set_local_processes(std::atoi(local));
+        }
+        auto rt = std::make_shared<runtime>();
+        rt->lobby = std::make_shared<torch_store>(base_store(store), rt->store_pool);
+        rt->lobby->set_timeout(timeout);
+        cc::init_options o;
+        o.store = rt->lobby;
+        o.store_address = store_master(store);
+        o.rank = rank;
+        o.world_size = size;
+        o.group_name = lobby_name;
+        o.timeout = timeout;
+        std::shared_ptr<cc::process_group> pg;
+        std::exception_ptr error;
+        {
+            without_gil released;
+            run_on(*rt, [&]() -> cc::task<> {
+                try {
+                    pg = co_await cc::join_process_group(rt->progress.reactor(), o);
+                } catch (...) {
+                    error = std::current_exception();
+                }
+            });
+        }
+        if (error) std::rethrow_exception(error);
+        auto made = c10::make_intrusive<group>(std::move(rt), std::move(pg), timeout);
+        register_group(made.get());
+        return made;
     }
 
     /// Closes the group, first waiting (up to `linger()`) until every live peer has closed its
@@ -643,9 +720,14 @@ private:
     cc::task<> set_up() {
         auto scoped = std::make_shared<cc::rendezvous::prefix_store>("corocoll", rt_->adapter);
         pg_ = co_await cc::detail::build_group(
-            progress().reactor(), std::move(scoped), getRank(), getSize(), "torch", timeout_, {},
+            progress().reactor(), std::move(scoped), getRank(), getSize(), lobby_name, timeout_, {},
             cc::transport::choose_listen_address(master_), nullptr);
+        // Where processes that `join` through the job's store meet it (see `grow`).
+        cc::detail::open_lobby(*pg_, rt_->lobby, lobby_name);
     }
+
+    // The name of the groups set up on torch's store, and of their lobby.
+    static constexpr const char* lobby_name = "torch";
 
     std::string who() const {
         return "rank " + std::to_string(getRank()) + " of " + std::to_string(getSize());
@@ -862,32 +944,7 @@ private:
     // for it without the GIL; what it throws is dropped (closing never fails the caller).
     template <class Body>
     void on_progress(Body body) {
-        struct item_t : cc::detail::work_item {
-            group* self;
-            Body* body;
-            std::mutex m;
-            std::condition_variable cv;
-            bool done = false;
-            bool eager = true;
-        } item;
-        item.self = this;
-        item.body = &body;
-        item.run_ = [](cc::detail::work_item* i) noexcept {
-            auto* s = static_cast<item_t*>(i);
-            [](item_t* s) -> detached {
-                try {
-                    co_await (*s->body)(*s->self);
-                } catch (...) {
-                }
-                s->self->progress().finished(s->eager);
-                std::lock_guard lock(s->m);
-                s->done = true;
-                s->cv.notify_all();
-            }(s);
-        };
-        progress().submit(item, true);
-        std::unique_lock lock(item.m);
-        item.cv.wait(lock, [&] { return item.done; });
+        run_on(*rt_, [&]() -> cc::task<> { co_await body(*this); });
     }
 
     std::mutex shutdown_m_;

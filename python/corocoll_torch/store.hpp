@@ -37,21 +37,29 @@ public:
             return to_str(store_->compareSet(key, to_vec(expected), to_vec(desired)));
         });
     }
+    /// Looks (CHECK) until every key is there, from 1 ms apart doubling to 16 ms, on the
+    /// calling coroutine's reactor. Not c10d's WAIT: a torch 1.13 client whose WAIT timed out
+    /// reads the server's late answer as the reply to its next request (a shrink's or a
+    /// grow's short waits time out by design, and the same client serves the group after).
     cc::task<> wait(std::vector<std::string> keys, duration t) override {
-        std::string names = cc::rendezvous::detail::join_keys(keys);
-        auto start = std::chrono::steady_clock::now();
-        try {
-            co_await cc::offload(pool_, [&] { store_->wait(keys, at_least_1ms(t)); });
-        } catch (const std::exception& e) {
-            // c10d's timeouts are plain c10::Errors: the time spent tells them apart.
-            if (std::chrono::steady_clock::now() - start >= t) {
-                cc::detail::throw_error(std::make_error_code(std::errc::timed_out),
-                                        "corocoll: torch store: wait for " + names +
-                                            " timed out after " + std::to_string(t.count()) +
-                                            " ms");
+        const auto until = std::chrono::steady_clock::now() + t;
+        auto pause = milliseconds(1);
+        cc::io::reactor* r = cc::io::reactor::current();
+        if (r == nullptr) {  // off a reactor: nothing to sleep on, c10d's own wait
+            co_await call("wait", cc::rendezvous::detail::join_keys(keys),
+                          [&] { store_->wait(keys, at_least_1ms(t)); });
+            co_return;
+        }
+        while (!co_await check(keys)) {
+            auto now = std::chrono::steady_clock::now();
+            if (now >= until) {
+                cc::detail::throw_error(
+                    std::make_error_code(std::errc::timed_out),
+                    "corocoll: torch store: wait for " + cc::rendezvous::detail::join_keys(keys) +
+                        " timed out after " + std::to_string(t.count()) + " ms");
             }
-            throw std::runtime_error("corocoll: torch store: wait for " + names + ": " +
-                                     first_line(e.what()));
+            co_await r->sleep_until(std::min(now + pause, until));
+            pause = std::min(pause * 2, milliseconds(16));
         }
     }
     cc::task<bool> check(std::vector<std::string> keys) override {
@@ -97,12 +105,19 @@ private:
     cc::thread_pool& pool_;
 };
 
-/// Where torch's store is served, when it is a TCPStore (under any number of PrefixStores):
-/// the address the mesh listens on is chosen to reach it, as corocoll's own init does.
-inline std::optional<cc::io::endpoint> store_master(c10::intrusive_ptr<c10d::Store> s) {
+/// The store under every PrefixStore of `s`: the job's own (torch's TCPStore, or a FileStore),
+/// the same for every group and every process of the job, however torch prefixed it.
+inline c10::intrusive_ptr<c10d::Store> base_store(c10::intrusive_ptr<c10d::Store> s) {
     while (auto* prefix = dynamic_cast<c10d::PrefixStore*>(s.get())) {
         s = prefix->getUnderlyingStore();
     }
+    return s;
+}
+
+/// Where torch's store is served, when it is a TCPStore (under any number of PrefixStores):
+/// the address the mesh listens on is chosen to reach it, as corocoll's own init does.
+inline std::optional<cc::io::endpoint> store_master(c10::intrusive_ptr<c10d::Store> s) {
+    s = base_store(std::move(s));
     if (auto* tcp = dynamic_cast<c10d::TCPStore*>(s.get())) {
         try {
             return cc::io::endpoint::resolve(tcp->getHost(), tcp->getPort());

@@ -7,8 +7,8 @@
 // agree gives every survivor the same AND and failed ranks; a subgroup is shrunk the same way;
 // 100 shrinks in a row leave no descriptor, mapping or store key behind. Grow: after a shrink a
 // process that joins (join_process_group) is admitted and the group is whole again; too few
-// joiners fail every rank's grow with the count, and the group goes on; 100 grows in a row
-// leave nothing behind.
+// joiners fail every rank's grow with the count, and the group goes on; a joiner that gave up
+// is not counted and the next grow passes over it; 100 grows in a row leave nothing behind.
 // Runs over shared memory, and again over TCP (COROCOLL_TRANSPORT=tcp). The store is served
 // by the test process (as corocollrun's agent serves it), so it outlives every rank.
 
@@ -520,6 +520,88 @@ TEST_CASE("grow with too few joiners fails on every rank, and the group goes on"
         CHECK(b.ranks[r].checked == 1);
     }
     ::munmap(&ready, sizeof(std::atomic<int>));
+    ::munmap(&b, sizeof(board));
+}
+
+TEST_CASE("a joiner that gave up is not counted, and the next grow passes over it") {
+    board& b = *new_board();
+    // step: 1 the quitter gave up, 2 the second joiner may go.
+    std::atomic<int>& step = *corocoll_test::new_shared_board<std::atomic<int>>();
+    constexpr int n = 3;
+    cc::spawn_options o;
+    o.stop_others_on_failure = false;
+    o.timeout = 100s;
+    auto res = cc::spawn_processes(
+        n + 2,
+        [&]() -> int {
+            ::setenv("COROCOLL_STALL_S", "60", 1);
+            const int slot = std::atoi(std::getenv("RANK"));
+            rank_record& me = b.ranks[slot];
+            cc::io::reactor r;
+            cc::init_options io;
+            io.timeout = 60s;
+            auto wait_for = [&](int s) {
+                for (int i = 0; i < 6000 && step.load() < s; ++i) ::usleep(10'000);
+            };
+            try {
+                if (slot < n) {
+                    ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+                    r.run([&]() -> cc::task<> {
+                        auto pg = co_await cc::init_process_group(r, io);
+                        wait_for(1);
+                        me.left_out = co_await pg->joiners_waiting();  // the quitter: gone
+                        co_await pg->barrier();
+                        if (pg->rank() == 0) step = 2;
+                        auto four = co_await pg->grow(n + 1, 30s);
+                        co_await pg->close();
+                        co_await check_group(*four, me, slot);
+                        co_await four->close();
+                    }());
+                } else if (slot == n) {
+                    // The quitter: waits 300 ms for a grow that does not come, and leaves.
+                    io.timeout = 300ms;
+                    try {
+                        r.run([&]() -> cc::task<> { co_await cc::join_process_group(r, io); }());
+                        note(me, "admitted");
+                    } catch (const std::system_error& e) {
+                        note(me, e.what());
+                    }
+                    step = 1;
+                } else {
+                    wait_for(2);
+                    r.run([&]() -> cc::task<> {
+                        auto g = co_await cc::join_process_group(r, io);
+                        co_await check_group(*g, me, n);
+                        co_await g->close();
+                    }());
+                }
+            } catch (const std::exception& e) {
+                std::fprintf(stderr, "slot %d failed: %s\n", slot, e.what());
+                return 1;
+            }
+            return 0;
+        },
+        o);
+    for (int r = 0; r < n + 2; ++r) {
+        CAPTURE(r);
+        CAPTURE(res.ranks[static_cast<std::size_t>(r)].describe());
+        CHECK(res.ranks[static_cast<std::size_t>(r)].ok());
+    }
+    const std::string quitter = b.ranks[n].text;
+    CAPTURE(quitter);
+    CHECK(quitter.find("was not admitted to group 'default' within 300 ms") != std::string::npos);
+    for (int r : {0, 1, 2, 4}) {
+        const rank_record& rec = b.ranks[r];
+        CAPTURE(r);
+        CAPTURE(std::string(rec.text));
+        if (r < n) CHECK(rec.left_out == 0);  // joiners_waiting did not count the quitter
+        CHECK(rec.final_members == 0b1111u);
+        CHECK(rec.final_size == n + 1);
+        CHECK(rec.final_rank == (r == 4 ? n : r));
+        CHECK(rec.sum == 10);
+        CHECK(rec.checked == 1);
+    }
+    ::munmap(&step, sizeof(std::atomic<int>));
     ::munmap(&b, sizeof(board));
 }
 

@@ -57,6 +57,10 @@ struct init_options {
     std::chrono::milliseconds timeout = detail::default_timeout();
     /// A store to rendezvous through instead of `init_method` (rank and world_size required).
     std::shared_ptr<rendezvous::store> store;
+    /// With `store`: where its server listens, if it has one, so that this rank listens on
+    /// the interface that reaches it, as with env:// (none: loopback, unless
+    /// COROCOLL_SOCKET_IFNAME names one).
+    std::optional<io::endpoint> store_address;
     /// Groups with different names keep apart in one store.
     std::string group_name = "default";
     /// Transport limits and knobs (transport, stall reports, early-message budget); defaults from
@@ -150,6 +154,12 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
 /// world size (explicit, else from the launcher's environment), reaches the store, and opens
 /// a fresh namespace in it for this set-up of `o.group_name`.
 COROCOLL_DECL task<rendezvous_result> rendezvous_for(io::reactor& r, init_options& o);
+
+/// Opens the lobby of `g` (see process_group::grow): `corocoll/<name>/lobby/` of `job_store`,
+/// where processes that call join_process_group with the same store and group name meet it.
+/// For set-ups of a group that are not init_process_group's (the torch backend's).
+COROCOLL_DECL void open_lobby(process_group& g, std::shared_ptr<rendezvous::store> job_store,
+                              const std::string& name);
 
 }  // namespace detail
 

@@ -93,6 +93,8 @@ namespace detail {
 struct group_disposer {
     void operator()(process_group* g) const noexcept;
 };
+COROCOLL_DECL void open_lobby(process_group& g, std::shared_ptr<rendezvous::store> job_store,
+                              const std::string& name);
 
 /// The store rank 0 serves (env:// without a launcher's store, tcp://) dies with rank 0, and
 /// with it the place where the survivors' `shrink` and `agree` meet. So ranks 1 and 2 of
@@ -617,6 +619,8 @@ private:
 
     friend task<std::shared_ptr<process_group>> join_process_group(io::reactor&, init_options);
     friend task<std::shared_ptr<process_group>> init_process_group(io::reactor&, init_options);
+    friend void detail::open_lobby(process_group&, std::shared_ptr<rendezvous::store>,
+                                   const std::string&);
 
     // Where processes that join (`join_process_group`) meet this group's lineage in the store,
     // and the name of the init_process_group group it descends from; null and empty for

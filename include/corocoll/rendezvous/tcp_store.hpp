@@ -50,9 +50,14 @@ public:
     /// proves differently is an error (permission_denied). A server that does not ask is used
     /// as it is: a forged store cannot get more than its entries, as mesh set-up proves the
     /// token between ranks.
+    ///
+    /// `wait_for_server` false: for a server known to have been up (a stand-in for a store,
+    /// say): a refused or reset connection fails at once, then and at every reconnection,
+    /// instead of being tried again until `timeout`.
     static task<std::shared_ptr<tcp_store>> connect(io::reactor& r, io::endpoint server,
                                                     duration timeout = default_timeout,
-                                                    std::string job_token = {});
+                                                    std::string job_token = {},
+                                                    bool wait_for_server = true);
 
     /// The server's address.
     const io::endpoint& server() const noexcept { return server_; }
@@ -141,6 +146,7 @@ private:
     bool status_replies_ = false;  // the server said HELLO back: replies start with a status
     bool plain_server_ = false;    // the server closed the connection at HELLO (torch's)
     std::string job_token_;        // proved to a server that asks for it
+    bool wait_for_server_ = true;  // see connect
     async_mutex mutex_;
 };
 

@@ -285,6 +285,11 @@ inline std::shared_ptr<rendezvous::store> lobby_of(const std::string& name,
                                                       std::move(store));
 }
 
+COROCOLL_DECL void open_lobby(process_group& g, std::shared_ptr<rendezvous::store> job_store,
+                              const std::string& name) {
+    g.set_lobby(lobby_of(name, std::move(job_store)), name);
+}
+
 COROCOLL_DECL task<rendezvous_result> rendezvous_for(io::reactor& r, init_options& o) {
     std::optional<rendezvous::launch_info> env;
     if (o.rank < 0 || o.world_size < 0) {
@@ -320,6 +325,7 @@ COROCOLL_DECL task<rendezvous_result> rendezvous_for(io::reactor& r, init_option
     rendezvous_result s;
     if (o.store) {
         s.store = o.store;
+        s.master = o.store_address;
     } else if (o.init_method == "env://") {
         if (!env) {
             env.emplace();
@@ -396,7 +402,7 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> init_process_group(io::reacto
     auto g = co_await detail::build_group(
         r, std::move(rv.group_store), rv.rank, rv.world_size, o.group_name, o.timeout, o.limits,
         transport::choose_listen_address(rv.master), std::move(rv.hosted), {}, {}, true);
-    g->set_lobby(detail::lobby_of(o.group_name, rv.store), o.group_name);
+    detail::open_lobby(*g, rv.store, o.group_name);
     if (rv.served_by_rank0 && g->size() > 1) {
         co_await g->set_up_stand_ins(*rv.master);
         // For processes that join later (join_process_group).
@@ -413,44 +419,68 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> join_process_group(io::reacto
     }
     auto rv = co_await detail::rendezvous_for(r, o);
     auto lobby = detail::lobby_of(o.group_name, rv.store);
-    // A ticket number, then this process's name under it, for rank 0 of a grow to see.
-    const std::string n = std::to_string(co_await lobby->add("joined", 1));
-    co_await lobby->set("joiner/" + n, detail::who_is(rv.rank));
-    std::string ticket;
-    std::exception_ptr waited;
-    try {
-        std::vector<std::string> keys{"ticket/" + n};
-        co_await lobby->wait(std::move(keys), o.timeout);
-        ticket = co_await lobby->get("ticket/" + n);
-    } catch (...) {
-        waited = std::current_exception();
-    }
-    if (waited) {
-        // Not admitted: leave no name behind for a later grow to count on.
-        co_await lobby->delete_key("joiner/" + n);
-        try {
-            std::rethrow_exception(waited);
-        } catch (const std::system_error& e) {
-            corocoll::detail::throw_error(
-                e.code(), "corocoll: join_process_group: " + detail::who_is(rv.rank) + " (joiner " +
-                              n + ") was not admitted to group '" + o.group_name + "' within " +
-                              std::to_string(o.timeout.count()) +
-                              " ms: its ranks admit joiners with process_group::grow (" +
-                              corocoll::detail::context_of(e) + ")");
-        }
-    }
-    std::istringstream in(ticket);
+    const auto until = io::deadline_after(o.timeout);
     std::int64_t k = -1;
     int rank = -1, size = -1;
-    in >> k >> rank >> size;
-    if (!in || k < 1 || rank < 1 || size <= rank) {
-        throw std::runtime_error("corocoll: join_process_group: joiner " + n +
-                                 " got a ticket it cannot read: '" + ticket + "'");
+    for (;;) {
+        // A ticket number, then this process's name under it, for rank 0 of a grow to see.
+        const std::string n = std::to_string(co_await lobby->add("joined", 1));
+        co_await lobby->set("joiner/" + n, detail::who_is(rv.rank));
+        // A ticket, or, once this joiner gives up, "withdrawn": whichever of rank 0's ticket
+        // and this joiner's withdrawal comes first (a compare_set) holds, so rank 0 never
+        // admits a joiner that left, and a joiner never leaves a ticket it was given behind.
+        std::optional<std::system_error> waited;
+        try {
+            std::vector<std::string> keys{"ticket/" + n};
+            co_await lobby->wait(std::move(keys), detail::left_until(until));
+        } catch (const std::system_error& e) {
+            waited = e;
+        }
+        const std::string ticket = co_await lobby->compare_set("ticket/" + n, "", "withdrawn");
+        std::string verdict;
+        if (ticket != "withdrawn") {
+            // Given a ticket: the grow goes on once rank 0 found every joiner it needs.
+            std::vector<std::string> keys{"verdict/" + n};
+            try {
+                verdict =
+                    (co_await lobby->multi_get(std::move(keys), detail::left_until(until))).front();
+            } catch (const std::system_error& e) {
+                waited = e;
+            }
+        }
+        // A withdrawn joiner's name and ticket stay for the next grow, which passes over them
+        // and deletes them (its wait is for the name).
+        if (ticket == "withdrawn") {
+            co_await lobby->add("withdrawn", 1);
+        } else {
+            co_await lobby->delete_key("joiner/" + n);
+            co_await lobby->delete_key("ticket/" + n);
+            co_await lobby->delete_key("verdict/" + n);
+        }
+        if (ticket == "withdrawn" || verdict.empty()) {
+            corocoll::detail::throw_error(
+                waited ? waited->code() : std::make_error_code(std::errc::timed_out),
+                "corocoll: join_process_group: " + detail::who_is(rv.rank) + " (joiner " + n +
+                    ") was not admitted to group '" + o.group_name + "' within " +
+                    std::to_string(o.timeout.count()) +
+                    " ms: its ranks admit joiners with process_group::grow" +
+                    (waited ? " (" + corocoll::detail::context_of(*waited) + ")" : std::string()));
+        }
+        if (verdict != "go") {
+            // The grow found too few joiners: wait for the next one, under a new number.
+            COROCOLL_LOG(info, "FT", "joiner ", n, ": the grow that gave it a ticket failed");
+            continue;
+        }
+        std::istringstream in(ticket);
+        in >> k >> rank >> size;
+        if (!in || k < 1 || rank < 1 || size <= rank) {
+            throw std::runtime_error("corocoll: join_process_group: joiner " + n +
+                                     " got a ticket it cannot read: '" + ticket + "'");
+        }
+        COROCOLL_LOG(info, "FT", "joiner ", n, " admitted to group '", o.group_name, "' as rank ",
+                     rank, " of ", size);
+        break;
     }
-    co_await lobby->delete_key("ticket/" + n);
-    co_await lobby->delete_key("joiner/" + n);
-    COROCOLL_LOG(info, "FT", "joiner ", n, " admitted to group '", o.group_name, "' as rank ", rank,
-                 " of ", size);
     auto g = co_await detail::build_group(
         r, std::make_shared<rendezvous::prefix_store>(std::to_string(k) + "/group", lobby), rank,
         size, o.group_name + "/grow" + std::to_string(k), o.timeout, o.limits,
@@ -659,7 +689,7 @@ COROCOLL_DECL task<process_group::decision_place> process_group::decision_place_
         std::shared_ptr<rendezvous::tcp_store> client;
         try {
             client = co_await rendezvous::tcp_store::connect(reactor_, s.chain[i], probe_window,
-                                                             s.job_token);
+                                                             s.job_token, false);
         } catch (const std::system_error& e) {
             tried += (tried.empty() ? "" : "; ") + s.chain[i].to_string() + ": " + e.what();
         }
@@ -780,7 +810,8 @@ COROCOLL_DECL task<int> process_group::joiners_waiting() {
     std::array<std::int64_t, 1> waiting{0};
     if (rank() == 0 && lobby_) {
         const std::int64_t admitted = co_await lobby_->add("admitted", 0);
-        waiting[0] = co_await lobby_->add("joined", 0) - admitted;
+        const std::int64_t withdrawn = co_await lobby_->add("withdrawn", 0);
+        waiting[0] = co_await lobby_->add("joined", 0) - admitted - withdrawn;
     }
     co_await broadcast(waiting, 0);
     co_return static_cast<int>(std::max<std::int64_t>(waiting[0], 0));
@@ -788,30 +819,50 @@ COROCOLL_DECL task<int> process_group::joiners_waiting() {
 
 COROCOLL_DECL task<std::int64_t> process_group::admit(int need, int new_size,
                                                       std::chrono::milliseconds join_window) {
-    const std::int64_t admitted = co_await lobby_->add("admitted", 0);
-    std::vector<std::string> names;
-    for (int i = 1; i <= need; ++i) names.push_back("joiner/" + std::to_string(admitted + i));
-    std::exception_ptr waited;
-    try {
-        co_await lobby_->wait(names, join_window);
-    } catch (const std::system_error&) {
-        waited = std::current_exception();
+    // Joiners in ticket order from the first not looked at yet ("next"), passing over those
+    // that withdrew (gave up waiting): each of the others gets its ticket by a compare_set,
+    // which its withdrawal would have beaten. Then each learns the verdict: "go", or, when
+    // too few came, "again" (it waits for the next grow under a new number).
+    const std::int64_t k = co_await lobby_->add("grows", 1);  // this grow's number
+    std::int64_t next = co_await lobby_->add("next", 0) + 1;
+    const auto until = io::deadline_after(join_window);
+    std::vector<std::int64_t> taken;
+    while (static_cast<int>(taken.size()) < need) {
+        std::vector<std::string> name{"joiner/" + std::to_string(next)};
+        try {
+            co_await lobby_->wait(name, detail::left_until(until));
+        } catch (const std::system_error& e) {
+            if (e.code() != std::errc::timed_out) throw;
+            break;
+        }
+        const std::string ticket = std::to_string(k) + " " +
+                                   std::to_string(size() + static_cast<int>(taken.size())) + " " +
+                                   std::to_string(new_size);
+        const std::string got =
+            co_await lobby_->compare_set("ticket/" + std::to_string(next), "", ticket);
+        co_await lobby_->add("next", 1);
+        if (got == ticket) {
+            taken.push_back(next);
+        } else {
+            co_await lobby_->delete_key("joiner/" + std::to_string(next));
+            co_await lobby_->delete_key("ticket/" + std::to_string(next));
+        }
+        ++next;
     }
-    if (waited) {
-        std::int64_t came = co_await lobby_->add("joined", 0) - admitted;
+    const bool enough = static_cast<int>(taken.size()) == need;
+    for (std::int64_t n : taken) {
+        co_await lobby_->set("verdict/" + std::to_string(n), enough ? "go" : "again");
+    }
+    // A joiner sent to wait again comes back under a new number: its old one is done with.
+    co_await lobby_->add(enough ? "admitted" : "withdrawn",
+                         static_cast<std::int64_t>(taken.size()));
+    if (!enough) {
         throw std::runtime_error(
             prefix("grow") + "group '" + name_ + "' was to grow to " + std::to_string(new_size) +
-            " ranks, but " + std::to_string(std::max<std::int64_t>(came, 0)) + " of the " +
-            std::to_string(need) + " process(es) it needs called " + "join_process_group within " +
-            std::to_string(join_window.count()) + " ms");
+            " ranks, but " + std::to_string(taken.size()) + " of the " + std::to_string(need) +
+            " process(es) it needs called join_process_group within " +
+            std::to_string(join_window.count()) + " ms (those that came wait for the next grow)");
     }
-    const std::int64_t k = admitted + 1;  // unique: tickets are never handed out twice
-    for (int i = 0; i < need; ++i) {
-        co_await lobby_->set(
-            "ticket/" + std::to_string(admitted + 1 + i),
-            std::to_string(k) + " " + std::to_string(size() + i) + " " + std::to_string(new_size));
-    }
-    co_await lobby_->add("admitted", need);
     co_return k;
 }
 

@@ -11,9 +11,11 @@ namespace rendezvous {
 COROCOLL_DECL task<std::shared_ptr<tcp_store>> tcp_store::connect(io::reactor& r,
                                                                   io::endpoint server,
                                                                   duration timeout,
-                                                                  std::string job_token) {
+                                                                  std::string job_token,
+                                                                  bool wait_for_server) {
     std::shared_ptr<tcp_store> s(new tcp_store(r, server, timeout));
     s->job_token_ = std::move(job_token);
+    s->wait_for_server_ = wait_for_server;
     co_await s->reconnect(timeout);
     co_return s;
 }
@@ -285,6 +287,8 @@ COROCOLL_DECL task<> tcp_store::reconnect(duration timeout) {
                 last != std::errc::host_unreachable) {
                 fail(e, "connect");
             }
+            // A server that was up and refuses now is gone.
+            if (!wait_for_server_ && last != std::errc::timed_out) fail(e, "connect");
         }
         auto now = std::chrono::steady_clock::now();
         if (now >= deadline) {
