@@ -632,7 +632,10 @@ COROCOLL_DECL task<process_group::decision> process_group::decide(
 
 COROCOLL_DECL std::string detail::store_stand_ins::encode() const {
     std::string out;
-    for (const auto& e : chain) out += (out.empty() ? "" : ",") + e.to_string();
+    for (const auto& e : chain) {
+        if (!out.empty()) out += ',';
+        out += e.to_string();
+    }
     return out;
 }
 
@@ -691,7 +694,10 @@ COROCOLL_DECL task<process_group::decision_place> process_group::decision_place_
             client = co_await rendezvous::tcp_store::connect(reactor_, s.chain[i], probe_window,
                                                              s.job_token, false);
         } catch (const std::system_error& e) {
-            tried += (tried.empty() ? "" : "; ") + s.chain[i].to_string() + ": " + e.what();
+            if (!tried.empty()) tried += "; ";
+            tried += s.chain[i].to_string();
+            tried += ": ";
+            tried += e.what();
         }
         if (!client) {
             s.gone[i] = true;
