@@ -10,6 +10,7 @@
 //
 //   ddp [--nproc N] [--epochs E] [--batch B] [--lr LR] [--momentum M] [--seed S] [--data DIR]
 //       [--max-steps N] [--min-accuracy X] [--check-single N] [--bucket-kib K]
+//       [--kill-rank R --kill-at-step S [--lr-after-shrink kept|scaled]]
 //
 // --check-single N trains N steps, then rank 0 replays them in one process on the same global
 // batches and fails if any parameter differs by more than rounding explains. Runs under any
@@ -204,6 +205,8 @@ public:
         }
     }
 
+    void set_lr(float lr) noexcept { lr_ = lr; }
+
     /// torch.optim.SGD with momentum (no dampening, no Nesterov, no weight decay):
     /// v = momentum * v + grad; params -= lr * v.
     void sgd_step() {
@@ -292,6 +295,9 @@ struct options {
     // group and finish the epochs without it.
     int kill_rank = -1;
     std::size_t kill_at_step = 0;
+    // After a shrink the global batch shrinks with the group; "scaled" (the default) scales
+    // the learning rate with it (the linear scaling rule), "kept" keeps it.
+    bool scale_lr = true;
 };
 
 /// One step of synchronous data-parallel SGD on this rank's local batch (already loaded), as
@@ -532,6 +538,10 @@ cc::task<> train(cc::process_group& first_group, const options& o) {
                 co_await group->broadcast(m.params, 0);
                 co_await group->broadcast(m.velocity(), 0);
                 part = ddp::partition(part.left_after(old_world, s), world, local_batch);
+                if (o.scale_lr) {
+                    m.set_lr(o.lr * static_cast<float>(world) /
+                             static_cast<float>(first_group.size()));
+                }
                 s = std::numeric_limits<std::size_t>::max();  // the loop's ++s makes it 0
                 if (rank == 0) {
                     std::printf(
@@ -591,7 +601,7 @@ cc::task<> train(cc::process_group& first_group, const options& o) {
 const char* const usage =
     "usage: ddp [--nproc N] [--epochs E] [--batch B] [--lr LR] [--momentum M] [--seed S]\n"
     "           [--data DIR] [--max-steps N] [--min-accuracy X] [--check-single N]\n"
-    "           [--bucket-kib K]\n"
+    "           [--bucket-kib K] [--kill-rank R --kill-at-step S [--lr-after-shrink kept|scaled]]\n"
     "  --nproc N         ranks to spawn when no launcher started us (default 2)\n"
     "  --epochs E        passes over the training set (default 1)\n"
     "  --batch B         global batch, split evenly over the ranks (default 64)\n"
@@ -606,7 +616,10 @@ const char* const usage =
     "  --bucket-kib K    cap of a gradient bucket (default 128)\n"
     "  --kill-rank R --kill-at-step S\n"
     "                    rank R kills itself (SIGKILL) before step S; the others shrink the\n"
-    "                    group, take the rest of the epoch over between them, and go on\n";
+    "                    group, take the rest of the epoch over between them, and go on\n"
+    "  --lr-after-shrink kept|scaled\n"
+    "                    the learning rate once the group (and the global batch with it) has\n"
+    "                    shrunk: scaled with the global batch (default), or as it was\n";
 
 bool parse_options(int argc, char** argv, options& o) {
     auto number = [](const char* flag, const char* text, double lo, double hi) {
@@ -663,6 +676,12 @@ bool parse_options(int argc, char** argv, options& o) {
             o.kill_rank = static_cast<int>(whole(f, v, 0, 1023));
         } else if (flag == "--kill-at-step") {
             o.kill_at_step = static_cast<std::size_t>(whole(f, v, 0, 1e12));
+        } else if (flag == "--lr-after-shrink") {
+            if (std::string(v) != "kept" && std::string(v) != "scaled") {
+                throw std::invalid_argument("--lr-after-shrink: '" + std::string(v) +
+                                            "' is neither kept nor scaled");
+            }
+            o.scale_lr = std::string(v) == "scaled";
         } else {
             throw std::invalid_argument("unknown flag " + flag + "\n" + usage);
         }

@@ -156,7 +156,8 @@ step "configure" "$out/configure.log" meson setup "$build" "${options[@]}" || {
     say "configure failed: see configure.log"
     exit 1
 }
-targets=(tests/gpu_api_test tests/gpu_device_test benchmarks/gpu_coll_perf examples/gpu_overlap)
+targets=(tests/gpu_api_test tests/gpu_device_test benchmarks/gpu_coll_perf examples/gpu_overlap
+         tests/store_tool)
 ((sim)) && targets+=(tests/gpu_sim_test tests/nccl_group_test)
 step "build (${#targets[@]} targets, $jobs jobs)" "$out/build.log" ninja -C "$build" -j "$jobs" "${targets[@]}" || {
     say "build failed: see build.log"
@@ -171,6 +172,10 @@ if ((sim)); then
     step "gpu_sim_test" "$out/tests.log" timeout 120 "$build/tests/gpu_sim_test"
     step "nccl_group_test" "$out/tests.log" timeout 300 "$build/tests/nccl_group_test"
 fi
+# torch's TCPStore (the machine's torch, 2.x) against corocoll's store server and client, both
+# ways, and with torch's libuv and legacy servers where torch has both (issue 36, item 3).
+step "torch_interop_test (torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null))" \
+    "$out/tests.log" timeout 120 python3 tests/rendezvous/torch_interop_test.py "$build/tests/store_tool"
 # The awaitable layer beside plain NCCL, world of one: the last two columns are the difference
 # per op and the ratio.
 for coll in all_reduce broadcast all_gather reduce_scatter; do

@@ -128,7 +128,7 @@ void apply(std::vector<d::store_request>& requests) {
         bool had_old = false;
         std::int64_t old = 0;
         if (req.q == d::query::add && table.all_present(req.keys)) {
-            d::store_request get{d::query::get, req.keys, {}, {}, 0};
+            d::store_request get{d::query::get, req.keys, {}, {}, 0, {}};
             d::wire_writer value;
             check(!table.apply(get, value));
             std::string text(reinterpret_cast<const char*>(value.view().data()) + 8,

@@ -53,6 +53,18 @@ cc::task<> all_reduce_check(cc::process_group& pg) {
     std::fflush(stdout);
 }
 
+// After a barrier rank `target` kills itself (SIGKILL); the others all_reduce until that
+// fails them.
+cc::task<> lose_rank(cc::process_group& pg, int target) {
+    co_await pg.barrier();
+    if (pg.rank() == target) ::raise(SIGKILL);
+    std::vector<float> v(4, 1.0f);
+    try {
+        for (;;) co_await pg.all_reduce(v);
+    } catch (const std::system_error&) {
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -137,13 +149,7 @@ int main(int argc, char** argv) {
         r.run([&]() -> cc::task<> {
             cc::init_options io;  // named: g++ 12 frees a braced temporary in co_await twice
             auto pg = co_await cc::init_process_group(r, io);
-            co_await pg->barrier();
-            if (pg->rank() == target) ::raise(SIGKILL);
-            std::vector<float> v(4, 1.0f);
-            try {
-                for (;;) co_await pg->all_reduce(v);
-            } catch (const std::system_error&) {
-            }
+            co_await lose_rank(*pg, target);
             std::string failed;
             for (int f : pg->failed_ranks()) {
                 if (!failed.empty()) failed += ", ";
@@ -186,13 +192,7 @@ int main(int argc, char** argv) {
             }
             auto pg = co_await cc::init_process_group(r, io);
             const int size = pg->size();
-            co_await pg->barrier();
-            if (pg->rank() == target) ::raise(SIGKILL);
-            std::vector<float> f(4, 1.0f);
-            try {
-                for (;;) co_await pg->all_reduce(f);
-            } catch (const std::system_error&) {
-            }
+            co_await lose_rank(*pg, target);
             auto small = co_await pg->shrink();
             co_await pg->close();
             int waiting = 0;

@@ -657,6 +657,25 @@ int shared_mappings() {
     return n;
 }
 
+// What a rank of a run of cycles (shrinks, grows) holds at cycle 10 and at the last.
+struct held_counts {
+    std::atomic<int> fds_at_10{0}, fds_at_end{0}, maps_at_10{0}, maps_at_end{0};
+    std::atomic<long> keys_at_10{0}, keys_at_end{0};
+    std::atomic<int> sums_right{0};
+};
+
+// At cycles 10 and `cycles`, counts the descriptors, shared mappings and `g`'s store keys this
+// rank holds into `mine`, once every rank of `g` is past its close of the last group.
+cc::task<> count_held(cc::process_group& g, held_counts& mine, int i, int cycles) {
+    if (i != 10 && i != cycles) co_return;
+    co_await g.barrier();
+    long keys = co_await g.store().num_keys();
+    (i == 10 ? mine.fds_at_10 : mine.fds_at_end) = open_fds();
+    (i == 10 ? mine.maps_at_10 : mine.maps_at_end) = shared_mappings();
+    (i == 10 ? mine.keys_at_10 : mine.keys_at_end) = keys;
+    co_await g.barrier();
+}
+
 }  // namespace
 
 TEST_CASE("100 shrinks in a row leave no descriptor, mapping or store key behind") {
@@ -664,32 +683,19 @@ TEST_CASE("100 shrinks in a row leave no descriptor, mapping or store key behind
     constexpr int n = 4;
     // Under a sanitizer 40 (what a leak per shrink shows just as well, in a third of the time).
     constexpr int cycles = corocoll_test::sanitized ? 40 : 100;
-    struct counts {
-        std::atomic<int> fds_at_10{0}, fds_at_end{0}, maps_at_10{0}, maps_at_end{0};
-        std::atomic<long> keys_at_10{0}, keys_at_end{0};
-    };
-    void* m = ::mmap(nullptr, sizeof(counts) * n, PROT_READ | PROT_WRITE,
+    void* m = ::mmap(nullptr, sizeof(held_counts) * n, PROT_READ | PROT_WRITE,
                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     REQUIRE(m != MAP_FAILED);
-    auto* c = new (m) counts[n];
+    auto* c = new (m) held_counts[n];
     auto res = run_job(n, "60", [&b, c](std::shared_ptr<cc::process_group> pg) -> cc::task<> {
         rank_record& me = b.ranks[pg->rank()];
         const int first = pg->rank();
-        counts& mine = c[first];
         for (int i = 1; i <= cycles; ++i) {
             auto next = co_await pg->shrink();
             co_await pg->close();
             pg = std::move(next);
             ++me.shrinks;
-            if (i == 10 || i == cycles) {
-                // Every rank is past its close of the last group before anyone counts.
-                co_await pg->barrier();
-                long keys = co_await pg->store().num_keys();
-                (i == 10 ? mine.fds_at_10 : mine.fds_at_end) = open_fds();
-                (i == 10 ? mine.maps_at_10 : mine.maps_at_end) = shared_mappings();
-                (i == 10 ? mine.keys_at_10 : mine.keys_at_end) = keys;
-                co_await pg->barrier();
-            }
+            co_await count_held(*pg, c[first], i, cycles);
         }
         co_await check_group(*pg, me, first);
         co_await pg->close();
@@ -704,7 +710,7 @@ TEST_CASE("100 shrinks in a row leave no descriptor, mapping or store key behind
         // it was left out), nothing per rank.
         CHECK(c[r].keys_at_end - c[r].keys_at_10 == 2 * (cycles - 10));
     }
-    ::munmap(m, sizeof(counts) * n);
+    ::munmap(m, sizeof(held_counts) * n);
     ::munmap(&b, sizeof(board));
 }
 
@@ -713,27 +719,14 @@ TEST_CASE("100 grows in a row leave no descriptor, mapping or store key behind")
     // the grown group after one all_reduce, and the 3 ranks' own group goes on.
     constexpr int n = 3;
     constexpr int cycles = corocoll_test::sanitized ? 40 : 100;
-    struct counts {
-        std::atomic<int> fds_at_10{0}, fds_at_end{0}, maps_at_10{0}, maps_at_end{0};
-        std::atomic<long> keys_at_10{0}, keys_at_end{0};
-        std::atomic<int> sums_right{0};
-    };
-    void* m = ::mmap(nullptr, sizeof(counts) * (n + 1), PROT_READ | PROT_WRITE,
+    void* m = ::mmap(nullptr, sizeof(held_counts) * (n + 1), PROT_READ | PROT_WRITE,
                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     REQUIRE(m != MAP_FAILED);
-    auto* c = new (m) counts[n + 1];
+    auto* c = new (m) held_counts[n + 1];
     // One cycle on the grown group `g`: the count at cycles 10 and `cycles`, then a check.
     auto cycle = [c](cc::process_group& g, int i) -> cc::task<> {
-        counts& mine = c[g.rank()];
-        if (i == 10 || i == cycles) {
-            // Every rank is past its close of the last grown group before anyone counts.
-            co_await g.barrier();
-            long keys = co_await g.store().num_keys();
-            (i == 10 ? mine.fds_at_10 : mine.fds_at_end) = open_fds();
-            (i == 10 ? mine.maps_at_10 : mine.maps_at_end) = shared_mappings();
-            (i == 10 ? mine.keys_at_10 : mine.keys_at_end) = keys;
-            co_await g.barrier();
-        }
+        held_counts& mine = c[g.rank()];
+        co_await count_held(g, mine, i, cycles);
         std::vector<std::int64_t> v{g.rank() + 1};
         co_await g.all_reduce(v);
         if (v[0] == 10) ++mine.sums_right;
@@ -780,5 +773,5 @@ TEST_CASE("100 grows in a row leave no descriptor, mapping or store key behind")
         // keys as every set-up's.
         CHECK(c[r].keys_at_end == c[r].keys_at_10);
     }
-    ::munmap(m, sizeof(counts) * (n + 1));
+    ::munmap(m, sizeof(held_counts) * (n + 1));
 }

@@ -26,6 +26,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -149,6 +150,10 @@ struct request {
         return *this;
     }
     request& u64(std::uint64_t v) {
+        bytes.append(reinterpret_cast<const char*>(&v), sizeof(v));
+        return *this;
+    }
+    request& u32(std::uint32_t v) {
         bytes.append(reinterpret_cast<const char*>(&v), sizeof(v));
         return *this;
     }
@@ -344,6 +349,200 @@ TEST_CASE("tcp store server: MULTI_GET answers every key in order; a missing one
     CHECK(refused.find("MULTI_GET '/missing': no such key") != std::string::npos);
     CHECK(c.closed_by_server());
     CHECK(server.stats().requests_refused == 1);
+}
+
+TEST_CASE("tcp store server: speaks torch 2.x's numbering to a client that opens with VALIDATE") {
+    // The exchange as torch 2.x's client writes it (TCPStore.cpp and TCPStoreBackend.hpp of
+    // torch's sources): VALIDATE 0 and the magic, then PING 13 and the queries renumbered
+    // from SET 1; the fields are 1.13's.
+    rdv::tcp_store_server server(cc::io::endpoint::loopback(0));
+    raw_client c(server.port());
+    REQUIRE(c.send(request().u8(0).u32(0x3C85F7CE).u8(13).u32(4242).bytes));
+    CHECK(c.recv(4) == request().u32(4242).bytes);  // PING: the nonce back; VALIDATE: nothing
+    REQUIRE(c.send(request().u8(1).str("/k").str("v").u8(3).str("/k").bytes));  // SET, GET
+    CHECK(c.recv(9) == request().str("v").bytes);
+    REQUIRE(c.send(request().u8(9).str("/k").str("w").u8(3).str("/k").bytes));  // APPEND, GET
+    CHECK(c.recv(10) == request().str("vw").bytes);
+    REQUIRE(c.send(request().u8(4).str("/n").u64(5).bytes));  // ADD
+    CHECK(c.recv(8) == request().u64(5).bytes);
+    // MULTI_SET (an int64 count, then pairs), MULTI_GET: the values in the keys' order.
+    REQUIRE(c.send(request().u8(11).u64(2).str("/a").str("1").str("/b").str("22").bytes));
+    REQUIRE(c.send(request().u8(10).u64(2).str("/b").str("/a").bytes));
+    std::string both = request().str("22").str("1").bytes;
+    CHECK(c.recv(both.size()) == both);
+    REQUIRE(c.send(request().u8(5).u64(1).str("/a").bytes));  // CHECK: ready
+    CHECK(c.recv(1) == std::string(1, '\0'));
+    REQUIRE(c.send(request().u8(5).u64(2).str("/a").str("/zz").bytes));  // CHECK: not ready
+    CHECK(c.recv(1) == std::string(1, '\1'));
+    REQUIRE(c.send(request().u8(7).bytes));  // GETNUMKEYS: /k /n /a /b
+    CHECK(c.recv(8) == request().u64(4).bytes);
+    REQUIRE(c.send(request().u8(8).str("/b").bytes));  // DELETE_KEY: 1 removed
+    CHECK(c.recv(8) == request().u64(1).bytes);
+    REQUIRE(c.send(request().u8(17).bytes));  // LIST_KEYS: 3, then each key
+    std::string listed = c.recv(8 + 3 * 10);
+    REQUIRE(listed.size() == 8 + 3 * 10);
+    CHECK(listed.substr(0, 8) == request().u64(3).bytes);
+    for (const char* k : {"/k", "/n", "/a"})
+        CHECK(listed.find(request().str(k).bytes) != std::string::npos);
+    // A WAIT its client gives up on: CANCEL_WAIT is answered WAIT_CANCELED (1), in the WAIT's
+    // place, and the WAIT is gone.
+    REQUIRE(c.send(request().u8(6).u64(1).str("/never").bytes));
+    REQUIRE(eventually([&] { return server.stats().parked_waits == 1; }));
+    REQUIRE(c.send(request().u8(12).bytes));
+    CHECK(c.recv(1) == std::string(1, '\1'));
+    CHECK(c.recv(1, 200).empty());
+    CHECK(eventually([&] { return server.stats().parked_waits == 0; }));
+    // A WAIT that another client's SET ends: STOP_WAITING (0).
+    REQUIRE(c.send(request().u8(6).u64(1).str("/later").bytes));
+    REQUIRE(eventually([&] { return server.stats().parked_waits == 1; }));
+    {
+        cc::io::reactor r;
+        auto s = r.run(rdv::tcp_store::connect(r, server.local_endpoint(), 5s));
+        r.run(s->set("later", "x"));
+    }
+    CHECK(c.recv(1) == std::string(1, '\0'));
+    // A 1.13 client beside it, on its own connection: SET is 0 and GET 2 there.
+    raw_client old(server.port());
+    REQUIRE(old.send(request().u8(0).str("/old").str("1").u8(2).str("/old").bytes));
+    CHECK(old.recv(9) == request().str("1").bytes);
+    // torch 2.x's queues are not served: the connection closes, as at any unknown query.
+    REQUIRE(c.send(request().u8(14).str("/q").str("x").bytes));
+    CHECK(c.closed_by_server());
+    CHECK(server.stats().requests_refused == 1);
+}
+
+namespace {
+
+// Reads exactly `n` bytes of `fd` (blocking); fewer when the peer closed first.
+std::string read_exactly(int fd, std::size_t n) {
+    std::string out;
+    while (out.size() < n) {
+        char buf[4096];
+        ssize_t got = ::recv(fd, buf, std::min(sizeof(buf), n - out.size()), 0);
+        if (got <= 0) break;
+        out.append(buf, static_cast<std::size_t>(got));
+    }
+    return out;
+}
+
+std::uint64_t read_u64(int fd) {
+    std::string b = read_exactly(fd, 8);
+    std::uint64_t v = 0;
+    if (b.size() == 8) std::memcpy(&v, b.data(), 8);
+    return v;
+}
+
+std::string read_str(int fd) { return read_exactly(fd, read_u64(fd)); }
+
+// A stand-in for torch 2.x's server, blocking, on a thread of its own, for one client: the
+// connection's first query must be VALIDATE; the first connection's (corocoll's HELLO) is not,
+// and the legacy server closes it (`silent` false) while the libuv server neither answers nor
+// closes (`silent`). On the next it answers PING and serves SET, GET, ADD, WAIT and
+// GETNUMKEYS in 2.x's numbering, and records the query bytes it got.
+struct torch2_stand_in {
+    explicit torch2_stand_in(bool silent) {
+        listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t len = sizeof(a);
+        REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+        REQUIRE(::listen(listener, 4) == 0);
+        REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+        port = ntohs(a.sin_port);
+        serving = std::thread([this, silent] { serve(silent); });
+    }
+    ~torch2_stand_in() {
+        serving.join();
+        for (int fd : {listener, first, second}) {
+            if (fd >= 0) ::close(fd);
+        }
+    }
+    void serve(bool silent) {
+        first = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+        first_query = read_exactly(first, 9);  // corocoll's HELLO
+        if (!silent) {
+            ::close(first);
+            first = -1;
+        }
+        second = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+        std::string opening = read_exactly(second, 10);  // VALIDATE, magic, PING, nonce
+        std::uint32_t magic = 0;
+        if (opening.size() == 10) std::memcpy(&magic, opening.data() + 1, 4);
+        validated =
+            opening.size() == 10 && opening[0] == 0 && magic == 0x3C85F7CE && opening[5] == 13;
+        if (!validated) return;
+        ::send(second, opening.data() + 6, 4, MSG_NOSIGNAL);
+        std::map<std::string, std::string> data;
+        for (;;) {
+            std::string q = read_exactly(second, 1);
+            if (q.empty()) return;
+            queries.push_back(static_cast<unsigned char>(q[0]));
+            std::string reply;
+            switch (q[0]) {
+                case 1: {  // SET
+                    std::string key = read_str(second);
+                    data[key] = read_str(second);
+                    break;
+                }
+                case 3:  // GET
+                    reply = request().str(data[read_str(second)]).bytes;
+                    break;
+                case 4: {  // ADD
+                    std::string key = read_str(second);
+                    std::int64_t sum = static_cast<std::int64_t>(read_u64(second)) +
+                                       (data.count(key) ? std::stoll(data[key]) : 0);
+                    data[key] = std::to_string(sum);
+                    reply = request().u64(static_cast<std::uint64_t>(sum)).bytes;
+                    break;
+                }
+                case 6:  // WAIT: the keys are there in this exchange
+                    for (std::uint64_t n = read_u64(second); n > 0; --n) read_str(second);
+                    reply = std::string(1, '\0');
+                    break;
+                case 7:  // GETNUMKEYS
+                    reply = request().u64(data.size()).bytes;
+                    break;
+                default:
+                    return;
+            }
+            if (!reply.empty()) ::send(second, reply.data(), reply.size(), MSG_NOSIGNAL);
+        }
+    }
+    int listener = -1, first = -1, second = -1;
+    std::uint16_t port = 0;
+    std::string first_query;
+    bool validated = false;
+    std::vector<int> queries;
+    std::thread serving;
+};
+
+void torch2_client_case(bool silent) {
+    torch2_stand_in server(silent);
+    {
+        cc::io::reactor r;
+        auto s = r.run(rdv::tcp_store::connect(r, cc::io::endpoint::loopback(server.port), 30s));
+        r.run(s->set("k", "v"));
+        CHECK(r.run(s->get("k")) == "v");
+        CHECK(r.run(s->add("n", 3)) == 3);
+        CHECK(r.run(s->num_keys()) == 2);
+    }  // the client closes its connection: the stand-in's thread ends
+    CHECK(server.first_query.size() == 9);
+    CHECK(static_cast<unsigned char>(server.first_query[0]) == 0xC0);
+    CHECK(server.validated);
+    // SET 1; get: WAIT 6, GET 3; ADD 4; GETNUMKEYS 7: torch 2.x's numbers, not 1.13's.
+    CHECK(server.queries == std::vector<int>{1, 6, 3, 4, 7});
+}
+
+}  // namespace
+
+TEST_CASE("tcp store client: speaks torch 2.x's numbering to a server that validates") {
+    SUBCASE("a server that closes the connection at HELLO (torch 2.x's own)") {
+        torch2_client_case(false);
+    }
+    SUBCASE("a server that says nothing to HELLO (torch 2.x's libuv server): after 5 s") {
+        torch2_client_case(true);
+    }
 }
 
 TEST_CASE("tcp store server: 1,000 clients of one process are all connected at once and served") {

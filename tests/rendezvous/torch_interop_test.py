@@ -1,8 +1,10 @@
 #!/usr/bin/python3
-"""torch 1.13's TCPStore against corocoll's store, both ways.
+"""torch's TCPStore against corocoll's store, both ways: Debian's torch 1.13 here, torch 2.x
+where it is installed (tools/device_check.sh runs it there).
 
   1. corocoll's tcp_store_server  <- torch's TCPStore client (and corocoll's client beside it)
-  2. torch's TCPStore server      <- corocoll's tcp_store client
+  2. torch's TCPStore server      <- corocoll's tcp_store client; with torch's libuv server
+     and again with its legacy one where torch has both (use_libuv, torch >= 2.3 or so)
 
 In each case torch sets some keys, store_tool's client checks them and sets its own, torch
 blocks in get() until the client sets a key late, and checks what the client left.
@@ -68,10 +70,24 @@ def main():
             server.wait()
     assert server.returncode == 0, f"store_tool serve exited with {server.returncode}"
 
-    # 2. torch's server, our client.
-    master = dist.TCPStore("127.0.0.1", 0, None, True, TIMEOUT, wait_for_workers=False)
-    exercise(master, master.port, "torch server <- corocoll client")
-    print("2 passed, 0 failed")
+    # 2. torch's server(s), our client.
+    import torch
+    print(f"torch {torch.__version__}")
+    servers = [("torch server", {})]
+    try:
+        probe = dist.TCPStore("127.0.0.1", 0, None, True, TIMEOUT, wait_for_workers=False,
+                              use_libuv=False)
+        del probe
+        servers = [("torch libuv server", {"use_libuv": True}),
+                   ("torch legacy server", {"use_libuv": False})]
+    except TypeError:  # no use_libuv: one server
+        pass
+    for label, kwargs in servers:
+        master = dist.TCPStore("127.0.0.1", 0, None, True, TIMEOUT, wait_for_workers=False,
+                               **kwargs)
+        exercise(master, master.port, f"{label} <- corocoll client")
+        del master
+    print(f"{1 + len(servers)} passed, 0 failed")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -51,6 +52,23 @@ namespace detail {
 // refuses the whole request, naming the key. corocoll's client sends it only to a server
 // that answered HELLO (torch 1.13's has no such query), right behind a WAIT for the same keys,
 // so that one round trip waits for the keys and brings their values.
+//
+// torch 2.x, from the release that added client validation (2.1 or 2.2; read in torch's
+// sources, TCPStoreBackend.hpp), numbers its queries from VALIDATE = 0: SET 1, COMPARE_SET 2,
+// GET 3, ADD 4, CHECK 5, WAIT 6, GETNUMKEYS 7, DELETE_KEY 8, APPEND 9, MULTI_GET 10,
+// MULTI_SET 11, CANCEL_WAIT 12, PING 13, then QUEUE_PUSH 14, QUEUE_POP 15, QUEUE_LEN 16 and,
+// in the newest, LIST_KEYS 17 and BARRIER 18. Its client opens each connection with VALIDATE
+// and the u32 `torch2_validation_magic` (no reply), and then PING with a u32 nonce, which the
+// server echoes. The fields are 1.13's, and: APPEND a key and bytes, appended to the value
+// (no reply); MULTI_GET as corocoll's; MULTI_SET an int64 count and that many key and value
+// pairs (no reply); CANCEL_WAIT, sent after a WAIT the client gave up on, answered
+// `wait_canceled` instead of the WAIT's answer; LIST_KEYS answered with an int64 count and the
+// keys. A server tells the two apart by a connection's first request: byte 0 followed by the
+// magic is 2.x's VALIDATE (in 1.13's numbering a SET whose key announces more than 1 GB). The
+// queues and BARRIER are not served: the connection is closed, as for any query the server
+// does not know. `query` holds 1.13's numbers and corocoll's; 2.x's are mapped onto it, and the
+// 2.x queries 1.13 lacks get numbers from 0xD0 on, which no client sends (a 1.13-numbered byte
+// there is an unknown query).
 enum class query : std::uint8_t {
     set = 0,
     compare_set = 1,
@@ -64,10 +82,42 @@ enum class query : std::uint8_t {
     hello = 0xC0,
     auth = 0xC1,
     multi_get = 0xC2,
+    // torch 2.x's, by their internal numbers (see above).
+    validate = 0xD0,
+    append = 0xD1,
+    multi_set = 0xD2,
+    cancel_wait = 0xD3,
+    ping = 0xD4,
+    list_keys = 0xD5,
 };
+
+/// torch 2.x's queries in its numbering: `torch2_queries[n]` is the query numbered n (VALIDATE
+/// to PING; LIST_KEYS, 17, comes after the queues, which are not served).
+inline constexpr query torch2_queries[] = {
+    query::validate,  query::set,       query::compare_set,  query::get,        query::add,
+    query::check,     query::wait,      query::get_num_keys, query::delete_key, query::append,
+    query::multi_get, query::multi_set, query::cancel_wait,  query::ping,
+};
+inline constexpr std::uint8_t torch2_list_keys = 17;
+
+/// The byte of `q` on the wire: 1.13's (and corocoll's) number, or torch 2.x's.
+constexpr std::uint8_t wire_number(query q, bool torch2) noexcept {
+    if (!torch2) return static_cast<std::uint8_t>(q);
+    if (q == query::list_keys) return torch2_list_keys;
+    for (std::uint8_t n = 0; n < std::size(torch2_queries); ++n) {
+        if (torch2_queries[n] == q) return n;
+    }
+    return static_cast<std::uint8_t>(q);  // corocoll's own (HELLO, AUTH): not numbered by torch
+}
+
+/// torch 2.x's VALIDATE magic, a native-endian u32 after the query byte.
+inline constexpr std::uint32_t torch2_validation_magic = 0x3C85F7CE;
+/// torch 2.x's number of CANCEL_WAIT, which a 2.x client sends while its WAIT is parked.
+inline constexpr std::uint8_t torch2_cancel_wait = 12;
 inline constexpr std::uint8_t check_ready = 0;
 inline constexpr std::uint8_t check_not_ready = 1;
 inline constexpr std::uint8_t wait_stop_waiting = 0;
+inline constexpr std::uint8_t wait_canceled = 1;  // torch 2.x's answer to CANCEL_WAIT
 /// "corocoll" in a little-endian u64.
 inline constexpr std::uint64_t hello_magic = 0x6c6c6f636f726f63;
 /// "coroauth": HELLO's answer from a server that wants the job token proved.
@@ -154,9 +204,10 @@ struct store_request {
     query q{};
     // One for most queries, any number for CHECK, WAIT and MULTI_GET.
     std::vector<std::string> keys;
-    std::string value;       // SET's value, COMPARE_SET's expected value
-    std::string desired;     // COMPARE_SET's desired value
-    std::int64_t delta = 0;  // ADD
+    std::string value;                // SET's value, COMPARE_SET's expected value
+    std::string desired;              // COMPARE_SET's desired value
+    std::int64_t delta = 0;           // ADD; PING's nonce
+    std::vector<std::string> values;  // MULTI_SET's, one per key
 };
 
 /// Why a server refuses a request; `reason` names the request and its key.
@@ -189,6 +240,9 @@ public:
     /// The complete request; the parser starts over for the next one.
     store_request take();
 
+    /// The connection speaks torch 2.x's numbering (its first request was VALIDATE).
+    bool torch2() const noexcept { return torch2_; }
+
 private:
     parse_result done() const;
     parse_result more(std::uint64_t need) const;
@@ -198,6 +252,9 @@ private:
     std::string name() const;
 
     std::optional<parse_result> integer_field(std::string_view in, std::uint64_t& v);
+    std::optional<parse_result> u32_field(std::string_view in, std::uint64_t& v);
+    // The query byte `b` of a request, in this connection's numbering.
+    std::optional<parse_result> query_byte(unsigned char b);
     std::optional<parse_result> key_field(std::string_view in);
     std::optional<parse_result> string_field(std::string_view in, std::string& out,
                                              const char* what);
@@ -207,6 +264,8 @@ private:
     std::uint64_t pos_ = 0;    // bytes of the request taken into fields
     std::uint64_t field_ = 0;  // fields taken
     std::uint64_t key_count_ = 0;
+    bool first_ = true;  // no request parsed yet on this connection
+    bool torch2_ = false;
 };
 
 }  // namespace detail

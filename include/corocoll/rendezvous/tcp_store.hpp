@@ -15,6 +15,8 @@
 #include <corocoll/rendezvous/tcp_store_server.hpp>
 #include <corocoll/version.hpp>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -131,6 +133,10 @@ private:
     // when the connection can be used, false when the server closed it (torch's server closes
     // a connection at a query it does not know: the next one goes without HELLO).
     task<bool> hello(std::chrono::steady_clock::time_point deadline);
+    // torch 2.x's opening on a new connection (VALIDATE and PING): true when the server
+    // echoed PING (2.x, from then on in its numbering), false when it closed the connection
+    // (1.13: the next one goes without an opening).
+    task<bool> torch2_hello(std::chrono::steady_clock::time_point deadline);
 
     // The client's half of AUTH (see detail::query), after a HELLO answered with a nonce.
     task<> authenticate(std::chrono::steady_clock::time_point answer_by);
@@ -145,6 +151,8 @@ private:
     bool broken_ = true;
     bool status_replies_ = false;  // the server said HELLO back: replies start with a status
     bool plain_server_ = false;    // the server closed the connection at HELLO (torch's)
+    bool dialect_known_ = false;   // a torch server's numbering was found out
+    bool torch2_ = false;          // ... and it is torch 2.x's (see detail::query)
     std::string job_token_;        // proved to a server that asks for it
     bool wait_for_server_ = true;  // see connect
     async_mutex mutex_;

@@ -69,6 +69,8 @@ public:
     void unpark(waiter& w, const std::vector<std::string>& keys) noexcept;
 
     std::size_t size() const noexcept { return data_.size(); }
+    /// The longest value an APPEND may make.
+    void set_max_value_bytes(std::uint64_t n) noexcept { max_value_bytes_ = n; }
     /// Keys that some waiter waits for.
     std::size_t awaited_keys() const noexcept { return waiting_.size(); }
 
@@ -79,6 +81,7 @@ private:
 
     std::unordered_map<std::string, std::string> data_;
     std::unordered_map<std::string, std::vector<waiter*>> waiting_;
+    std::uint64_t max_value_bytes_ = std::uint64_t{64} << 20;
 };
 
 /// A connection's received bytes: grows as bytes arrive (never by what a request announces),
@@ -207,6 +210,7 @@ public:
           local_(listener_.local_endpoint()),
           options_(o) {
         limits_.max_value_bytes = options_.max_value_bytes;
+        table_.set_max_value_bytes(options_.max_value_bytes);
     }
 
     tcp_store_server(const tcp_store_server&) = delete;
@@ -326,11 +330,14 @@ private:
     // False when the client closed between requests.
     task<bool> receive(connection& c, std::uint64_t need);
 
+    // How a parked WAIT ended.
+    enum class wait_end { ready, canceled, gone };
     // Parks the connection until every key in `keys` exists. Meanwhile it reads from the
     // client, so that a client that goes away is noticed, and its WAIT dropped with its
-    // descriptor; bytes that arrive are kept for the next request. False when the connection
-    // must close (the client left, or the server stops).
-    task<bool> park(connection& c, const std::vector<std::string>& keys);
+    // descriptor; bytes that arrive are kept for the next request, but for a torch 2.x
+    // client's CANCEL_WAIT, which ends the WAIT (`canceled`). `gone` when the connection must
+    // close (the client left, or the server stops).
+    task<wait_end> park(connection& c, const std::vector<std::string>& keys);
 
     // AUTH: checks the client's proof of the job token over this connection's nonces and
     // appends the server's own proof to the reply; why not, when the client did not prove it.

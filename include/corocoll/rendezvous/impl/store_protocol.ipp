@@ -72,10 +72,50 @@ COROCOLL_DECL task<std::string> wire_reader::bytes(std::uint64_t limit, const ch
     co_return out;
 }
 
+COROCOLL_DECL std::optional<parse_result> request_parser::query_byte(unsigned char b) {
+    if (!torch2_) {
+        if (b >= static_cast<unsigned char>(query::validate)) {
+            return refuse(reply_status::unsupported, "unknown query " + std::to_string(b));
+        }
+        req_.q = static_cast<query>(b);
+        return std::nullopt;
+    }
+    if (b < std::size(torch2_queries)) {
+        req_.q = torch2_queries[b];
+        return std::nullopt;
+    }
+    static constexpr const char* unserved[] = {"QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN", "LIST_KEYS",
+                                               "BARRIER"};
+    if (b == torch2_list_keys) {
+        req_.q = query::list_keys;
+        return std::nullopt;
+    }
+    const std::size_t i = b - std::size(torch2_queries);
+    return refuse(reply_status::unsupported,
+                  "torch 2.x query " + std::to_string(b) +
+                      (i < std::size(unserved) ? std::string(" (") + unserved[i] + ")" : "") +
+                      " is not served");
+}
+
 COROCOLL_DECL parse_result request_parser::parse(std::string_view in) {
     if (pos_ == 0) {
         if (in.empty()) return more(1);
-        req_.q = static_cast<query>(static_cast<unsigned char>(in[0]));
+        const auto b = static_cast<unsigned char>(in[0]);
+        if (first_ && b == 0) {
+            // torch 2.x's VALIDATE, or 1.13's SET: the next 4 bytes tell (see `query`).
+            if (in.size() < 5) return more(5);
+            std::uint32_t magic = 0;
+            std::memcpy(&magic, in.data() + 1, 4);
+            if (magic == torch2_validation_magic) {
+                first_ = false;
+                torch2_ = true;
+                req_.q = query::validate;
+                pos_ = 5;
+                return done();
+            }
+        }
+        first_ = false;
+        if (auto stop = query_byte(b)) return *stop;
         pos_ = 1;
     }
     for (;;) {
@@ -135,7 +175,52 @@ COROCOLL_DECL parse_result request_parser::parse(std::string_view in) {
                 }
                 break;
             case query::get_num_keys:
+            case query::cancel_wait:
+            case query::list_keys:
                 return done();
+            case query::validate:
+            case query::ping:
+                // VALIDATE again (its first is taken above), PING: a u32.
+                if (field_ == 0) {
+                    std::uint64_t v = 0;
+                    stop = u32_field(in, v);
+                    if (!stop && req_.q == query::validate && v != torch2_validation_magic) {
+                        return refuse(reply_status::unsupported, "VALIDATE: wrong magic");
+                    }
+                    req_.delta = static_cast<std::int64_t>(v);
+                } else {
+                    return done();
+                }
+                break;
+            case query::append:
+                if (field_ == 0)
+                    stop = key_field(in);
+                else if (field_ == 1)
+                    stop = string_field(in, req_.value, "value");
+                else
+                    return done();
+                break;
+            case query::multi_set:
+                if (field_ == 0) {
+                    stop = integer_field(in, key_count_);
+                    if (!stop && key_count_ > limits_.max_keys_per_request) {
+                        return refuse(reply_status::too_large,
+                                      name() + ": " + std::to_string(key_count_) +
+                                          " keys exceed the server's limit of " +
+                                          std::to_string(limits_.max_keys_per_request));
+                    }
+                } else if (field_ <= 2 * key_count_) {
+                    if (field_ % 2 == 1) {
+                        stop = key_field(in);
+                    } else {
+                        // Resumed until the value is whole: one slot per value.
+                        if (req_.values.size() < field_ / 2) req_.values.emplace_back();
+                        stop = string_field(in, req_.values.back(), "value");
+                    }
+                } else {
+                    return done();
+                }
+                break;
             case query::hello:
                 if (field_ == 0) {
                     std::uint64_t magic = 0;
@@ -202,10 +287,16 @@ COROCOLL_DECL std::string request_parser::name() const {
                                             "ADD",        "CHECK",       "WAIT",
                                             "GETNUMKEYS", "WATCH_KEY",   "DELETE_KEY"};
     auto q = static_cast<unsigned>(req_.q);
-    std::string out = q < std::size(names)         ? names[q]
-                      : req_.q == query::auth      ? "AUTH"
-                      : req_.q == query::multi_get ? "MULTI_GET"
-                                                   : "HELLO";
+    std::string out = q < std::size(names)           ? names[q]
+                      : req_.q == query::auth        ? "AUTH"
+                      : req_.q == query::multi_get   ? "MULTI_GET"
+                      : req_.q == query::validate    ? "VALIDATE"
+                      : req_.q == query::append      ? "APPEND"
+                      : req_.q == query::multi_set   ? "MULTI_SET"
+                      : req_.q == query::cancel_wait ? "CANCEL_WAIT"
+                      : req_.q == query::ping        ? "PING"
+                      : req_.q == query::list_keys   ? "LIST_KEYS"
+                                                     : "HELLO";
     if (!req_.keys.empty()) out += " '" + req_.keys.front() + "'";
     return out;
 }
@@ -215,6 +306,17 @@ COROCOLL_DECL std::optional<parse_result> request_parser::integer_field(std::str
     if (in.size() - pos_ < 8) return more(pos_ + 8);
     std::memcpy(&v, in.data() + pos_, 8);
     pos_ += 8;
+    ++field_;
+    return std::nullopt;
+}
+
+COROCOLL_DECL std::optional<parse_result> request_parser::u32_field(std::string_view in,
+                                                                    std::uint64_t& v) {
+    if (in.size() - pos_ < 4) return more(pos_ + 4);
+    std::uint32_t w = 0;
+    std::memcpy(&w, in.data() + pos_, 4);
+    v = w;
+    pos_ += 4;
     ++field_;
     return std::nullopt;
 }

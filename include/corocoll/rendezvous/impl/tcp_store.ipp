@@ -23,7 +23,7 @@ COROCOLL_DECL task<std::shared_ptr<tcp_store>> tcp_store::connect(io::reactor& r
 COROCOLL_DECL task<> tcp_store::set(std::string key, std::string value) {
     auto lock = co_await mutex_.scoped_lock();
     detail::wire_writer w;
-    w.u8(static_cast<std::uint8_t>(detail::query::set));
+    w.u8(detail::wire_number(detail::query::set, torch2_));
     w.bytes(wire_key(key));
     w.bytes(value);
     co_await request(w, "set '" + key + "'");
@@ -36,7 +36,7 @@ COROCOLL_DECL task<std::string> tcp_store::get(std::string key) {
     co_await wait(std::move(keys), timeout());
     auto lock = co_await mutex_.scoped_lock();
     detail::wire_writer w;
-    w.u8(static_cast<std::uint8_t>(detail::query::get));
+    w.u8(detail::wire_number(detail::query::get, torch2_));
     w.bytes(wire_key(key));
     std::string what = "get '" + key + "'";
     auto in = co_await request(w, what);
@@ -46,7 +46,7 @@ COROCOLL_DECL task<std::string> tcp_store::get(std::string key) {
 COROCOLL_DECL task<std::int64_t> tcp_store::add(std::string key, std::int64_t delta) {
     auto lock = co_await mutex_.scoped_lock();
     detail::wire_writer w;
-    w.u8(static_cast<std::uint8_t>(detail::query::add));
+    w.u8(detail::wire_number(detail::query::add, torch2_));
     w.bytes(wire_key(key));
     w.i64(delta);
     std::string what = "add to '" + key + "'";
@@ -58,7 +58,7 @@ COROCOLL_DECL task<std::string> tcp_store::compare_set(std::string key, std::str
                                                        std::string desired) {
     auto lock = co_await mutex_.scoped_lock();
     detail::wire_writer w;
-    w.u8(static_cast<std::uint8_t>(detail::query::compare_set));
+    w.u8(detail::wire_number(detail::query::compare_set, torch2_));
     w.bytes(wire_key(key));
     w.bytes(expected);
     w.bytes(desired);
@@ -70,7 +70,7 @@ COROCOLL_DECL task<std::string> tcp_store::compare_set(std::string key, std::str
 COROCOLL_DECL task<> tcp_store::wait(std::vector<std::string> keys, duration timeout) {
     auto lock = co_await mutex_.scoped_lock();
     detail::wire_writer w;
-    w.u8(static_cast<std::uint8_t>(detail::query::wait));
+    w.u8(detail::wire_number(detail::query::wait, torch2_));
     w.u64(keys.size());
     for (const auto& k : keys) w.bytes(wire_key(k));
     std::string what = "wait for " + rendezvous::detail::join_keys(keys);
@@ -90,10 +90,10 @@ COROCOLL_DECL task<std::vector<std::string>> tcp_store::multi_get(std::vector<st
     if (!status_replies_) co_return co_await store::multi_get(std::move(keys), timeout);
     auto lock = co_await mutex_.scoped_lock();
     detail::wire_writer w;
-    w.u8(static_cast<std::uint8_t>(detail::query::wait));
+    w.u8(detail::wire_number(detail::query::wait, torch2_));
     w.u64(keys.size());
     for (const auto& k : keys) w.bytes(wire_key(k));
-    w.u8(static_cast<std::uint8_t>(detail::query::multi_get));
+    w.u8(detail::wire_number(detail::query::multi_get, torch2_));
     w.u64(keys.size());
     for (const auto& k : keys) w.bytes(wire_key(k));
     std::string what = "multi_get " + rendezvous::detail::join_keys(keys);
@@ -119,7 +119,7 @@ COROCOLL_DECL task<std::vector<std::string>> tcp_store::multi_get(std::vector<st
 COROCOLL_DECL task<bool> tcp_store::check(std::vector<std::string> keys) {
     auto lock = co_await mutex_.scoped_lock();
     detail::wire_writer w;
-    w.u8(static_cast<std::uint8_t>(detail::query::check));
+    w.u8(detail::wire_number(detail::query::check, torch2_));
     w.u64(keys.size());
     for (const auto& k : keys) w.bytes(wire_key(k));
     std::string what = "check " + rendezvous::detail::join_keys(keys);
@@ -130,7 +130,7 @@ COROCOLL_DECL task<bool> tcp_store::check(std::vector<std::string> keys) {
 COROCOLL_DECL task<bool> tcp_store::delete_key(std::string key) {
     auto lock = co_await mutex_.scoped_lock();
     detail::wire_writer w;
-    w.u8(static_cast<std::uint8_t>(detail::query::delete_key));
+    w.u8(detail::wire_number(detail::query::delete_key, torch2_));
     w.bytes(wire_key(key));
     std::string what = "delete '" + key + "'";
     auto in = co_await request(w, what);
@@ -140,7 +140,7 @@ COROCOLL_DECL task<bool> tcp_store::delete_key(std::string key) {
 COROCOLL_DECL task<std::int64_t> tcp_store::num_keys() {
     auto lock = co_await mutex_.scoped_lock();
     detail::wire_writer w;
-    w.u8(static_cast<std::uint8_t>(detail::query::get_num_keys));
+    w.u8(detail::wire_number(detail::query::get_num_keys, torch2_));
     auto in = co_await request(w, "num_keys");
     co_return co_await guarded(in.i64(), "num_keys");
 }
@@ -182,9 +182,60 @@ COROCOLL_DECL void tcp_store::fail(const std::system_error& e, const std::string
                                                 ": " + corocoll::detail::context_of(e));
 }
 
+COROCOLL_DECL task<bool> tcp_store::torch2_hello(std::chrono::steady_clock::time_point deadline) {
+    // VALIDATE, then PING with a nonce that a 2.x server echoes. torch 1.13's reads the two as
+    // a SET whose key length is the magic, PING's byte and the nonce's first 3 bytes: with
+    // those 0xFF it is past what a std::vector can hold, so 1.13's server fails at once and
+    // closes the connection, allocating nothing.
+    detail::wire_writer w;
+    w.u8(detail::wire_number(detail::query::validate, true));
+    const std::uint32_t magic = detail::torch2_validation_magic;
+    w.raw(&magic, sizeof(magic));
+    w.u8(detail::wire_number(detail::query::ping, true));
+    const std::uint32_t nonce = 0x00FFFFFFu | (static_cast<std::uint32_t>(::getpid()) << 24);
+    w.raw(&nonce, sizeof(nonce));
+    std::uint32_t echo = 0;
+    auto answer_by = std::min(deadline, io::deadline_after(hello_answer_time));
+    try {
+        co_await sock_.send(w.view(), answer_by);
+        co_await sock_.recv(std::as_writable_bytes(std::span(&echo, 1)), answer_by);
+    } catch (const std::system_error& e) {
+        if (e.code() == std::errc::timed_out && answer_by < deadline) {
+            corocoll::detail::throw_error(
+                corocoll::errc::protocol_error,
+                "corocoll: store " + server_.to_string() +
+                    ": the server accepted the connection but answered neither HELLO nor "
+                    "torch 2.x's PING within " +
+                    std::to_string(hello_answer_time.count()) +
+                    " s; is it a store, and one with descriptors to spare (a store out of "
+                    "them, at its RLIMIT_NOFILE, leaves new clients unanswered)?");
+        }
+        if (e.code() != corocoll::errc::connection_closed &&
+            e.code() != std::errc::connection_reset && e.code() != std::errc::broken_pipe) {
+            throw;
+        }
+        dialect_known_ = true;  // torch 1.13's: plain, in its numbering
+        sock_.close();
+        co_return false;
+    }
+    if (echo != nonce) {
+        corocoll::detail::throw_error(corocoll::errc::protocol_error,
+                                      "corocoll: store " + server_.to_string() +
+                                          ": the server answered torch 2.x's PING with something "
+                                          "else; is it a store?");
+    }
+    torch2_ = true;
+    dialect_known_ = true;
+    co_return true;
+}
+
 COROCOLL_DECL task<bool> tcp_store::hello(std::chrono::steady_clock::time_point deadline) {
     status_replies_ = false;
-    if (plain_server_) co_return true;
+    if (plain_server_) {
+        // A torch server: which numbering, once; torch 2.x's validates every connection.
+        if (!dialect_known_ || torch2_) co_return co_await torch2_hello(deadline);
+        co_return true;
+    }
     detail::wire_writer w;
     w.u8(static_cast<std::uint8_t>(detail::query::hello));
     w.u64(detail::hello_magic);
@@ -196,16 +247,11 @@ COROCOLL_DECL task<bool> tcp_store::hello(std::chrono::steady_clock::time_point 
         co_await sock_.send(w.view(), answer_by);
         co_await sock_.recv(std::as_writable_bytes(std::span(&reply, 1)), answer_by);
     } catch (const std::system_error& e) {
-        if (e.code() == std::errc::timed_out && answer_by < deadline) {
-            corocoll::detail::throw_error(
-                corocoll::errc::protocol_error,
-                "corocoll: store " + server_.to_string() +
-                    ": the server accepted the connection but did not answer HELLO within " +
-                    std::to_string(hello_answer_time.count()) +
-                    " s; is it a store, and one with descriptors to spare (a store out of "
-                    "them, at its RLIMIT_NOFILE, leaves new clients unanswered)?");
-        }
-        if (e.code() != corocoll::errc::connection_closed &&
+        // torch's servers close the connection at a query they do not know, but for torch
+        // 2.x's libuv server, which neither answers nor closes: both are tried with torch's
+        // own opening next (`torch2_hello`, which says so if that goes unanswered too).
+        const bool unanswered = e.code() == std::errc::timed_out && answer_by < deadline;
+        if (!unanswered && e.code() != corocoll::errc::connection_closed &&
             e.code() != std::errc::connection_reset && e.code() != std::errc::broken_pipe) {
             throw;
         }

@@ -62,6 +62,39 @@ COROCOLL_DECL std::optional<refusal> store_table::apply(store_request& r, wire_w
         case query::delete_key:
             out.i64(static_cast<std::int64_t>(data_.erase(r.keys[0])));
             return std::nullopt;
+        case query::append: {
+            auto it = data_.find(r.keys[0]);
+            if (it == data_.end()) {
+                put(r.keys[0], std::move(r.value));
+            } else if (it->second.size() + r.value.size() > max_value_bytes_) {
+                return refusal{reply_status::too_large,
+                               "APPEND to '" + r.keys[0] + "': the value would exceed the " +
+                                   "server's limit of " + std::to_string(max_value_bytes_) +
+                                   " bytes; it is unchanged"};
+            } else {
+                it->second += r.value;
+            }
+            return std::nullopt;
+        }
+        case query::multi_set:
+            for (std::size_t i = 0; i < r.keys.size(); ++i) put(r.keys[i], std::move(r.values[i]));
+            return std::nullopt;
+        case query::list_keys:
+            out.i64(static_cast<std::int64_t>(data_.size()));
+            for (const auto& [key, value] : data_) out.bytes(key);
+            return std::nullopt;
+        case query::ping: {
+            const auto nonce = static_cast<std::uint32_t>(r.delta);
+            out.raw(&nonce, sizeof(nonce));
+            return std::nullopt;
+        }
+        case query::validate:
+            return std::nullopt;
+        case query::cancel_wait:
+            // No WAIT parked (it was answered before this came): torch 2.x's client reads the
+            // late answer, then this one.
+            out.u8(wait_canceled);
+            return std::nullopt;
         default:
             return refusal{reply_status::unsupported, "not a request the table applies"};
     }
@@ -362,8 +395,10 @@ COROCOLL_DECL task<> tcp_store_server::converse(connection& c) {
                 co_return;
             }
         } else if (req.q == detail::query::wait) {
-            if (!table_.all_present(req.keys) && !co_await park(c, req.keys)) co_return;
-            c.out.u8(detail::wait_stop_waiting);
+            wait_end end = wait_end::ready;
+            if (!table_.all_present(req.keys)) end = co_await park(c, req.keys);
+            if (end == wait_end::gone) co_return;
+            c.out.u8(end == wait_end::ready ? detail::wait_stop_waiting : detail::wait_canceled);
         } else if (auto no = table_.apply(req, c.out)) {
             co_await refuse(c, std::move(*no));
             co_return;
@@ -449,8 +484,8 @@ COROCOLL_DECL task<bool> tcp_store_server::receive(connection& c, std::uint64_t 
     co_return true;
 }
 
-COROCOLL_DECL task<bool> tcp_store_server::park(connection& c,
-                                                const std::vector<std::string>& keys) {
+COROCOLL_DECL task<tcp_store_server::wait_end> tcp_store_server::park(
+    connection& c, const std::vector<std::string>& keys) {
     wait_state w;
     w.ready = &wait_state::on_ready;
     struct parked {
@@ -467,11 +502,11 @@ COROCOLL_DECL task<bool> tcp_store_server::park(connection& c,
     parked guard{*this, w, keys};
     std::stop_callback on_stop(stop_.get_token(), [&w]() noexcept { w.wake.request_stop(); });
     while (w.missing != 0 && !stopping_) {
-        if (c.in.size() >= max_behind_wait) co_return false;
+        if (c.in.size() >= max_behind_wait) co_return wait_end::gone;
         std::size_t got = 0;
         try {
             std::size_t capacity = std::max(c.in.capacity(), c.in.size() + small_buffer);
-            if (!recharge(c, capacity + c.out.capacity())) co_return false;
+            if (!recharge(c, capacity + c.out.capacity())) co_return wait_end::gone;
             auto room = c.in.prepare(small_buffer, capacity);
             got = co_await c.sock.recv_some(room, w.wake.get_token());
         } catch (const std::system_error& e) {
@@ -479,10 +514,16 @@ COROCOLL_DECL task<bool> tcp_store_server::park(connection& c,
             if (e.code() == std::errc::operation_canceled) continue;
             throw;
         }
-        if (got == 0) co_return false;
+        if (got == 0) co_return wait_end::gone;
         c.in.commit(got);
+        if (c.parser.torch2() &&
+            static_cast<unsigned char>(c.in.view()[0]) == detail::torch2_cancel_wait) {
+            // Its client gave up: CANCEL_WAIT is answered in the WAIT's place.
+            c.in.consume(1);
+            co_return wait_end::canceled;
+        }
     }
-    co_return !stopping_;
+    co_return stopping_ ? wait_end::gone : wait_end::ready;
 }
 
 COROCOLL_DECL std::optional<detail::refusal> tcp_store_server::authenticate(
