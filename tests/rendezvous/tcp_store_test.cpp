@@ -452,8 +452,12 @@ struct torch2_stand_in {
         port = ntohs(a.sin_port);
         serving = std::thread([this, silent] { serve(silent); });
     }
+    // Waits for the thread (it ends when the client closes): what it recorded may be read after.
+    void finish() {
+        if (serving.joinable()) serving.join();
+    }
     ~torch2_stand_in() {
-        serving.join();
+        finish();
         for (int fd : {listener, first, second}) {
             if (fd >= 0) ::close(fd);
         }
@@ -527,6 +531,7 @@ void torch2_client_case(bool silent) {
         CHECK(r.run(s->add("n", 3)) == 3);
         CHECK(r.run(s->num_keys()) == 2);
     }  // the client closes its connection: the stand-in's thread ends
+    server.finish();
     CHECK(server.first_query.size() == 9);
     CHECK(static_cast<unsigned char>(server.first_query[0]) == 0xC0);
     CHECK(server.validated);
