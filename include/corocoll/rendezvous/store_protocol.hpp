@@ -104,8 +104,8 @@ inline constexpr std::uint8_t torch2_list_keys = 17;
 constexpr std::uint8_t wire_number(query q, bool torch2) noexcept {
     if (!torch2) return static_cast<std::uint8_t>(q);
     if (q == query::list_keys) return torch2_list_keys;
-    for (std::uint8_t n = 0; n < std::size(torch2_queries); ++n) {
-        if (torch2_queries[n] == q) return n;
+    for (std::size_t n = 0; n < std::size(torch2_queries); ++n) {
+        if (torch2_queries[n] == q) return static_cast<std::uint8_t>(n);
     }
     return static_cast<std::uint8_t>(q);  // corocoll's own (HELLO, AUTH): not numbered by torch
 }
