@@ -399,6 +399,15 @@ TEST_CASE("agree gives every survivor the same AND of their flags and the same f
 // `body`; the joiners (RANK n, n+1, ...) wait until `ready` reaches `n - 1` (the survivors
 // say when to come), then call join_process_group and run `check_group` on what they got,
 // posing as rank `stands_for` of the first group, under board slot RANK.
+// A process that joins (join_process_group) and checks the group it is admitted to, where it
+// stands for the first group's rank `stands_for`.
+cc::task<> join_and_check(cc::io::reactor& r, cc::init_options io, rank_record& me,
+                          int stands_for) {
+    auto g = co_await cc::join_process_group(r, io);
+    co_await check_group(*g, me, stands_for);
+    co_await g->close();
+}
+
 cc::spawn_result grow_job(board& b, int n, int joiners, std::atomic<int>& ready, int stands_for,
                           std::function<cc::task<>(std::shared_ptr<cc::process_group>)> body) {
     cc::spawn_options o;
@@ -421,11 +430,7 @@ cc::spawn_result grow_job(board& b, int n, int joiners, std::atomic<int>& ready,
                     return 0;
                 }
                 for (int i = 0; i < 6000 && ready.load() < n - 1; ++i) ::usleep(10'000);
-                r.run([&]() -> cc::task<> {
-                    auto g = co_await cc::join_process_group(r, io);
-                    co_await check_group(*g, b.ranks[rank], stands_for);
-                    co_await g->close();
-                }());
+                r.run(join_and_check(r, io, b.ranks[rank], stands_for));
             } catch (const std::exception& e) {
                 std::fprintf(stderr, "rank %d failed: %s\n", rank, e.what());
                 return 1;
@@ -569,11 +574,7 @@ TEST_CASE("a joiner that gave up is not counted, and the next grow passes over i
                     step = 1;
                 } else {
                     wait_for(2);
-                    r.run([&]() -> cc::task<> {
-                        auto g = co_await cc::join_process_group(r, io);
-                        co_await check_group(*g, me, n);
-                        co_await g->close();
-                    }());
+                    r.run(join_and_check(r, io, me, n));
                 }
             } catch (const std::exception& e) {
                 std::fprintf(stderr, "slot %d failed: %s\n", slot, e.what());
