@@ -136,6 +136,11 @@ else
     ln -s "$cuda_home"/include/* "$cuda_root/include/" 2>/dev/null
     ln -s "$cuda_home"/bin/* "$cuda_root/bin/" 2>/dev/null
     for l in "$cuda_home"/lib64/libcudart*; do ln -sf "$l" "$cuda_root/lib64/"; done
+    # nvcc finds its compiler passes (nvvm/bin/cicc) and nvcc.profile beside its own path: the
+    # rest of the toolkit's tree goes under the root too.
+    for e in "$cuda_home"/*; do
+        [[ -e $cuda_root/$(basename "$e") ]] || ln -s "$e" "$cuda_root/"
+    done
     if [[ -n $nccl_h && -n $nccl_so ]]; then
         ln -sf "$(dirname "$nccl_h")"/nccl*.h "$cuda_root/include/"
         ln -sf "$nccl_so" "$cuda_root/lib64/libnccl.so"
@@ -157,7 +162,7 @@ step "configure" "$out/configure.log" meson setup "$build" "${options[@]}" || {
     exit 1
 }
 targets=(tests/gpu_api_test tests/gpu_device_test benchmarks/gpu_coll_perf examples/gpu_overlap
-         tests/store_tool)
+         tests/store_tool examples/p2p_blocking)
 ((sim)) && targets+=(tests/gpu_sim_test tests/nccl_group_test)
 step "build (${#targets[@]} targets, $jobs jobs)" "$out/build.log" ninja -C "$build" -j "$jobs" "${targets[@]}" || {
     say "build failed: see build.log"
@@ -176,6 +181,10 @@ fi
 # ways, and with torch's libuv and legacy servers where torch has both (issue 36, item 3).
 step "torch_interop_test (torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null))" \
     "$out/tests.log" timeout 120 python3 tests/rendezvous/torch_interop_test.py "$build/tests/store_tool"
+# A torchrun job of the machine's torch whose ranks (p2p_blocking, 4 ranks) rendezvous on the
+# agent's store (TORCHELASTIC_USE_AGENT_STORE; a libuv TCPStore from torch 2.4 on).
+step "torchrun --no_python p2p_blocking" "$out/tests.log" timeout 150 \
+    python3 tests/process_group/launchers_test.py "$build/examples/p2p_blocking" torchrun
 # The awaitable layer beside plain NCCL, world of one: the last two columns are the difference
 # per op and the ratio.
 for coll in all_reduce broadcast all_gather reduce_scatter; do

@@ -16,6 +16,9 @@ import sys
 from torch.distributed.elastic.multiprocessing import api as _mp_api
 
 _Std = _mp_api.Std
+# torch 2.x parses the flag with Std(int(v)) itself (and may drop the regexes this patch reads):
+# patch only a torch that still has the loop.
+_NEEDS_PATCH = hasattr(_mp_api, "_VALUE_REGEX") and hasattr(_mp_api, "_MAPPING_REGEX")
 
 
 def _from_str(cls, vm):
@@ -29,7 +32,8 @@ def _from_str(cls, vm):
 
 # Same class object is re-exported as torch.distributed.elastic.multiprocessing.Std
 # and imported by torch.distributed.run, so patching the class fixes every user.
-_Std.from_str = classmethod(_from_str)
+if _NEEDS_PATCH:
+    _Std.from_str = classmethod(_from_str)
 
 if __name__ == "__main__":
     from torch.distributed.run import main

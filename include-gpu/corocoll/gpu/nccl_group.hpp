@@ -568,8 +568,11 @@ private:
         }
     }
 
-    // NCCL's op; the error text (which allocates) only for the ops NCCL lacks.
+    // NCCL's op; the error text (which allocates) only for the ops NCCL lacks. On a world of
+    // one, avg is sum (both leave the value as it is): NCCL 2.28 refuses avg of fp8 there
+    // (ncclLaunchOneRank's host-side switch has no fp8 case), which a GPU showed.
     ncclRedOp_t op_of(reduce_op op, const char* what) const {
+        if (op == reduce_op::avg && size_ == 1) return ncclSum;
         return nccl_has(op) ? nccl_op_of(op, std::string()) : nccl_op_of(op, ops_.prefix(what));
     }
 

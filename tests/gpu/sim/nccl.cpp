@@ -16,7 +16,8 @@
 //     ncclCommSetAsyncError);
 //   - argument checks of argcheck.cc: root, type, op, a buffer that is not device memory of
 //     the communicator's device, fp8 reductions below compute capability 9.0 of the lowest
-//     rank (enqueue.cc ≈ 2557);
+//     rank (enqueue.cc ≈ 2557), and avg of fp8 on a world of one (onerank.cu's host switch
+//     lacks the fp8 types);
 //   - "Duplicate GPU detected" (init.cc ≈ 904) when two ranks of a host share a device:
 //     ncclInvalidUsage;
 //   - ncclCommAbort ends the rank's kernels; peers of a launch that can no longer finish see
@@ -551,6 +552,14 @@ ncclResult_t check(ncclComm* c, const call& k) {
     if (reduces && is_fp8(k.type) && c->min_cc < 90 && k.count > 0) {
         return fail(c, ncclInvalidArgument,
                     "FP8 reduction support begins with sm90 capable devices.");
+    }
+    // A world of one reduces in ncclLaunchOneRank (device/onerank.cu), whose host-side switch
+    // over the types for avg (a pre-multiplied sum) has its fp8 cases under
+    // `__CUDA_ARCH__ >= 900`, never defined in host code: avg of fp8 on one rank falls to
+    // `default: return ncclInvalidArgument`, without a warning (seen on an H100, NCCL 2.28.9).
+    if (reduces && is_fp8(k.type) && k.op == ncclAvg && c->nranks == 1 && k.count > 0) {
+        return fail(c, ncclInvalidArgument,
+                    "ncclLaunchOneRank: avg of fp8 on one rank has no host-side case");
     }
     std::size_t block = k.count * type_size(k.type);
     std::size_t all = block * static_cast<std::size_t>(c->nranks);
