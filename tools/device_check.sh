@@ -16,11 +16,11 @@
 #       --out    where the report and the logs go (default $OUT, else ./device-check-out)
 #       --jobs   build jobs (default: every processor)
 #
-# Files under --out (at most 8, for the tool that brings them back): report.txt (what ran and
-# its outcome, the figures), env.log, configure.log, build.log, tests.log, perf.log,
-# overlap.log. Exit status 0 when every step passed; the report says which did not.
-# The torch backend is not built here: it is written against torch 1.13's ProcessGroup, and
-# torch 2.x needs its c10d::Backend port (issue 36, item 2); the report gives torch's version.
+# Files under --out: report.txt (what ran and its outcome, the figures), env.log,
+# configure.log, build.log, torch_build.log, tests.log, torch.log, torch_suite.json, perf.log,
+# overlap.log (more than the 8 files a device run brings back: pack them). Exit status 0 when
+# every step passed; the report says which did not. The torch backend is built against
+# python3's torch (2.x: the c10d::Backend glue) and runs the project's torch programs.
 
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -155,19 +155,64 @@ fi
 # ---- configure and build what the check runs ----
 rm -rf "$build"
 options=(--buildtype=release -Dnccl=enabled -Dnccl_cuda_root="$cuda_root" -Dtorch=disabled
-         -Dtests=enabled -Dbenchmarks=enabled -Dexamples=enabled -Dtools=disabled)
+         -Dtests=enabled -Dbenchmarks=enabled -Dexamples=enabled -Dtools=enabled)
 ((sim)) && options+=(-Dgpu_sim=true)
 step "configure" "$out/configure.log" meson setup "$build" "${options[@]}" || {
     say "configure failed: see configure.log"
     exit 1
 }
 targets=(tests/gpu_api_test tests/gpu_device_test benchmarks/gpu_coll_perf examples/gpu_overlap
-         tests/store_tool examples/p2p_blocking)
+         tests/store_tool examples/p2p_blocking tools/corocollrun)
 ((sim)) && targets+=(tests/gpu_sim_test tests/nccl_group_test)
+# The torch backend (python/corocoll_torch) against the machine's torch, compiled beside the
+# build (one translation unit): Meson's torch detection looks for Debian's libtorch, while this
+# machine's torch lives in python3's site-packages, whose own paths are taken here.
+torch_ext_dir=$build/python/corocoll_torch
+build_torch_ext() {
+    local flags
+    flags=$(python3 - <<'PY'
+import sysconfig, torch
+from torch.utils import cpp_extension as c
+print(" ".join("-isystem " + p for p in c.include_paths()),
+      "-isystem", sysconfig.get_paths()["include"],
+      f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}")
+print(" ".join(f"-L{p} -Wl,-rpath,{p}" for p in c.library_paths()))
+print(sysconfig.get_config_var("EXT_SUFFIX"))
+PY
+) || return 1
+    local cflags ldflags suffix
+    cflags=$(sed -n 1p <<< "$flags")
+    ldflags=$(sed -n 2p <<< "$flags")
+    suffix=$(sed -n 3p <<< "$flags")
+    mkdir -p "$torch_ext_dir"
+    cp python/corocoll_torch/__init__.py "$torch_ext_dir/"
+    # shellcheck disable=SC2086  # the flags are words
+    g++ -std=c++20 -O2 -fPIC -shared -Wall -Wno-unused-parameter -Iinclude $cflags \
+        python/corocoll_torch/backend.cpp -o "$torch_ext_dir/_C$suffix" $ldflags \
+        -ltorch_python -ltorch -ltorch_cpu -lc10 $(pkg-config --libs liburing) -lpthread
+}
+torch_version=$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)
+if [[ -n $torch_version ]]; then
+    # Beside ninja: it is one long translation unit.
+    (build_torch_ext > "$out/torch_build.log" 2>&1; echo $? > "$out/torch_build.rc") &
+    torch_build_pid=$!
+fi
 step "build (${#targets[@]} targets, $jobs jobs)" "$out/build.log" ninja -C "$build" -j "$jobs" "${targets[@]}" || {
     say "build failed: see build.log"
     exit 1
 }
+if [[ -n $torch_version ]]; then
+    t0=$SECONDS
+    wait "$torch_build_pid"
+    rc=$(cat "$out/torch_build.rc" 2>/dev/null || echo 1)
+    if [[ $rc == 0 ]]; then
+        say "$(printf '%-34s %-18s %4ds' "build torch backend ($torch_version)" ok $((SECONDS - t0)))"
+    else
+        say "$(printf '%-34s %-18s %4ds' "build torch backend ($torch_version)" "FAILED (exit $rc)" $((SECONDS - t0)))"
+        failed=1
+        torch_version=
+    fi
+fi
 
 # ---- run ----
 step "gpu_api_test" "$out/tests.log" timeout 120 "$build/tests/gpu_api_test"
@@ -197,6 +242,27 @@ else
     step "gpu_overlap --check" "$out/overlap.log" timeout 120 "$build/examples/gpu_overlap" --check
 fi
 
+# The torch backend "corocoll" under the machine's torch: the project's torch programs, and a
+# stable subset of torch's own distributed test suite (3 ranks; each test's outcome in
+# torch_suite.json).
+if [[ -n $torch_version ]]; then
+    suite_subset=test_all_gather,test_all_gather_coalesced_simple,test_all_reduce_sum,test_all_reduce_group_max,test_all_reduce_complex_unsupported_ops,test_all_to_all,test_all_to_all_single_unequal_split,test_barrier_full_group,test_barrier_timeout_full_group,test_batch_isend_irecv_gloo,test_broadcast_group,test_destroy_group,test_gather_checks,test_get_backend,test_get_future,test_irecv,test_monitored_barrier_gloo_rank_0_timeout,test_reduce_sum,test_scatter_checks,test_send_recv_any_source,test_sparse_all_reduce_sum,test_all_gather_into_tensor_coalesced,test_reduce_scatter_tensor_coalesced,test_batch_isend_irecv_op_list_err
+    torch_run() {  # torch_run NAME TIMEOUT ARGS...: a torch program with the backend on the path
+        local name=$1 limit=$2
+        shift 2
+        echo "=== $name" >> "$out/torch.log"
+        step "$name" "$out/torch.log" env PYTHONPATH="$build/python" OMP_NUM_THREADS=1 \
+            timeout "$limit" python3 "$@"
+    }
+    torch_run "torch: behaviour" 150 tests/torch/behaviour.py
+    torch_run "torch: tutorial (torchrun)" 150 tests/torch/tutorial.py --launch torchrun
+    torch_run "torch: tutorial (spawn, tcp)" 150 tests/torch/tutorial.py --launch spawn --init tcp
+    torch_run "torch: suite subset" 300 tests/torch/distributed_suite.py --backend corocoll \
+        --only "$suite_subset" --skip-unknown --report "$out/torch_suite.json"
+    torch_run "torch: grow (corocollrun)" 200 tests/torch/grow.py "$build/tools/corocollrun"
+    torch_run "torch: differential (2, 3 ranks)" 200 tests/torch/differential.py 2 3
+    torch_run "torch: ddp (spawn, 2 ranks)" 200 tests/torch/ddp.py --launch spawn --ranks 2 --steps 300
+fi
 say ""
 say "== gpu_coll_perf (size, corocoll and NCCL time, difference, ratio: see perf.log's header)"
 grep -E '^# gpu_coll_perf|^ *[0-9]' "$out/perf.log" | head -n 48 >> "$report"

@@ -29,6 +29,7 @@ from datetime import timedelta
 import multiprocessing.util
 import os
 
+import torch
 import torch.distributed as dist
 
 from ._C import close_all, create_process_group
@@ -65,8 +66,44 @@ def _create(store, rank, world_size, timeout):
     return group
 
 
+# torch 2.x wraps what the factory makes (a c10d::Backend) in a ProcessGroup of its own, one
+# backend per device type: this one takes CPU tensors. torch 1.13 takes the group itself.
+_TORCH2 = int(torch.__version__.split(".")[0]) >= 2
+
 if BACKEND.upper() not in dist.Backend._plugins:
-    dist.Backend.register_backend(BACKEND, _create)
+    if _TORCH2:
+        dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+    else:
+        dist.Backend.register_backend(BACKEND, _create)
+
+
+def _as_process_group(made, store):
+    """`made` as the process group torch's calls take: on torch 2.x a backend, wrapped in a
+    ProcessGroup as init_process_group and new_group wrap one (CPU tensors go to it); on torch
+    1.13 the group itself."""
+    if not _TORCH2 or isinstance(made, dist.ProcessGroup):
+        return made
+    pg = dist.ProcessGroup(store, made.rank(), made.size())
+    backend_type = dist.ProcessGroup.BackendType.CUSTOM
+    pg._set_default_backend(backend_type)
+    pg._register_backend(torch.device("cpu"), backend_type, made)
+    return pg
+
+
+def _register(pg, name, group_ranks, backend_and_store):
+    """Enters `pg` in torch.distributed's tables, as new_group does: its name, its ranks as the
+    job's ranks, its backend and store."""
+    c10d = dist.distributed_c10d
+    if hasattr(pg, "_set_group_name"):
+        pg._set_group_name(name)
+    _world_dict("pg_map")[pg] = backend_and_store
+    _world_dict("pg_names")[pg] = name
+    _world_dict("pg_group_ranks")[pg] = group_ranks
+    world = getattr(c10d, "_world", None)
+    if world is not None and hasattr(world, "pg_backend_config"):
+        world.pg_backend_config[pg] = f"cpu:{BACKEND}"
+    if hasattr(c10d, "_register_process_group"):
+        c10d._register_process_group(name, pg)
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks=True):
@@ -138,11 +175,10 @@ def shrink(group=None, join_window=timedelta(seconds=10)):
         global_of = {r: g for g, r in group_ranks[old].items()}
     else:
         global_of = {r: r for r in range(old.size())}
-    group_ranks[made] = {global_of[r]: i for i, r in enumerate(old_ranks)}
-    pg_map = _world_dict("pg_map")
-    if old in pg_map:
-        pg_map[made] = pg_map[old]
-    _world_dict("pg_names")[made] = f"corocoll_shrink_{id(made)}"
+    backend_and_store = _world_dict("pg_map").get(old, (BACKEND, None))
+    made = _as_process_group(made, backend_and_store[1])
+    _register(made, f"corocoll_shrink_{id(made)}",
+              {global_of[r]: i for i, r in enumerate(old_ranks)}, backend_and_store)
     return made
 
 
@@ -151,9 +187,8 @@ def _make_default(pg, backend_and_store):
     ranks are the job's ranks from now on (dist.get_rank(), group=None, DDP without a group)."""
     c10d = dist.distributed_c10d
     c10d._update_default_pg(pg)
-    _world_dict("pg_map")[pg] = backend_and_store
-    _world_dict("pg_names")[pg] = f"corocoll_world_{id(pg)}"
-    _world_dict("pg_group_ranks")[pg] = {i: i for i in range(pg.size())}
+    _register(pg, f"corocoll_world_{id(pg)}", {i: i for i in range(pg.size())},
+              backend_and_store)
     if hasattr(c10d, "_backend"):
         c10d._backend = BACKEND
 
@@ -174,6 +209,7 @@ def grow(group=None, new_size=None, join_window=timedelta(seconds=60)):
     made = _C.grow(_backend_of(old), new_size, join_window)
     pg_map = _world_dict("pg_map")
     store = pg_map[old][1] if old in pg_map else None
+    made = _as_process_group(made, store)
     _make_default(made, (BACKEND, store))
     return made
 
@@ -190,7 +226,7 @@ def join_process_group(timeout=timedelta(minutes=30), init_method="env://"):
     # The groups meet joiners in the job's store under every prefix: this one is only for
     # torch's tables, as init_process_group's default group has it.
     store = dist.PrefixStore("default_pg", store)
-    made = _C.join(store, rank, world_size, timeout)
+    made = _as_process_group(_C.join(store, rank, world_size, timeout), store)
     _close_at_exit()
     _make_default(made, (BACKEND, store))
     return made

@@ -1,9 +1,9 @@
-// corocoll_torch._C: the torch.distributed backend "corocoll" (torch 1.13's c10d::ProcessGroup
-// API) on top of corocoll's public API. One translation unit: torch's headers are slow to
-// compile. Its parts are private headers beside it, one per job (store.hpp: torch's store as
-// corocoll's; threads.hpp: who drives the reactor; tensors.hpp; work.hpp: torch's Work;
-// group.hpp: the ProcessGroup; work_members.hpp), and the module is at the end of this file.
-// See docs/architecture.md, "The torch backend".
+// corocoll_torch._C: the torch.distributed backend "corocoll" (torch 2.x's c10d::Backend API,
+// or torch 1.13's c10d::ProcessGroup API) on top of corocoll's public API. One translation unit:
+// torch's headers are slow to compile. Its parts are private headers beside it, one per job
+// (store.hpp: torch's store as corocoll's; threads.hpp: who drives the reactor; tensors.hpp;
+// work.hpp: torch's Work; group.hpp: the ProcessGroup; work_members.hpp), and the module is at the
+// end of this file. See docs/architecture.md, "The torch backend".
 //
 // Threads of one group: the caller's (Python's) thread checks the arguments, makes a `Work`
 // and starts it on the group's reactor itself when no other thread drives it; a caller that
@@ -15,6 +15,21 @@
 // on the reactor.
 
 #include <torch/csrc/utils/pybind.h>
+// torch 2.x hands a backend (c10d::Backend) to the ProcessGroup it makes; torch 1.13 takes a
+// ProcessGroup. COROCOLL_TORCH2 picks the torch glue; everything else is shared.
+#if __has_include(<torch/headeronly/version.h>)
+#include <torch/headeronly/version.h>
+#elif __has_include(<torch/version.h>)
+#include <torch/version.h>
+#elif __has_include(<torch/csrc/api/include/torch/version.h>)
+#include <torch/csrc/api/include/torch/version.h>
+#endif
+#if defined(TORCH_VERSION_MAJOR) && TORCH_VERSION_MAJOR >= 2
+#define COROCOLL_TORCH2 1
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#else
+#define COROCOLL_TORCH2 0
+#endif
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -78,9 +93,8 @@ void close_all() {
     for (group* g : registry().groups) g->shutdown();
 }
 
-c10::intrusive_ptr<c10d::ProcessGroup> create(const c10::intrusive_ptr<c10d::Store>& store,
-                                              int rank, int size,
-                                              std::chrono::duration<float> timeout) {
+c10::intrusive_ptr<torch_group_base> create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                            int size, std::chrono::duration<float> timeout) {
     if (size < 1 || rank < 0 || rank >= size) {
         throw std::invalid_argument("corocoll backend: rank " + std::to_string(rank) +
                                     " is outside [0, world_size=" + std::to_string(size) + ")");
@@ -93,7 +107,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> create(const c10::intrusive_ptr<c10d::Sto
 }
 
 /// The corocoll group behind a torch process group; a clear error for another backend's.
-group& ours(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const char* call) {
+group& ours(const c10::intrusive_ptr<torch_group_base>& pg, const char* call) {
     auto* g = dynamic_cast<group*>(pg.get());
     if (g == nullptr) {
         throw std::invalid_argument(std::string("corocoll_torch.") + call +
@@ -104,7 +118,7 @@ group& ours(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const char* call) 
 }
 
 /// `group::failure` as Python sees it: None, or a dict of cause, rank, failed_ranks and what.
-py::object failure_of(const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
+py::object failure_of(const c10::intrusive_ptr<torch_group_base>& pg) {
     auto f = ours(pg, "failure").failure();
     if (!f) return py::none();
     static constexpr const char* causes[] = {"blamed", "rank_failed", "revoked", "closed"};
@@ -125,27 +139,28 @@ PYBIND11_MODULE(_C, m) {
           "Builds a corocoll process group on torch's store (the backend's factory)");
     m.def(
         "abort",
-        [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& reason) {
-            corocoll_torch::ours(pg, "abort").abort(reason);
-        },
+        [](const c10::intrusive_ptr<corocoll_torch::torch_group_base>& pg,
+           const std::string& reason) { corocoll_torch::ours(pg, "abort").abort(reason); },
         py::arg("group"), py::arg("reason") = "",
         "Revokes the group (every Work in flight here and on every live peer fails, naming "
         "this rank and the reason), then closes it without waiting for the peers; from any "
         "thread");
     m.def(
         "shrink",
-        [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, std::chrono::milliseconds window) {
+        [](const c10::intrusive_ptr<corocoll_torch::torch_group_base>& pg,
+           std::chrono::milliseconds window) {
             auto [made, ranks] = corocoll_torch::ours(pg, "shrink").shrink(window);
-            return std::pair<c10::intrusive_ptr<c10d::ProcessGroup>, std::vector<int>>(
-                std::move(made), std::move(ranks));
+            return std::pair<c10::intrusive_ptr<corocoll_torch::torch_group_base>,
+                             std::vector<int>>(std::move(made), std::move(ranks));
         },
         py::arg("group"), py::arg("join_window"),
         "The group of the group's live ranks (every live rank calls it) and, for each of its "
         "ranks, that rank's rank in `group`");
     m.def(
         "grow",
-        [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, int new_size,
-           std::chrono::milliseconds window) -> c10::intrusive_ptr<c10d::ProcessGroup> {
+        [](const c10::intrusive_ptr<corocoll_torch::torch_group_base>& pg, int new_size,
+           std::chrono::milliseconds window)
+            -> c10::intrusive_ptr<corocoll_torch::torch_group_base> {
             return corocoll_torch::ours(pg, "grow").grow(new_size, window);
         },
         py::arg("group"), py::arg("new_size"), py::arg("join_window"),
@@ -154,7 +169,8 @@ PYBIND11_MODULE(_C, m) {
     m.def(
         "join",
         [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
-           std::chrono::milliseconds timeout) -> c10::intrusive_ptr<c10d::ProcessGroup> {
+           std::chrono::milliseconds timeout)
+            -> c10::intrusive_ptr<corocoll_torch::torch_group_base> {
             return corocoll_torch::group::join(store, rank, world_size, timeout);
         },
         py::arg("store"), py::arg("rank"), py::arg("world_size"), py::arg("timeout"),

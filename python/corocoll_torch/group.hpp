@@ -72,12 +72,20 @@ void run_on(runtime& rt, Body body) {
     item.cv.wait(lock, [&] { return item.done; });
 }
 
-/// The backend "corocoll": a c10d::ProcessGroup whose operations run on a corocoll
-/// process_group on the group's own progress thread (shared with the groups shrunk from it).
-class group final : public c10d::ProcessGroup {
+#if COROCOLL_TORCH2
+// torch 2.x: a backend, which torch's ProcessGroup dispatches CPU tensors to.
+using torch_group_base = c10d::Backend;
+#else
+using torch_group_base = c10d::ProcessGroup;
+#endif
+
+/// The backend "corocoll": a c10d::Backend (torch 2.x) or c10d::ProcessGroup (torch 1.13)
+/// whose operations run on a corocoll process_group on the group's own progress thread
+/// (shared with the groups shrunk from it).
+class group final : public torch_group_base {
 public:
     group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, milliseconds timeout)
-        : c10d::ProcessGroup(rank, size), timeout_(timeout), rt_(std::make_shared<runtime>()) {
+        : torch_group_base(rank, size), timeout_(timeout), rt_(std::make_shared<runtime>()) {
         // Ranks of this host that outnumber its processors must not busy-poll plainly. One
         // thread per rank drives the reactor at a time (progress_thread), so a rank counts
         // once.
@@ -110,7 +118,7 @@ public:
 
     /// A group that `shrink` made: `pg` on the reactor of `rt`, the one it was shrunk from.
     group(std::shared_ptr<runtime> rt, std::shared_ptr<cc::process_group> pg, milliseconds timeout)
-        : c10d::ProcessGroup(pg->rank(), pg->size()),
+        : torch_group_base(pg->rank(), pg->size()),
           timeout_(timeout),
           rt_(std::move(rt)),
           pg_(std::move(pg)) {}
@@ -219,7 +227,11 @@ public:
     /// store-based barrier at the end of init_process_group). Idempotent; operations after it
     /// fail, naming the closed group. Called by destroy_process_group (through the
     /// destructor) and, for every group still open, when the process exits (`close_all`).
-    void shutdown() {
+    void shutdown()
+#if COROCOLL_TORCH2
+        override  // torch 2.x's destroy_process_group calls it
+#endif
+    {
         without_gil released;
         std::lock_guard once(shutdown_m_);
         if (!pg_ || pg_->closed()) return;
@@ -260,6 +272,55 @@ public:
     static constexpr milliseconds max_linger{60'000};
 
     const std::string getBackendName() const override { return "corocoll"; }
+
+#if COROCOLL_TORCH2
+    /// torch 2.x's abort (ProcessGroup::abort, destroy_process_group after a failure).
+    void abort() override { abort("aborted through torch"); }
+
+    // Coalescing (torch 2.x's _coalescing_manager, batch_isend_irecv): the operations between
+    // start and end run as they are called, and end yields one Work that completes when they
+    // all have.
+    bool supportsCoalescing() const override { return true; }
+
+    void startCoalescing() override {
+        if (coalescing_) refuse("startCoalescing", "coalescing has started already");
+        coalescing_ = true;
+        coalesced_.clear();
+    }
+
+    c10::intrusive_ptr<c10d::Work> endCoalescing() override {
+        if (!coalescing_) refuse("endCoalescing", "no startCoalescing before it");
+        coalescing_ = false;
+        return c10::make_intrusive<joined_work>(getRank(), c10d::OpType::COALESCED,
+                                                std::exchange(coalesced_, {}));
+    }
+
+    /// torch 2.x's coalesced all_gather_into_tensor: one all_gather per pair, in order.
+    c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+        std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+        const c10d::AllgatherOptions& opts) override {
+        pairs("allgather_into_tensor_coalesced", outputs, inputs);
+        std::vector<c10::intrusive_ptr<c10d::Work>> parts;
+        for (std::size_t i = 0; i < inputs.size(); ++i) {
+            parts.push_back(_allgather_base(outputs[i], inputs[i], opts));
+        }
+        return c10::make_intrusive<joined_work>(getRank(), c10d::OpType::COALESCED,
+                                                std::move(parts));
+    }
+
+    /// torch 2.x's coalesced reduce_scatter_tensor: one reduce_scatter per pair, in order.
+    c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+        std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+        const c10d::ReduceScatterOptions& opts) override {
+        pairs("reduce_scatter_tensor_coalesced", outputs, inputs);
+        std::vector<c10::intrusive_ptr<c10d::Work>> parts;
+        for (std::size_t i = 0; i < inputs.size(); ++i) {
+            parts.push_back(_reduce_scatter_base(outputs[i], inputs[i], opts));
+        }
+        return c10::make_intrusive<joined_work>(getRank(), c10d::OpType::COALESCED,
+                                                std::move(parts));
+    }
+#endif
 
     progress_thread& progress() noexcept { return rt_->progress; }
     cc::thread_pool& callbacks() noexcept { return rt_->callbacks; }
@@ -900,6 +961,9 @@ private:
         auto w = c10::make_intrusive<op_work<Body>>(
             getRank(), getSize(), type, what, std::move(outputs), std::move(args), std::move(body));
         w->submit(*this);
+#if COROCOLL_TORCH2
+        if (coalescing_) coalesced_.push_back(w);
+#endif
         return w;
     }
 
@@ -938,6 +1002,20 @@ private:
         return typed(type, what, std::move(t), std::move(outputs), std::move(args), std::move(body),
                      true);
     }
+
+#if COROCOLL_TORCH2
+    void pairs(const char* op, const std::vector<at::Tensor>& outputs,
+               const std::vector<at::Tensor>& inputs) const {
+        if (outputs.size() != inputs.size()) {
+            refuse(op, std::to_string(outputs.size()) + " outputs for " +
+                           std::to_string(inputs.size()) + " inputs (one output per input)");
+        }
+    }
+
+    // The Works started between startCoalescing and endCoalescing (the caller's thread).
+    bool coalescing_ = false;
+    std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
+#endif
 
     milliseconds timeout_;
     // Runs `body(*this)` (a task) on the reactor, as the progress thread drives it, and waits

@@ -125,4 +125,66 @@ inline std::string work::what() const {
     return s + " on rank " + std::to_string(rank_) + " of " + std::to_string(size_);
 }
 
+#if COROCOLL_TORCH2
+/// Several Works as one (torch 2.x's coalescing): complete when each is; `wait` waits for each
+/// in turn and rethrows the first error; the future completes with every part's outputs, or
+/// with the first error.
+class joined_work final : public c10d::Work {
+public:
+    joined_work(int rank, c10d::OpType type, std::vector<c10::intrusive_ptr<c10d::Work>> parts)
+        : c10d::Work(rank, type), parts_(std::move(parts)) {}
+
+    bool isCompleted() override {
+        return std::all_of(parts_.begin(), parts_.end(), [](auto& w) { return w->isCompleted(); });
+    }
+
+    std::vector<at::Tensor> result() override {
+        std::vector<at::Tensor> all;
+        for (auto& w : parts_) {
+            for (auto& t : w->result()) all.push_back(t);
+        }
+        return all;
+    }
+
+    bool wait(milliseconds timeout) override {
+        for (auto& w : parts_) w->wait(timeout);
+        return true;
+    }
+
+    c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+        auto f =
+            c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+        if (parts_.empty()) {
+            f->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
+            return f;
+        }
+        struct state {
+            std::mutex m;
+            std::size_t left;
+            bool ended = false;
+        };
+        auto s = std::make_shared<state>();
+        s->left = parts_.size();
+        auto outputs = result();
+        for (auto& w : parts_) {
+            w->getFuture()->addCallback([f, s, outputs](c10::ivalue::Future& part) {
+                std::lock_guard lock(s->m);
+                if (s->ended) return;
+                if (part.hasError()) {
+                    s->ended = true;
+                    f->setError(part.exception_ptr());
+                } else if (--s->left == 0) {
+                    s->ended = true;
+                    f->markCompleted(c10::IValue(outputs));
+                }
+            });
+        }
+        return f;
+    }
+
+private:
+    std::vector<c10::intrusive_ptr<c10d::Work>> parts_;
+};
+#endif
+
 }  // namespace corocoll_torch

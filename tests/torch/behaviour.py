@@ -17,7 +17,9 @@ TCPStore the parent serves on a port of the kernel's choosing):
     'revoked' after, on both ranks;
   - all_gather_coalesced and a sparse (COO) all_reduce give Gloo's results;
   - unsupported calls raise an exception naming the call (several tensors per rank, dtypes
-    that cannot be reduced, a sparse reduction other than SUM, CUDA-less checks).
+    that cannot be reduced, a sparse reduction other than SUM, CUDA-less checks);
+  - torch 2.x only (`torch2`, 3 ranks): the coalesced tensor collectives, batch_isend_irecv
+    through the coalescing hooks, shutdown by destroy_process_group.
 
 Assertions are on results and messages, never on times. Exit 77 (skip) without torch or
 corocoll_torch.
@@ -206,8 +208,64 @@ def aborted(rank, n, port):
     dist.destroy_process_group()  # after abort: nothing left to close, no hang
 
 
+TORCH2 = int(torch.__version__.split(".")[0]) >= 2
+
+
+def torch2(rank, n, port):
+    """What torch 2.x asks of a backend beyond 1.13's ProcessGroup: the coalesced tensor
+    collectives (_coalescing_manager's fast path), the coalescing hooks (batch_isend_irecv),
+    and shutdown through destroy_process_group."""
+    init(rank, n, port, 60)
+    pg = dist.distributed_c10d._get_default_group()
+    assert dist.get_backend() == "corocoll", dist.get_backend()
+    backend = pg._get_backend(torch.device("cpu"))
+    assert backend.supports_coalescing, "the backend says it coalesces"
+    # all_gather_into_tensor, three at once: rank r's input i is (10 r + i, 10 r + i).
+    ins = [torch.full((2,), float(10 * rank + i)) for i in range(3)]
+    outs = [torch.full((2 * n,), -1.0) for _ in range(3)]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for o, i in zip(outs, ins):
+            dist.all_gather_into_tensor(o, i)
+    cm.wait()
+    for i, o in enumerate(outs):
+        want = torch.tensor([float(10 * r + i) for r in range(n) for _ in range(2)])
+        assert torch.equal(o, want), (i, o, want)
+    # reduce_scatter_tensor, two at once: input i of every rank is arange(2n) + i; rank r
+    # gets the sum of elements 2r, 2r + 1 over the ranks.
+    ins = [torch.arange(2.0 * n) + i for i in range(2)]
+    outs = [torch.full((2,), -1.0) for _ in range(2)]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for o, i in zip(outs, ins):
+            dist.reduce_scatter_tensor(o, i)
+    cm.wait()
+    for i, o in enumerate(outs):
+        want = torch.tensor([float(n * (2 * rank + i)), float(n * (2 * rank + 1 + i))])
+        assert torch.equal(o, want), (i, o, want)
+    # all_reduce, two at once (allreduce_coalesced).
+    a, b = torch.full((3,), float(rank)), torch.full((5,), 1.0)
+    with dist._coalescing_manager(async_ops=True) as cm:
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    cm.wait()
+    assert torch.equal(a, torch.full((3,), float(sum(range(n))))), a
+    assert torch.equal(b, torch.full((5,), float(n))), b
+    # A ring through batch_isend_irecv, which coalesces on a backend that says it does.
+    got = torch.zeros(4)
+    ops = [dist.P2POp(dist.isend, torch.full((4,), float(rank)), (rank + 1) % n),
+           dist.P2POp(dist.irecv, got, (rank - 1) % n)]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+    assert torch.equal(got, torch.full((4,), float((rank - 1) % n))), got
+    print(f"rank {rank}: coalesced all_gather, reduce_scatter, all_reduce and a batched ring",
+          flush=True)
+    dist.barrier()
+    dist.destroy_process_group()  # torch 2.x: the backend's shutdown
+
+
 CASES = {"works": (works, 2), "aborted": (aborted, 2), "timeout": (timeout, 2), "death": (death, 2),
          "monitored": (monitored, 3), "idle": (idle, 3)}
+if TORCH2:
+    CASES["torch2"] = (torch2, 3)
 
 
 def main():
