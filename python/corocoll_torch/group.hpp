@@ -295,6 +295,13 @@ public:
                                                 std::exchange(coalesced_, {}));
     }
 
+    /// torch 2.x's entry for sparse tensors (its dispatcher may send them here, not to
+    /// allreduce): the same sum as allreduce's.
+    c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                    const c10d::AllreduceOptions& opts) override {
+        return allreduce(tensors, opts);
+    }
+
     /// torch 2.x's coalesced all_gather_into_tensor: one all_gather per pair, in order.
     c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
         std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
