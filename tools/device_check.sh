@@ -188,6 +188,7 @@ PY
     cp python/corocoll_torch/__init__.py "$torch_ext_dir/"
     # shellcheck disable=SC2086  # the flags are words
     g++ -std=c++20 -O2 -fPIC -shared -Wall -Wno-unused-parameter -Iinclude $cflags \
+        $(pkg-config --cflags liburing) \
         python/corocoll_torch/backend.cpp -o "$torch_ext_dir/_C$suffix" $ldflags \
         -ltorch_python -ltorch -ltorch_cpu -lc10 $(pkg-config --libs liburing) -lpthread
 }
