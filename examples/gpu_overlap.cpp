@@ -5,13 +5,15 @@
 //
 //   gpu_overlap [--ranks N] [--mib M] [--check]
 //
-// Prints the kernel alone, the all_reduce alone and both together; --check fails (exit 1)
-// unless both results are right and together take under 0.9 of the two apart. Runs under a
+// Prints the kernel alone, the all_reduce alone and both together (each the least of 5 tries);
+// --check fails (exit 1) unless both results are right and together take under 0.9 of the two
+// apart on every rank. Runs under a
 // launcher, or spawns N ranks (default 2). Exits 77 where no CUDA device is visible.
 
 #include <corocoll/corocoll.hpp>
 #include <corocoll/gpu.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -54,29 +56,46 @@ cc::task<> body(cc::process_group& pg) {
     std::vector<float> host(count, static_cast<float>(me + 1));
     grads.copy_from(host);
 
+    // Each time is the least of `reps` tries: ranks that share one GPU time-slice it between
+    // their processes, and one try can land behind the other rank's kernel.
+    constexpr int reps = 5;
     // The all_reduce alone (after a warm-up that also sets up the staging buffers).
     co_await st.all_reduce(grads);
-    grads.copy_from(host);
-    auto t0 = clock_type::now();
-    co_await st.all_reduce(grads);
-    double reduce_ms = ms_since(t0);
+    double reduce_ms = 1e300;
+    for (int i = 0; i < reps; ++i) {
+        grads.copy_from(host);
+        co_await pg.barrier();
+        auto t0 = clock_type::now();
+        co_await st.all_reduce(grads);
+        reduce_ms = std::min(reduce_ms, ms_since(t0));
+    }
 
     // A kernel about as long as the all_reduce: time 1000 rounds, scale.
     co_await compute(r, work, 1000, compute_stream);
-    t0 = clock_type::now();
-    co_await compute(r, work, 1000, compute_stream);
-    double per_round = ms_since(t0) / 1000;
+    double per_round = 1e300;
+    for (int i = 0; i < reps; ++i) {
+        auto t0 = clock_type::now();
+        co_await compute(r, work, 1000, compute_stream);
+        per_round = std::min(per_round, ms_since(t0) / 1000);
+    }
     int rounds = std::max(1, static_cast<int>(reduce_ms / per_round));
-    t0 = clock_type::now();
-    co_await compute(r, work, rounds, compute_stream);
-    double compute_ms = ms_since(t0);
+    double compute_ms = 1e300;
+    for (int i = 0; i < reps; ++i) {
+        co_await pg.barrier();
+        auto t0 = clock_type::now();
+        co_await compute(r, work, rounds, compute_stream);
+        compute_ms = std::min(compute_ms, ms_since(t0));
+    }
 
     // Both at once.
-    grads.copy_from(host);
-    co_await pg.barrier();
-    t0 = clock_type::now();
-    co_await cc::when_all(compute(r, work, rounds, compute_stream), st.all_reduce(grads));
-    double both_ms = ms_since(t0);
+    double both_ms = 1e300;
+    for (int i = 0; i < reps; ++i) {
+        grads.copy_from(host);
+        co_await pg.barrier();
+        auto t0 = clock_type::now();
+        co_await cc::when_all(compute(r, work, rounds, compute_stream), st.all_reduce(grads));
+        both_ms = std::min(both_ms, ms_since(t0));
+    }
 
     grads.copy_to(host);
     float want = static_cast<float>(n) * static_cast<float>(n + 1) / 2.0f;
@@ -86,6 +105,7 @@ cc::task<> body(cc::process_group& pg) {
     work.copy_to(w);
     for (float v : w) right = right && std::isfinite(v);
 
+    // 1 would be no overlap at all, max/sum (about 0.5 here) all of the shorter part hidden.
     double ratio = both_ms / (compute_ms + reduce_ms);
     std::vector<double> ratios(static_cast<std::size_t>(n));
     co_await pg.all_gather_object(ratios, ratio);
