@@ -336,6 +336,8 @@ TEST_CASE("an error NCCL returns for an argument fails the group: later ops and 
     CAPTURE(first);
     CAPTURE(later);
     CHECK(first.find("corocoll: rank 0: all_reduce: NCCL: invalid argument") == 0);
+    // What the call asked, for a reader without NCCL_DEBUG=WARN.
+    CHECK(first.find("(asked: 8 float32 elements, sum)") != std::string::npos);
     CHECK(failed);
     CHECK(later.find("the NCCL group was aborted: " + first) != std::string::npos);
 }

@@ -200,9 +200,12 @@ public:
         void* p = data.data();
         std::size_t n = data.size();
         ncclDataType_t t = nccl_type_of<element_t<R>>();
-        return ops_.run("broadcast", [p, n, t, src](ncclComm_t c, cudaStream_t s) {
-            return ncclBroadcast(p, p, n, t, src, c, s);
-        });
+        return ops_.run(
+            "broadcast",
+            [p, n, t, src](ncclComm_t c, cudaStream_t s) {
+                return ncclBroadcast(p, p, n, t, src, c, s);
+            },
+            detail::nccl_call{n, t});
     }
 
     /// Reduces `data` over every rank with `op`, in place; every rank gets the result.
@@ -213,9 +216,12 @@ public:
         void* p = data.data();
         std::size_t n = data.size();
         ncclDataType_t t = nccl_type_of<element_t<R>>();
-        return ops_.run("all_reduce", [p, n, t, o](ncclComm_t c, cudaStream_t s) {
-            return ncclAllReduce(p, p, n, t, o, c, s);
-        });
+        return ops_.run(
+            "all_reduce",
+            [p, n, t, o](ncclComm_t c, cudaStream_t s) {
+                return ncclAllReduce(p, p, n, t, o, c, s);
+            },
+            detail::nccl_call{n, t, o});
     }
 
     /// Reduces `data` over every rank into `data` of rank `dst`; the others' are unchanged.
@@ -227,9 +233,12 @@ public:
         void* p = data.data();
         std::size_t n = data.size();
         ncclDataType_t t = nccl_type_of<element_t<R>>();
-        return ops_.run("reduce", [p, n, t, o, dst](ncclComm_t c, cudaStream_t s) {
-            return ncclReduce(p, p, n, t, o, dst, c, s);
-        });
+        return ops_.run(
+            "reduce",
+            [p, n, t, o, dst](ncclComm_t c, cudaStream_t s) {
+                return ncclReduce(p, p, n, t, o, dst, c, s);
+            },
+            detail::nccl_call{n, t, o});
     }
 
     /// Gathers every rank's `in` into `out` (size() blocks, in rank order) on every rank.
@@ -241,9 +250,12 @@ public:
         void* dst = out.data();
         std::size_t n = in.size();
         ncclDataType_t t = nccl_type_of<element_t<I>>();
-        return ops_.run("all_gather", [src, dst, n, t](ncclComm_t c, cudaStream_t s) {
-            return ncclAllGather(src, dst, n, t, c, s);
-        });
+        return ops_.run(
+            "all_gather",
+            [src, dst, n, t](ncclComm_t c, cudaStream_t s) {
+                return ncclAllGather(src, dst, n, t, c, s);
+            },
+            detail::nccl_call{n, t});
     }
 
     /// Every rank's `in` into `outs[rank]` on every rank (`outs` has size() buffers of
@@ -256,16 +268,19 @@ public:
         const void* src = in.data();
         std::size_t n = in.size();
         ncclDataType_t t = nccl_type_of<element_t<R>>();
-        return ops_.run("all_gather", [dst, src, n, t](ncclComm_t c, cudaStream_t s) {
-            return detail::grouped([&] {
-                for (int p = 0; p < static_cast<int>(dst.size()); ++p) {
-                    ncclResult_t rc =
-                        ncclBroadcast(src, dst[static_cast<std::size_t>(p)], n, t, p, c, s);
-                    if (rc != ncclSuccess) return rc;
-                }
-                return ncclSuccess;
-            });
-        });
+        return ops_.run(
+            "all_gather",
+            [dst, src, n, t](ncclComm_t c, cudaStream_t s) {
+                return detail::grouped([&] {
+                    for (int p = 0; p < static_cast<int>(dst.size()); ++p) {
+                        ncclResult_t rc =
+                            ncclBroadcast(src, dst[static_cast<std::size_t>(p)], n, t, p, c, s);
+                        if (rc != ncclSuccess) return rc;
+                    }
+                    return ncclSuccess;
+                });
+            },
+            detail::nccl_call{n, t});
     }
 
     /// Gathers every rank's `in` into `out` of rank `dst` (size() blocks in rank order; `out`
@@ -281,9 +296,12 @@ public:
         void* to = out.data();
         std::size_t n = in.size();
         ncclDataType_t t = nccl_type_of<element_t<I>>();
-        return ops_.run("gather", [src, to, n, t, dst](ncclComm_t c, cudaStream_t s) {
-            return ncclGather(src, to, n, t, dst, c, s);
-        });
+        return ops_.run(
+            "gather",
+            [src, to, n, t, dst](ncclComm_t c, cudaStream_t s) {
+                return ncclGather(src, to, n, t, dst, c, s);
+            },
+            detail::nccl_call{n, t});
     }
 
     /// Gathers every rank's `in` into `gather_list[rank]` of rank `dst` (the list is only
@@ -301,15 +319,18 @@ public:
         const void* src = in.data();
         std::size_t n = in.size();
         ncclDataType_t t = nccl_type_of<element_t<R>>();
-        return ops_.run("gather", [to, src, n, t, dst](ncclComm_t c, cudaStream_t s) {
-            return detail::grouped([&] {
-                ncclResult_t rc = ncclSend(src, n, t, dst, c, s);
-                for (int p = 0; rc == ncclSuccess && p < static_cast<int>(to.size()); ++p) {
-                    rc = ncclRecv(to[static_cast<std::size_t>(p)], n, t, p, c, s);
-                }
-                return rc;
-            });
-        });
+        return ops_.run(
+            "gather",
+            [to, src, n, t, dst](ncclComm_t c, cudaStream_t s) {
+                return detail::grouped([&] {
+                    ncclResult_t rc = ncclSend(src, n, t, dst, c, s);
+                    for (int p = 0; rc == ncclSuccess && p < static_cast<int>(to.size()); ++p) {
+                        rc = ncclRecv(to[static_cast<std::size_t>(p)], n, t, p, c, s);
+                    }
+                    return rc;
+                });
+            },
+            detail::nccl_call{n, t});
     }
 
     /// Block `rank` of `in` on rank `src` (size() blocks of out.size()) into `out` of every
@@ -325,9 +346,12 @@ public:
         void* to = out.data();
         std::size_t n = out.size();
         ncclDataType_t t = nccl_type_of<element_t<O>>();
-        return ops_.run("scatter", [from, to, n, t, src](ncclComm_t c, cudaStream_t s) {
-            return ncclScatter(from, to, n, t, src, c, s);
-        });
+        return ops_.run(
+            "scatter",
+            [from, to, n, t, src](ncclComm_t c, cudaStream_t s) {
+                return ncclScatter(from, to, n, t, src, c, s);
+            },
+            detail::nccl_call{n, t});
     }
 
     /// `scatter_list[rank]` of rank `src` into `out` of every rank.
@@ -344,15 +368,18 @@ public:
         void* to = out.data();
         std::size_t n = out.size();
         ncclDataType_t t = nccl_type_of<element_t<R>>();
-        return ops_.run("scatter", [from, to, n, t, src](ncclComm_t c, cudaStream_t s) {
-            return detail::grouped([&] {
-                ncclResult_t rc = ncclSuccess;
-                for (int p = 0; rc == ncclSuccess && p < static_cast<int>(from.size()); ++p) {
-                    rc = ncclSend(from[static_cast<std::size_t>(p)], n, t, p, c, s);
-                }
-                return rc == ncclSuccess ? ncclRecv(to, n, t, src, c, s) : rc;
-            });
-        });
+        return ops_.run(
+            "scatter",
+            [from, to, n, t, src](ncclComm_t c, cudaStream_t s) {
+                return detail::grouped([&] {
+                    ncclResult_t rc = ncclSuccess;
+                    for (int p = 0; rc == ncclSuccess && p < static_cast<int>(from.size()); ++p) {
+                        rc = ncclSend(from[static_cast<std::size_t>(p)], n, t, p, c, s);
+                    }
+                    return rc == ncclSuccess ? ncclRecv(to, n, t, src, c, s) : rc;
+                });
+            },
+            detail::nccl_call{n, t});
     }
 
     /// Reduces `in` (size() blocks of out.size()) over every rank; block `rank` of the result
@@ -367,9 +394,12 @@ public:
         void* dst = out.data();
         std::size_t n = out.size();
         ncclDataType_t t = nccl_type_of<element_t<O>>();
-        return ops_.run("reduce_scatter", [src, dst, n, t, o](ncclComm_t c, cudaStream_t s) {
-            return ncclReduceScatter(src, dst, n, t, o, c, s);
-        });
+        return ops_.run(
+            "reduce_scatter",
+            [src, dst, n, t, o](ncclComm_t c, cudaStream_t s) {
+                return ncclReduceScatter(src, dst, n, t, o, c, s);
+            },
+            detail::nccl_call{n, t, o});
     }
 
     /// Reduces `in_list[p]` over every rank into `out` of rank p.
@@ -383,16 +413,19 @@ public:
         void* to = out.data();
         std::size_t n = out.size();
         ncclDataType_t t = nccl_type_of<element_t<R>>();
-        return ops_.run("reduce_scatter", [from, to, n, t, o](ncclComm_t c, cudaStream_t s) {
-            return detail::grouped([&] {
-                for (int p = 0; p < static_cast<int>(from.size()); ++p) {
-                    ncclResult_t rc =
-                        ncclReduce(from[static_cast<std::size_t>(p)], to, n, t, o, p, c, s);
-                    if (rc != ncclSuccess) return rc;
-                }
-                return ncclSuccess;
-            });
-        });
+        return ops_.run(
+            "reduce_scatter",
+            [from, to, n, t, o](ncclComm_t c, cudaStream_t s) {
+                return detail::grouped([&] {
+                    for (int p = 0; p < static_cast<int>(from.size()); ++p) {
+                        ncclResult_t rc =
+                            ncclReduce(from[static_cast<std::size_t>(p)], to, n, t, o, p, c, s);
+                        if (rc != ncclSuccess) return rc;
+                    }
+                    return ncclSuccess;
+                });
+            },
+            detail::nccl_call{n, t, o});
     }
 
     /// Block p of `in` goes to rank p, which puts it in block `rank` of its `out` (torch's

@@ -57,6 +57,23 @@ inline progress comm_progress(ncclComm_t c, std::string& why) noexcept {
     return progress::done;
 }
 
+/// What one NCCL call was asked to do, for the error NCCL returns for it: "8 float32
+/// elements, sum". `op` < 0: a call without a reduction; `count` unset: a call of several
+/// parts (all_to_all, batched send/recv), which the error does not spell out.
+struct nccl_call {
+    std::optional<std::size_t> count;
+    ncclDataType_t type = ncclFloat32;
+    int op = -1;
+
+    std::string describe() const {
+        if (!count) return {};
+        std::string out =
+            " (asked: " + std::to_string(*count) + " " + nccl_type_name(type) + " elements";
+        if (op >= 0) out += std::string(", ") + nccl_op_name(static_cast<ncclRedOp_t>(op));
+        return out + ")";
+    }
+};
+
 /// `calls()` between ncclGroupStart and ncclGroupEnd; the first error of the two.
 template <class F>
 ncclResult_t grouped(F calls) {
@@ -153,7 +170,7 @@ public:
     /// from every later call (enqueue.cc ≈ 2675, init.cc ≈ 373-389 at v2.28.9-1). The
     /// caller's current device is left as it was.
     template <class Enqueue>
-    task<> run(const char* op, Enqueue enqueue) {
+    task<> run(const char* op, Enqueue enqueue, nccl_call call = {}) {
         wait_label label{op, rank_};
         if (closed_ || comm_ == nullptr) throw std::runtime_error(prefix(op) + unusable());
         auto deadline = io::deadline_after(timeout_);
@@ -173,7 +190,8 @@ public:
                     reactor_, [this](std::string& why) noexcept { return enqueue_progress(why); },
                     deadline, label);
             } else if (rc != ncclSuccess) {
-                throw nccl_error(rc, prefix(op) + "NCCL: " + describe_nccl(rc, comm_));
+                throw nccl_error(
+                    rc, prefix(op) + "NCCL: " + describe_nccl(rc, comm_) + call.describe());
             }
             // After the wait: another coroutine of this thread may have switched devices, and
             // the event must be of the stream's device.
