@@ -306,26 +306,17 @@ public:
     c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
         std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
         const c10d::AllgatherOptions& opts) override {
-        pairs("allgather_into_tensor_coalesced", outputs, inputs);
-        std::vector<c10::intrusive_ptr<c10d::Work>> parts;
-        for (std::size_t i = 0; i < inputs.size(); ++i) {
-            parts.push_back(_allgather_base(outputs[i], inputs[i], opts));
-        }
-        return c10::make_intrusive<joined_work>(getRank(), c10d::OpType::COALESCED,
-                                                std::move(parts));
+        return pairs("allgather_into_tensor_coalesced", outputs, inputs,
+                     [&](at::Tensor& o, at::Tensor& i) { return _allgather_base(o, i, opts); });
     }
 
     /// torch 2.x's coalesced reduce_scatter_tensor: one reduce_scatter per pair, in order.
     c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
         std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
         const c10d::ReduceScatterOptions& opts) override {
-        pairs("reduce_scatter_tensor_coalesced", outputs, inputs);
-        std::vector<c10::intrusive_ptr<c10d::Work>> parts;
-        for (std::size_t i = 0; i < inputs.size(); ++i) {
-            parts.push_back(_reduce_scatter_base(outputs[i], inputs[i], opts));
-        }
-        return c10::make_intrusive<joined_work>(getRank(), c10d::OpType::COALESCED,
-                                                std::move(parts));
+        return pairs(
+            "reduce_scatter_tensor_coalesced", outputs, inputs,
+            [&](at::Tensor& o, at::Tensor& i) { return _reduce_scatter_base(o, i, opts); });
     }
 #endif
 
@@ -1011,12 +1002,19 @@ private:
     }
 
 #if COROCOLL_TORCH2
-    void pairs(const char* op, const std::vector<at::Tensor>& outputs,
-               const std::vector<at::Tensor>& inputs) const {
+    // `each(outputs[i], inputs[i])` for every pair, as one Work.
+    template <class Each>
+    c10::intrusive_ptr<c10d::Work> pairs(const char* op, std::vector<at::Tensor>& outputs,
+                                         std::vector<at::Tensor>& inputs, Each each) const {
         if (outputs.size() != inputs.size()) {
             refuse(op, std::to_string(outputs.size()) + " outputs for " +
                            std::to_string(inputs.size()) + " inputs (one output per input)");
         }
+        std::vector<c10::intrusive_ptr<c10d::Work>> parts;
+        for (std::size_t i = 0; i < inputs.size(); ++i)
+            parts.push_back(each(outputs[i], inputs[i]));
+        return c10::make_intrusive<joined_work>(getRank(), c10d::OpType::COALESCED,
+                                                std::move(parts));
     }
 
     // The Works started between startCoalescing and endCoalescing (the caller's thread).

@@ -146,8 +146,18 @@ public:
         return all;
     }
 
+    /// `timeout` bounds the wait for all the parts together (0: each up to the group's).
     bool wait(milliseconds timeout) override {
-        for (auto& w : parts_) w->wait(timeout);
+        auto deadline = std::chrono::steady_clock::now() + timeout;
+        for (auto& w : parts_) {
+            if (timeout == ::kNoTimeout) {
+                w->wait(timeout);
+                continue;
+            }
+            auto left =
+                std::chrono::ceil<milliseconds>(deadline - std::chrono::steady_clock::now());
+            w->wait(std::max(left, milliseconds(1)));  // past it: a part not done yet raises
+        }
         return true;
     }
 

@@ -111,24 +111,6 @@ inline const char* nccl_type_name(ncclDataType_t t) noexcept {
     }
 }
 
-/// NCCL's reduction `op` as a word: "sum", "prod", "max", "min", "avg", else "op N".
-inline std::string nccl_op_name(ncclRedOp_t op) {
-    switch (op) {
-        case ncclSum:
-            return "sum";
-        case ncclProd:
-            return "prod";
-        case ncclMax:
-            return "max";
-        case ncclMin:
-            return "min";
-        case ncclAvg:
-            return "avg";
-        default:
-            return "op " + std::to_string(static_cast<int>(op));
-    }
-}
-
 /// True where NCCL has `op`: sum, product, min, max, avg.
 constexpr bool nccl_has(reduce_op op) noexcept {
     return op == reduce_op::sum || op == reduce_op::product || op == reduce_op::min ||

@@ -221,7 +221,7 @@ public:
             [p, n, t, o](ncclComm_t c, cudaStream_t s) {
                 return ncclAllReduce(p, p, n, t, o, c, s);
             },
-            detail::nccl_call{n, t, o});
+            detail::nccl_call{n, t, op});
     }
 
     /// Reduces `data` over every rank into `data` of rank `dst`; the others' are unchanged.
@@ -238,7 +238,7 @@ public:
             [p, n, t, o, dst](ncclComm_t c, cudaStream_t s) {
                 return ncclReduce(p, p, n, t, o, dst, c, s);
             },
-            detail::nccl_call{n, t, o});
+            detail::nccl_call{n, t, op});
     }
 
     /// Gathers every rank's `in` into `out` (size() blocks, in rank order) on every rank.
@@ -399,7 +399,7 @@ public:
             [src, dst, n, t, o](ncclComm_t c, cudaStream_t s) {
                 return ncclReduceScatter(src, dst, n, t, o, c, s);
             },
-            detail::nccl_call{n, t, o});
+            detail::nccl_call{n, t, op});
     }
 
     /// Reduces `in_list[p]` over every rank into `out` of rank p.
@@ -425,7 +425,7 @@ public:
                     return ncclSuccess;
                 });
             },
-            detail::nccl_call{n, t, o});
+            detail::nccl_call{n, t, op});
     }
 
     /// Block p of `in` goes to rank p, which puts it in block `rank` of its `out` (torch's

@@ -14,6 +14,7 @@
 // first failed op and the rank.
 
 #include <corocoll/collectives/checks.hpp>
+#include <corocoll/collectives/reduce_op.hpp>
 #include <corocoll/core/async_mutex.hpp>
 #include <corocoll/core/task.hpp>
 #include <corocoll/core/work.hpp>
@@ -58,18 +59,18 @@ inline progress comm_progress(ncclComm_t c, std::string& why) noexcept {
 }
 
 /// What one NCCL call was asked to do, for the error NCCL returns for it: "8 float32
-/// elements, sum". `op` < 0: a call without a reduction; `count` unset: a call of several
-/// parts (all_to_all, batched send/recv), which the error does not spell out.
+/// elements, sum". No `op`: a call without a reduction; no `count`: a call of several parts
+/// (all_to_all, batched send/recv), which the error does not spell out.
 struct nccl_call {
     std::optional<std::size_t> count;
     ncclDataType_t type = ncclFloat32;
-    int op = -1;
+    std::optional<reduce_op> op = std::nullopt;
 
     std::string describe() const {
         if (!count) return {};
         std::string out =
             " (asked: " + std::to_string(*count) + " " + nccl_type_name(type) + " elements";
-        if (op >= 0) out += std::string(", ") + nccl_op_name(static_cast<ncclRedOp_t>(op));
+        if (op) out += std::string(", ") + op_name(*op);
         return out + ")";
     }
 };
