@@ -12,11 +12,13 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <complex>
 #include <cstdint>
 #include <cstdlib>
 #include <sstream>
 #include <string_view>
+#include <thread>
 #include <tuple>
 
 using namespace corocoll_test;
@@ -368,35 +370,40 @@ TEST_CASE("all_reduce: every type, op, world size and count, with each algorithm
     });
 }
 
-TEST_CASE("reduce: every type, op, world size, count and root; other buffers untouched") {
+TEST_CASE(
+    "reduce: every type, op, world size, count and root, with each algorithm; other buffers "
+    "untouched") {
     on_every_world([](cc::process_group& pg) -> cc::task<> {
         int n = pg.size(), r = pg.rank();
-        auto per_type = [&](auto tag) -> cc::task<> {
-            using T = decltype(tag);
-            for (auto op : all_ops) {
-                if (!cc::op_supported(op, cc::dtype_of<T>)) continue;
-                for (int root : {0, n - 1}) {
-                    co_await over_counts<T>(
-                        pg, op == cc::reduce_op::sum && root == 0,
-                        [&](std::size_t count) -> cc::task<> {
-                            auto mine =
-                                filled<T>(count, [&](std::size_t i) { return value(op, r, i); });
-                            auto data = mine;
-                            co_await pg.reduce(data, root, op);
-                            auto want = r == root ? filled<T>(count,
-                                                              [&](std::size_t i) {
-                                                                  return expected<T>(op, n, i);
-                                                              })
-                                                  : mine;
-                            expect_equal(data, want,
-                                         label("reduce", coll::algorithm::binomial, cc::dtype_of<T>,
-                                               cc::op_name(op), count, n) +
-                                             " root " + std::to_string(root));
-                        });
+        for (auto algo : with_shm(pg, {coll::algorithm::binomial})) {
+            pg.set_algorithm(coll::collective_kind::reduce, algo);
+            auto per_type = [&](auto tag) -> cc::task<> {
+                using T = decltype(tag);
+                for (auto op : all_ops) {
+                    if (!cc::op_supported(op, cc::dtype_of<T>)) continue;
+                    for (int root : {0, n - 1}) {
+                        co_await over_counts<T>(
+                            pg, op == cc::reduce_op::sum && root == 0,
+                            [&](std::size_t count) -> cc::task<> {
+                                auto mine = filled<T>(
+                                    count, [&](std::size_t i) { return value(op, r, i); });
+                                auto data = mine;
+                                co_await pg.reduce(data, root, op);
+                                auto want = r == root ? filled<T>(count,
+                                                                  [&](std::size_t i) {
+                                                                      return expected<T>(op, n, i);
+                                                                  })
+                                                      : mine;
+                                expect_equal(data, want,
+                                             label("reduce", algo, cc::dtype_of<T>, cc::op_name(op),
+                                                   count, n) +
+                                                 " root " + std::to_string(root));
+                            });
+                    }
                 }
-            }
-        };
-        co_await each_type(per_type);
+            };
+            co_await each_type(per_type);
+        }
     });
 }
 
@@ -459,7 +466,7 @@ TEST_CASE("all_gather: every type, world size and count, with each algorithm") {
 TEST_CASE("gather and scatter: every type, world size, count and root, with each algorithm") {
     on_every_world([](cc::process_group& pg) -> cc::task<> {
         int n = pg.size(), r = pg.rank();
-        for (auto algo : {coll::algorithm::binomial, coll::algorithm::linear}) {
+        for (auto algo : with_shm(pg, {coll::algorithm::binomial, coll::algorithm::linear})) {
             pg.set_algorithm(coll::collective_kind::gather, algo);
             pg.set_algorithm(coll::collective_kind::scatter, algo);
             auto per_type = [&](auto tag) -> cc::task<> {
@@ -775,7 +782,16 @@ TEST_CASE(
     CHECK(pick(k::broadcast, 4, 4) == coll::algorithm::binomial);
     CHECK(pick(k::broadcast, std::size_t{1} << 20, 4) == coll::algorithm::shm);
     CHECK(pick(k::all_gather, 4, 8) == coll::algorithm::shm);
-    CHECK(pick(k::reduce, 4, 2) == coll::algorithm::binomial);
+    // reduce, gather and scatter in the step lines (272 bytes: reduce's buffer, gather's block,
+    // scatter's n blocks), by messages beyond.
+    CHECK(pick(k::reduce, 4, 2) == coll::algorithm::shm);
+    CHECK(pick(k::reduce, 272, 8) == coll::algorithm::shm);
+    CHECK(pick(k::reduce, 288, 2) == coll::algorithm::binomial);
+    CHECK(pick(k::gather, 256, 8) == coll::algorithm::shm);
+    CHECK(pick(k::gather, 512, 2) == coll::algorithm::binomial);
+    CHECK(pick(k::scatter, 128, 2) == coll::algorithm::shm);
+    CHECK(pick(k::scatter, 64, 8) == coll::algorithm::binomial);
+    CHECK(coll::select(k::reduce, 4, 2, {}, {}, nullptr, false) == coll::algorithm::binomial);
     CHECK(pick(k::reduce_scatter, 8, 2) == coll::algorithm::shm);
     CHECK(pick(k::reduce_scatter, std::size_t{32} << 10, 2) == coll::algorithm::shm);
     CHECK(pick(k::reduce_scatter, std::size_t{64} << 10, 2) == coll::algorithm::ring);
@@ -926,4 +942,81 @@ TEST_CASE(
                 },
                 o));
         }
+}
+
+TEST_CASE(
+    "shm arena: small broadcasts, reduces, gathers and scatters from changing roots run ahead "
+    "as a queue, between calls through the data sets") {
+    // The ranks that only write (a broadcast's or scatter's root, a reduce's or gather's
+    // others) go on without waiting and write their step lines again up to arena_steps steps
+    // ahead of the slowest reader (shm_arena::settle_lines); a call through the data sets
+    // (an all_reduce of 5,000 elements) waits for every step gone past first. Every value
+    // differs by iteration, rank and element: a line read too late or too soon shows.
+    thread_ranks_options o;
+    o.limits.shm_arena_bytes = matrix_arena_bytes;
+    for (int n : {2, 3, 5}) {
+        CAPTURE(n);
+        check_every_rank_ok(run_threads(
+            n,
+            [](cc::process_group& pg) -> cc::task<> {
+                int n = pg.size(), r = pg.rank();
+                for (auto k : {coll::collective_kind::broadcast, coll::collective_kind::reduce,
+                               coll::collective_kind::gather, coll::collective_kind::scatter}) {
+                    pg.set_algorithm(k, coll::algorithm::shm);
+                }
+                auto fail = [](int it, const char* what) {
+                    throw std::runtime_error("iteration " + std::to_string(it) + ": " + what +
+                                             " wrong");
+                };
+                // A root far ahead: the others start late, and the root's writes must wait
+                // for their reads once it is arena_steps calls ahead (not overwrite them).
+                if (r != 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                for (int it = 0; it < 64; ++it) {
+                    std::vector<std::int32_t> b(5, r == 0 ? it : -1);
+                    co_await pg.broadcast(b, 0);
+                    if (b != std::vector<std::int32_t>(5, it)) fail(it, "broadcast ahead");
+                }
+                // 68 int32: the whole 272 bytes of a step's lines.
+                const std::size_t counts[] = {1, 4, 5, 68};
+                for (int it = 0; it < 400; ++it) {
+                    const std::size_t count = counts[static_cast<std::size_t>(it) % 4];
+                    const int root = (it / 4) % n;
+                    auto v = [it](int rank, std::size_t j) {
+                        return it * 1000 + rank * 100 + static_cast<std::int32_t>(j);
+                    };
+                    std::vector<std::int32_t> b(count, -1);
+                    if (r == root)
+                        for (std::size_t j = 0; j < count; ++j) b[j] = v(root, j);
+                    co_await pg.broadcast(b, root);
+                    for (std::size_t j = 0; j < count; ++j)
+                        if (b[j] != v(root, j)) fail(it, "broadcast");
+                    std::vector<std::int32_t> red(count);
+                    for (std::size_t j = 0; j < count; ++j) red[j] = v(r, j);
+                    co_await pg.reduce(red, root);
+                    for (std::size_t j = 0; j < count && r == root; ++j) {
+                        std::int32_t want = 0;
+                        for (int p = 0; p < n; ++p) want += v(p, j);
+                        if (red[j] != want) fail(it, "reduce");
+                    }
+                    // gather and scatter blocks of count / n (at least 1).
+                    const std::size_t block = std::max<std::size_t>(count / n, 1);
+                    std::vector<std::int32_t> in(block), all(r == root ? block * n : 0);
+                    for (std::size_t j = 0; j < block; ++j) in[j] = v(r, j);
+                    co_await pg.gather_into(in, all, root);
+                    for (std::size_t i = 0; i < all.size(); ++i)
+                        if (all[i] != v(static_cast<int>(i / block), i % block)) fail(it, "gather");
+                    std::vector<std::int32_t> part(block), whole;
+                    if (r == root) whole = all;
+                    co_await pg.scatter_from(part, whole, root);
+                    if (part != in) fail(it, "scatter");
+                    if (it % 17 == 0) {
+                        std::vector<std::int32_t> big(5000, r + it);
+                        co_await pg.all_reduce(big);
+                        for (auto x : big)
+                            if (x != n * it + n * (n - 1) / 2) fail(it, "all_reduce");
+                    }
+                }
+            },
+            o));
+    }
 }

@@ -7,8 +7,11 @@
 // piece k + 1 (in the other data set) it waits for every rank to reach piece k's step, which
 // they do once they have copied piece k - 1 out; so it writes piece k + 1 while the others copy
 // piece k, and returns after writing the last, as a send returns once its bytes are handed
-// over: a loop of broadcasts pipelines from one call to the next. Up to 16 bytes go in the
-// root's own line (one line moved per rank).
+// over: a loop of broadcasts pipelines from one call to the next. Up to
+// shm_arena::line_bytes (272) go in the root's own step lines instead of a data set, which the
+// root may write again long before every reader is done with the last call's (settle_lines):
+// a loop of small broadcasts runs up to `arena_steps` calls ahead of the readers, as an MPI's
+// eager messages do, where each call once waited for the readers' look at the one before.
 // From the group's single-copy size (shm_arena::single_copy), where every rank may read every
 // other's memory, the arena carries only the root's address instead: every other rank copies
 // the root's buffer straight into its own (process_vm_readv), and the root waits at a second

@@ -39,8 +39,10 @@ COROCOLL_DECL task<> broadcast(context& c, algorithm a, const topology& hosts,
 COROCOLL_DECL task<> all_reduce(context& c, algorithm a, const topology& hosts,
                                 std::span<std::byte> data, const reduction& red);
 
-/// Reduce of `data` into `root`'s (binomial tree, the one algorithm).
-COROCOLL_DECL task<> reduce(context& c, std::span<std::byte> data, const reduction& red, int root);
+/// Reduce of `data` into `root`'s with algorithm `a` (shm where the buffer fits the arena's
+/// step lines, else the binomial tree).
+COROCOLL_DECL task<> reduce(context& c, algorithm a, std::span<std::byte> data,
+                            const reduction& red, int root);
 
 /// All-gather of every rank's `in` into `out` (blocks in rank order, elements of `elem` bytes)
 /// with algorithm `a` (shm, hierarchical over `hosts`, Bruck or ring).

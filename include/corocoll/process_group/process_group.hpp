@@ -369,13 +369,15 @@ public:
         collectives::reduction red{op, element_of<R>()};
         check_op("reduce", red);
         check_root("reduce", dst);
-        return call("reduce", collective(
-                                  collectives::collective_kind::reduce, red.type,
-                                  std::ranges::size(data), static_cast<std::uint8_t>(op), dst,
-                                  [bytes, red, dst](collectives::context& c) {
-                                      return collectives::reduce(c, bytes, red, dst);
-                                  },
-                                  collectives::algorithm::binomial));
+        auto kind = collectives::collective_kind::reduce;
+        auto algo = choose(kind, bytes.size());
+        return call("reduce",
+                    collective(
+                        kind, red.type, std::ranges::size(data), static_cast<std::uint8_t>(op), dst,
+                        [bytes, red, dst, algo](collectives::context& c) {
+                            return collectives::reduce(c, algo, bytes, red, dst);
+                        },
+                        algo));
     }
 
     /// Gathers every rank's `in` into `out` (size() blocks of in.size() elements, in rank
@@ -417,7 +419,7 @@ public:
             check_size("gather", "output", std::ranges::size(out), std::ranges::size(in) * size());
         }
         auto kind = collectives::collective_kind::gather;
-        auto algo = collectives::select(kind, in_bytes.size(), size(), algorithms_, thresholds_);
+        auto algo = choose(kind, in_bytes.size());
         return call("gather_into", collective(
                                        kind, element_of<I>(), std::ranges::size(in), 0, dst,
                                        [in_bytes, out_bytes, dst, algo](collectives::context& c) {
@@ -445,7 +447,7 @@ public:
             check_size("scatter", "input", std::ranges::size(in), std::ranges::size(out) * size());
         }
         auto kind = collectives::collective_kind::scatter;
-        auto algo = collectives::select(kind, out_bytes.size(), size(), algorithms_, thresholds_);
+        auto algo = choose(kind, out_bytes.size());
         return call("scatter_from", collective(
                                         kind, element_of<O>(), std::ranges::size(out), 0, src,
                                         [in_bytes, out_bytes, src, algo](collectives::context& c) {

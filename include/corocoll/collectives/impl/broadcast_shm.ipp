@@ -11,6 +11,21 @@ namespace collectives {
 COROCOLL_DECL task<> broadcast_shm(context& c, std::span<std::byte> data, int root) {
     transport::shm_arena& a = *c.arena;
     const bool is_root = a.rank() == root;
+    if (data.size() <= transport::shm_arena::line_bytes && !a.single_copy(data.size())) {
+        // In the root's lines, which it may write again before every reader is done with
+        // the last call's (settle_lines): a loop of small broadcasts runs as a queue.
+        co_await a.settle_lines(c.net, c.deadline);
+        a.declare(c.meta);
+        const std::uint64_t s = a.next_step();
+        if (is_root) {
+            if (!data.empty()) std::memcpy(a.small(root, s), data.data(), data.size());
+            a.arrive_and_go(c.net, c.meta, true);
+        } else {
+            co_await a.arrive(c.net, c.meta, c.deadline, true, root);
+            if (!data.empty()) std::memcpy(data.data(), a.small(root, s), data.size());
+        }
+        co_return;
+    }
     co_await a.settle(c.net, c.deadline);
     a.declare(c.meta);
     if (a.single_copy(data.size())) {
@@ -33,15 +48,13 @@ COROCOLL_DECL task<> broadcast_shm(context& c, std::span<std::byte> data, int ro
         }
         co_return;
     }
-    const bool small = data.size() <= transport::shm_arena::small_bytes;
-    const std::size_t piece =
-        small ? data.size() : std::min(broadcast_shm_piece_bytes, a.set_bytes());
+    const std::size_t piece = std::min(broadcast_shm_piece_bytes, a.set_bytes());
     bool check = true;
     std::size_t off = 0;
     do {
         const std::size_t len = std::min(piece, data.size() - off);
         const std::uint64_t s = a.next_step();
-        std::byte* at = small ? a.small(root, s) : a.set(s);
+        std::byte* at = a.set(s);
         if (is_root) {
             // Every rank reached the step before this one: the set is free again.
             if (off > 0) co_await a.settle(c.net, c.deadline);

@@ -25,6 +25,7 @@
 #include <corocoll/collectives/monitored_barrier_star.hpp>
 #include <corocoll/collectives/reduce_binomial.hpp>
 #include <corocoll/collectives/reduce_scatter_ring.hpp>
+#include <corocoll/collectives/rooted_shm.hpp>
 #include <corocoll/collectives/scatter_binomial.hpp>
 #include <corocoll/collectives/scatter_linear.hpp>
 #include <corocoll/collectives/scatter_object_direct.hpp>
@@ -67,7 +68,9 @@ COROCOLL_DECL task<> all_reduce(context& c, algorithm a, const topology& hosts,
     }
 }
 
-COROCOLL_DECL task<> reduce(context& c, std::span<std::byte> data, const reduction& red, int root) {
+COROCOLL_DECL task<> reduce(context& c, algorithm a, std::span<std::byte> data,
+                            const reduction& red, int root) {
+    if (a == algorithm::shm && rooted_shm_fits(data.size())) return reduce_shm(c, data, red, root);
     return reduce_binomial(c, data, red, root);
 }
 
@@ -88,12 +91,16 @@ COROCOLL_DECL task<> all_gather(context& c, algorithm a, const topology& hosts,
 
 COROCOLL_DECL task<> gather(context& c, algorithm a, std::span<const std::byte> in,
                             std::span<std::byte> out, int root) {
+    if (a == algorithm::shm && rooted_shm_fits(in.size())) return gather_shm(c, in, out, root);
     if (a == algorithm::linear) return gather_linear(c, in, out, root);
     return gather_binomial(c, in, out, root);
 }
 
 COROCOLL_DECL task<> scatter(context& c, algorithm a, std::span<const std::byte> in,
                              std::span<std::byte> out, int root) {
+    if (a == algorithm::shm && rooted_shm_fits(out.size() * static_cast<std::size_t>(c.size()))) {
+        return scatter_shm(c, in, out, root);
+    }
     if (a == algorithm::linear) return scatter_linear(c, in, out, root);
     return scatter_binomial(c, in, out, root);
 }

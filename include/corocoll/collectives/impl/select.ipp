@@ -4,6 +4,8 @@
 
 #include <corocoll/collectives/select.hpp>
 
+#include <corocoll/collectives/rooted_shm.hpp>
+
 #include <algorithm>
 #include <cmath>
 
@@ -82,13 +84,13 @@ COROCOLL_DECL bool supports(collective_kind k, algorithm a) noexcept {
             return a == algorithm::binomial || a == algorithm::chain ||
                    a == algorithm::hierarchical || a == algorithm::shm;
         case collective_kind::reduce:
-            return a == algorithm::binomial;
+            return a == algorithm::binomial || a == algorithm::shm;
         case collective_kind::all_gather:
             return a == algorithm::ring || a == algorithm::bruck || a == algorithm::hierarchical ||
                    a == algorithm::shm;
         case collective_kind::gather:
         case collective_kind::scatter:
-            return a == algorithm::binomial || a == algorithm::linear;
+            return a == algorithm::binomial || a == algorithm::linear || a == algorithm::shm;
         case collective_kind::reduce_scatter:
             return a == algorithm::ring || a == algorithm::shm;
         case collective_kind::all_to_all:
@@ -213,6 +215,14 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
                         : single(bytes) ? bytes >= t.shm_pair_single_copy_tree_from
                                         : bytes >= t.shm_pair_ring_from;
             return tree ? algorithm::binomial : algorithm::shm;
+        }
+        // In the step lines (reduce's buffer, gather's block, scatter's n blocks).
+        if ((k == collective_kind::reduce || k == collective_kind::gather) &&
+            rooted_shm_fits(bytes)) {
+            return algorithm::shm;
+        }
+        if (k == collective_kind::scatter && rooted_shm_fits(bytes * static_cast<std::size_t>(n))) {
+            return algorithm::shm;
         }
         if (k == collective_kind::all_to_all && single(bytes / static_cast<std::size_t>(n))) {
             return algorithm::shm;  // one copy of each block, at every size

@@ -5,16 +5,17 @@
 // unix sockets at set-up; see shm/setup.hpp), where the shared-memory collectives
 // (collectives/*_shm.hpp) put their data and meet.
 //
-// The ranks move through numbered steps together. Each rank has two cache lines of its own
-// in the arena, one per step parity, each with a counter, `arrived`, that only it stores: the
-// last step of that parity it reached. A step is a barrier: a rank writes what it brings to
-// the step (its call, up to 16 bytes of data: in the same line), stores the step's number
-// (release), and goes on once every rank's counter shows it (acquire). Everything in the arena is
-// indexed by the parity of the step it belongs to: what step s carries is written between passing
-// step s - 1 and arriving at s, and read between passing s and arriving at s + 1. A rank that
-// writes for step s + 2 has passed s + 1, so every rank has arrived at s + 1 and is done
-// reading step s: two copies of everything (two data sets, two small buffers and two call
-// records per rank) make every step's writes safe without a second barrier.
+// The ranks move through numbered steps together. Each rank has a few steps' worth of lines of
+// its own in the arena (`arena_steps` of them, used in turn: step s uses s's place modulo that
+// count), each with a counter, `arrived`, that only it stores: the last step of that place it
+// reached. A step is a barrier: a rank writes what it brings to the step (its call, and up to
+// `shm_arena::line_bytes` of data: the first 16 in the line with the counter), stores the
+// step's number (release), and goes on once every rank's counter shows it (acquire). What a
+// rank's lines carry for step s is written between every rank passing step s - arena_steps
+// (arriving at s - arena_steps + 1) and this rank arriving at s, and read between passing s and
+// arriving at s + 1. The two data sets are used by parity: what step s puts there is written
+// after every rank arrived at s - 1, and read before arriving at s + 1. A rank that waited for
+// everyone at each step (`arrive`) keeps both rules without a second barrier.
 //
 // A rank's step line also carries the metadata of the collective it runs (written with the
 // first step of each call), so that ranks compare their calls as they meet, as they do on
@@ -25,8 +26,11 @@
 //
 // A rank may go past a step without waiting there (a broadcast's root, which only writes;
 // `arrive_and_go`), or wait there for one rank only (the others, which read only the root's
-// data): it then waits for every rank at that step before it next writes or declares
-// anything (`settle`), which keeps the rule above.
+// data). Before it next writes its lines it waits for every rank at the step after the last
+// one that used the place it writes (`settle_lines`: a root of small broadcasts runs up to
+// `arena_steps - 1` calls ahead of its readers, its writes no longer waiting for each reader's
+// look), and before it next writes a data set or offers a buffer, for every rank at every
+// step it went past (`settle`).
 //
 // Waiting belongs to the reactor: a step that is not complete watches a `poll_entry` (busy
 // polling, then pauses; yielding where ranks outnumber processors). It ends when the step is
@@ -80,23 +84,28 @@ struct arena_header {
     std::uint64_t l2_bytes = 0;
 };
 
-// What one rank brings to the steps of one parity (see `arena_line`): one cache line, so that
-// a peer that sees the rank arrive has its call and its small data in the same transfer.
-struct alignas(64) arena_step_line {
-    // The last step of this parity the rank reached: it reached step s once
-    // `steps[s & 1].arrived >= s`. Only the owner stores it (release, after what the step
-    // carries); the others load it (acquire) before they read the rest of the line.
-    std::atomic<std::uint64_t> arrived{0};
-    collective_meta meta;  // the call declared with this parity's step
-    // 16-byte aligned (offset 48), as the widest element type needs.
-    alignas(16) std::byte small[16];
-};
-static_assert(sizeof(arena_step_line) == 64 && offsetof(arena_step_line, small) % 16 == 0);
+// Steps whose lines a rank keeps at once (see the top of this file): step s uses place
+// s % arena_steps. A power of two.
+inline constexpr std::uint64_t arena_steps = 8;
 
-// One rank's lines: one per step parity, then the collective it runs now, whatever its
-// algorithm, and what others need to copy from its memory.
+// What one rank brings to one step (see `arena_line`): its first cache line holds the counter,
+// the call and 16 bytes of data, so that a peer that sees the rank arrive has its call and its
+// small data in the same transfer; four more lines hold up to 256 bytes more.
+struct alignas(64) arena_step_line {
+    // The last step of this place the rank reached: it reached step s once
+    // `steps[s % arena_steps].arrived >= s`. Only the owner stores it (release, after what the
+    // step carries); the others load it (acquire) before they read the rest of the lines.
+    std::atomic<std::uint64_t> arrived{0};
+    collective_meta meta;  // the call declared with this place's step
+    // 16-byte aligned (offset 48), as the widest element type needs.
+    alignas(16) std::byte small[16 + 256];
+};
+static_assert(sizeof(arena_step_line) == 320 && offsetof(arena_step_line, small) == 48);
+
+// One rank's lines: one place per step (`arena_steps` of them, used in turn), then the
+// collective it runs now, whatever its algorithm, and what others need to copy from its memory.
 struct alignas(128) arena_line {
-    arena_step_line steps[2];
+    arena_step_line steps[arena_steps];
     // A sequence lock around `current` (a collective_meta, word by word): odd while its owner
     // writes it. Atomic words with release stores and acquire loads, not fences: TSan does
     // not take fences (g++ -Werror=tsan refuses them).
@@ -111,7 +120,7 @@ struct alignas(128) arena_line {
 };
 static_assert(sizeof(collective_meta) == 4 * sizeof(std::uint64_t) &&
               std::is_trivially_copyable_v<collective_meta>);
-static_assert(sizeof(arena_line) == 256);
+static_assert(sizeof(arena_line) == arena_steps * sizeof(arena_step_line) + 128);
 static_assert(sizeof(arena_header) <= 128);
 
 }  // namespace detail
@@ -120,8 +129,12 @@ static_assert(sizeof(arena_header) <= 128);
 /// the reactor's thread uses it; its collectives run one at a time.
 class shm_arena {
 public:
-    /// Bytes of data a rank's line carries for each step (`small`).
+    /// Bytes of data a rank's step carries in the line with its counter (`small`): a peer
+    /// that sees the rank arrive has them in the same transfer.
     static constexpr std::size_t small_bytes = 16;
+    /// Bytes of data a rank's step carries in all (`small`: its lines, which a rank that went
+    /// past steps without waiting may write again sooner than the data sets; `settle_lines`).
+    static constexpr std::size_t line_bytes = sizeof(detail::arena_step_line::small);
 
     /// Where the data sets start in an arena of `ranks` ranks.
     static constexpr std::size_t data_offset(int ranks) noexcept {
@@ -219,15 +232,13 @@ public:
     std::byte* set(std::uint64_t s) const noexcept {
         return data_ + static_cast<std::size_t>(s & 1) * set_bytes_;
     }
-    /// Rank `r`'s small buffer for step `s`.
-    std::byte* small(int r, std::uint64_t s) const noexcept { return line(r).steps[s & 1].small; }
+    /// Rank `r`'s small buffer for step `s` (`line_bytes`).
+    std::byte* small(int r, std::uint64_t s) const noexcept { return place(r, s).small; }
     /// What rank `r` declared with step `s` (see `declare`).
-    const collective_meta& meta(int r, std::uint64_t s) const noexcept {
-        return line(r).steps[s & 1].meta;
-    }
+    const collective_meta& meta(int r, std::uint64_t s) const noexcept { return place(r, s).meta; }
     /// Declares this rank's call with the next step; the ranks compare it when they meet
     /// there (`arrive` with `check`).
-    void declare(const collective_meta& m) noexcept { line(rank_).steps[next_step() & 1].meta = m; }
+    void declare(const collective_meta& m) noexcept { place(rank_, next_step()).meta = m; }
 
     /// Says which collective this rank runs now, whatever its algorithm (every collective of
     /// a group with an arena does, as it begins): a rank that waits at a step for a rank in
@@ -255,9 +266,15 @@ public:
     /// rest at `settle`: a mismatch fails the group through `e`.
     COROCOLL_DECL void arrive_and_go(engine& e, const collective_meta& meta, bool check = false);
 
-    /// Waits for the step this rank went past without waiting (`arrive_and_go`), if any, as
-    /// `arrive` would have: every write for a later step, and every `declare`, comes after it.
+    /// Waits for every rank at the steps this rank went past without waiting for all
+    /// (`arrive_and_go`, `arrive` for one rank), if any, as `arrive` would have: every write
+    /// into a data set, and every `offer`, comes after it.
     COROCOLL_DECL step_wait settle(engine& e, std::chrono::steady_clock::time_point deadline);
+    /// Waits, if needed, until this rank may write its lines for the next step (`declare`,
+    /// `small`): for every rank at the step after the one that last used the same place
+    /// (`arena_steps` steps back). A rank that only goes past steps does not wait at all
+    /// until it is that far ahead.
+    COROCOLL_DECL step_wait settle_lines(engine& e, std::chrono::steady_clock::time_point deadline);
 
     /// The step is complete when every rank has arrived at it; waits in the reactor.
     class step_wait : io::poll_entry {
@@ -336,9 +353,13 @@ private:
     detail::arena_line& line(int r) const noexcept {
         return reinterpret_cast<detail::arena_line*>(base_ + 128)[r];
     }
+    // Rank `r`'s place for step `s`.
+    detail::arena_step_line& place(int r, std::uint64_t s) const noexcept {
+        return line(r).steps[s % detail::arena_steps];
+    }
     // Whether rank `r` has reached step `s`.
     bool reached(int r, std::uint64_t s, std::memory_order o) const noexcept {
-        return line(r).steps[s & 1].arrived.load(o) >= s;
+        return place(r, s).arrived.load(o) >= s;
     }
 
     std::byte* base_;
@@ -348,8 +369,11 @@ private:
     std::size_t set_bytes_;
     std::byte* data_;
     std::uint64_t step_;
-    // The step `arrive_and_go` went past (0: none), and what `settle` checks there.
+    // The last step this rank went past without waiting for every rank (0: none), and what
+    // `settle` checks there.
     std::uint64_t pending_ = 0;
+    // The last step every rank is known to have reached.
+    std::uint64_t confirmed_ = 0;
     bool pending_check_ = false;
     collective_meta pending_meta_{};
     // The ranks a suspended step still waits for (what a status answer lists); sized once.

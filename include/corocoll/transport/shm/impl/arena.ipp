@@ -16,8 +16,10 @@ COROCOLL_DECL shm_arena::shm_arena(void* mapping, std::size_t bytes, int rank)
     data_ = base_ + data_offset(size_);
     single_copy_from_ = static_cast<std::size_t>(h->single_copy_from);
     l2_bytes_ = static_cast<std::size_t>(h->l2_bytes);
-    step_ = std::max(line(rank_).steps[0].arrived.load(std::memory_order_relaxed),
-                     line(rank_).steps[1].arrived.load(std::memory_order_relaxed));
+    step_ = 0;
+    for (const auto& p : line(rank_).steps) {
+        step_ = std::max(step_, p.arrived.load(std::memory_order_relaxed));
+    }
     line(rank_).pid = static_cast<std::int64_t>(::getpid());
     missing_.reserve(static_cast<std::size_t>(size_));
 }
@@ -123,7 +125,7 @@ COROCOLL_DECL shm_arena::step_wait shm_arena::arrive(engine& e, const collective
                                                      std::chrono::steady_clock::time_point deadline,
                                                      bool check, int only) {
     ++step_;
-    line(rank_).steps[step_ & 1].arrived.store(step_, std::memory_order_release);
+    place(rank_, step_).arrived.store(step_, std::memory_order_release);
     if (only >= 0) {
         // Waiting for one rank says nothing of the others: what this rank writes next waits
         // for them first (`settle`).
@@ -137,7 +139,7 @@ COROCOLL_DECL void shm_arena::arrive_and_go(engine& e, const collective_meta& me
     ++step_;
     // Sequentially consistent, as are the looks below: of two ranks that both go on, at
     // least one sees the other's arrival (and its call).
-    line(rank_).steps[step_ & 1].arrived.store(step_, std::memory_order_seq_cst);
+    place(rank_, step_).arrived.store(step_, std::memory_order_seq_cst);
     pending_ = step_;
     pending_check_ = check;
     pending_meta_ = meta;
@@ -149,9 +151,24 @@ COROCOLL_DECL void shm_arena::arrive_and_go(engine& e, const collective_meta& me
 
 COROCOLL_DECL shm_arena::step_wait shm_arena::settle(
     engine& e, std::chrono::steady_clock::time_point deadline) {
-    // Step 0 is complete from the start: nothing pending waits for nothing.
+    // Step 0 is complete from the start: nothing pending waits for nothing. The calls are
+    // compared at the last step gone past only: no rank has written its place again since
+    // (this rank has not arrived at the next step).
     std::uint64_t s = std::exchange(pending_, 0);
+    if (s <= confirmed_) s = 0;
     return {*this, e, pending_meta_, s, deadline, s != 0 && pending_check_, -1};
+}
+
+COROCOLL_DECL shm_arena::step_wait shm_arena::settle_lines(
+    engine& e, std::chrono::steady_clock::time_point deadline) {
+    // The next step's place was last used by step next - arena_steps, which every rank is
+    // done with once it arrived at the step after. The calls of the steps gone past are not
+    // compared again here: whoever arrived at them after this rank compared its call with this
+    // rank's then (of two that went on, one saw the other).
+    const std::uint64_t next = next_step();
+    std::uint64_t s = next > detail::arena_steps ? next - detail::arena_steps + 1 : 0;
+    if (s <= confirmed_) s = 0;
+    return {*this, e, pending_meta_, s, deadline, false, -1};
 }
 
 COROCOLL_DECL bool shm_arena::step_wait::complete() noexcept {
@@ -240,12 +257,13 @@ COROCOLL_DECL void shm_arena::step_wait::on_deadline(io::timer_entry& t) noexcep
 }
 
 COROCOLL_DECL void shm_arena::step_wait::await_resume() {
-    static constexpr const char* place = "waiting at a shared-memory step";
-    if (e_.failed()) e_.raise_if_failed(meta_, place);
+    static constexpr const char* where = "waiting at a shared-memory step";
+    if (e_.failed()) e_.raise_if_failed(meta_, where);
+    if (only_ < 0) a_.confirmed_ = std::max(a_.confirmed_, step_);
     if (!check_) return;
     for (int r = 0; r < a_.size_; ++r) {
         if (r == a_.rank_ || (only_ >= 0 && r != only_)) continue;
-        if (!e_.check_call(r, meta_, a_.meta(r, step_))) e_.raise_if_failed(meta_, place);
+        if (!e_.check_call(r, meta_, a_.meta(r, step_))) e_.raise_if_failed(meta_, where);
     }
 }
 
