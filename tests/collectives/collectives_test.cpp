@@ -783,14 +783,20 @@ TEST_CASE(
     CHECK(pick(k::broadcast, std::size_t{1} << 20, 4) == coll::algorithm::shm);
     CHECK(pick(k::all_gather, 4, 8) == coll::algorithm::shm);
     // reduce, gather and scatter in the step lines (272 bytes: reduce's buffer, gather's block,
-    // scatter's n blocks), by messages beyond.
+    // scatter's n blocks), by messages beyond (on more than 2 ranks).
     CHECK(pick(k::reduce, 4, 2) == coll::algorithm::shm);
     CHECK(pick(k::reduce, 272, 8) == coll::algorithm::shm);
     CHECK(pick(k::reduce, 288, 2) == coll::algorithm::binomial);
     CHECK(pick(k::gather, 256, 8) == coll::algorithm::shm);
-    CHECK(pick(k::gather, 512, 2) == coll::algorithm::binomial);
+    CHECK(pick(k::gather, 512, 4) == coll::algorithm::binomial);
     CHECK(pick(k::scatter, 128, 2) == coll::algorithm::shm);
     CHECK(pick(k::scatter, 64, 8) == coll::algorithm::binomial);
+    // On 2 ranks gather and scatter through the arena below 2 MiB in all (the gathered or
+    // scattered buffer); a block of 1 MiB goes by messages.
+    CHECK(pick(k::gather, std::size_t{512} << 10, 2) == coll::algorithm::shm);
+    CHECK(pick(k::scatter, std::size_t{512} << 10, 2) == coll::algorithm::shm);
+    CHECK(pick(k::gather, std::size_t{1} << 20, 2) == coll::algorithm::linear);
+    CHECK(pick(k::scatter, std::size_t{1} << 20, 2) == coll::algorithm::linear);
     CHECK(coll::select(k::reduce, 4, 2, {}, {}, nullptr, false) == coll::algorithm::binomial);
     CHECK(pick(k::reduce_scatter, 8, 2) == coll::algorithm::shm);
     CHECK(pick(k::reduce_scatter, std::size_t{32} << 10, 2) == coll::algorithm::shm);
@@ -867,8 +873,8 @@ TEST_CASE("shm arena: forcing it on a group without one is refused, naming the r
 }
 
 TEST_CASE(
-    "shm arena: broadcasts from changing roots, mixed with all_reduce, all_gather, reduce_scatter "
-    "and all_to_all, in a loop") {
+    "shm arena: broadcasts from changing roots, mixed with all_reduce, all_gather, gather, "
+    "scatter, reduce_scatter and all_to_all, in a loop") {
     // The root goes on without waiting and the others wait for the root alone (broadcast_shm):
     // what any rank writes next must still wait for every rank. Sizes cross the small lines
     // (16 bytes), a slot and the 16 KiB data set; with single copies from 16 KiB, the larger
@@ -891,7 +897,8 @@ TEST_CASE(
                     for (auto k :
                          {coll::collective_kind::all_reduce, coll::collective_kind::broadcast,
                           coll::collective_kind::all_gather, coll::collective_kind::reduce_scatter,
-                          coll::collective_kind::all_to_all}) {
+                          coll::collective_kind::all_to_all, coll::collective_kind::gather,
+                          coll::collective_kind::scatter}) {
                         pg.set_algorithm(k, coll::algorithm::shm);
                     }
                     // 40000 elements: 160,000 bytes, two whole pieces of a backward sweep
@@ -923,6 +930,16 @@ TEST_CASE(
                                 throw std::runtime_error("iteration " + std::to_string(it) +
                                                          ": wrong value at " + std::to_string(i));
                             }
+                        }
+                        // gather and scatter by the same root: rank r's block is its `mine`.
+                        std::vector<std::int32_t> gathered(r == root ? g.size() : 0),
+                            scattered(count), source;
+                        co_await pg.gather_into(mine, gathered, root);
+                        if (r == root) source = g;
+                        co_await pg.scatter_from(scattered, source, root);
+                        if ((r == root && gathered != g) || scattered != mine) {
+                            throw std::runtime_error("iteration " + std::to_string(it) +
+                                                     ": gather or scatter wrong");
                         }
                         if (it % 3 == 1) continue;
                         // g holds block p = what rank p sent: reduce_scatter sums block r of

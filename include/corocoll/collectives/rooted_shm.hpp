@@ -1,19 +1,24 @@
 #pragma once
 
-// Reduce, gather and scatter of small buffers through the group's shared arena
-// (transport/shm/arena.hpp), for a group whose ranks all share one host, in the ranks' step
-// lines (shm_arena::line_bytes, 272 bytes a step) rather than its data sets. Reduce and
-// gather: every rank but the root writes its buffer into its lines and goes on without waiting
-// (shm_arena::arrive_and_go); the root waits for every rank at that step and reduces every
-// copy in rank order, or copies each block into place. Scatter: the root writes every block
-// into its lines and goes on; each other rank waits for the root alone and copies its block.
-// The ranks that go on wait for nobody until they are shm_arena's `arena_steps` steps ahead
-// of the slowest (settle_lines): a loop of them runs as a queue, the way an MPI's eager
-// messages do, where the messages of gather_linear / reduce_binomial cost a round of the pair
-// channels' rings per call.
-// Cost: one step, no message; the root reads n - 1 copies (reduce, gather) or writes n blocks
-// (scatter). Only while the buffer fits a step's lines (`rooted_shm_fits`).
-// Chosen: on a group with an arena, wherever it fits (select.hpp).
+// Reduce, gather and scatter through the group's shared arena (transport/shm/arena.hpp), for a
+// group whose ranks all share one host.
+// Small (what one rank writes fits its step lines, shm_arena::line_bytes: 272 bytes): reduce
+// and gather: every rank but the root writes its buffer into its lines and goes on without
+// waiting (shm_arena::arrive_and_go); the root waits for every rank at that step and reduces
+// every copy in rank order, or copies each block into place. Scatter: the root writes every
+// block into its lines and goes on; each other rank waits for the root alone and copies its
+// block. The ranks that go on wait for nobody until they are `arena_steps` steps ahead of the
+// slowest (settle_lines): a loop of them runs as a queue, the way an MPI's eager messages do.
+// Larger gathers and scatters: from the group's single-copy size (shm_arena::single_copy) the
+// root copies every block straight from the others' buffers (gather), or the others copy
+// theirs straight from the root's (scatter), and the rank whose buffer was read waits at a
+// second step until that is done; below it, in pieces of a slot of the data sets, the writers
+// (gather's others, scatter's root) going on at each piece. Reduce stays in the lines (above
+// them: reduce_binomial).
+// Cost: one step (two with single copies) per piece, no message: each block is copied into the
+// arena and out of it once (by a single copy: once in all), where gather_linear and
+// scatter_linear move it through a pair channel's ring (two copies).
+// Chosen: on a group with an arena, by size (select.hpp).
 
 #include <corocoll/collectives/context.hpp>
 #include <corocoll/collectives/reduction.hpp>
@@ -28,6 +33,14 @@ namespace collectives {
 /// buffer, a gather's block, the whole of what a scatter's root hands out).
 constexpr bool rooted_shm_fits(std::size_t bytes) noexcept {
     return bytes <= transport::shm_arena::line_bytes;
+}
+
+/// Whether gather_shm and scatter_shm carry blocks of `block` bytes (`lines`: what one rank
+/// writes for a step's lines): in the lines, by single copies, or in pieces of a slot (none
+/// where a slot is empty: many thousands of ranks on a small arena; the callers go by messages).
+inline bool rooted_shm_carries(const transport::shm_arena& a, std::size_t lines,
+                               std::size_t block) noexcept {
+    return rooted_shm_fits(lines) || a.single_copy(block) || a.slot_bytes() > 0;
 }
 
 /// `data` of rank `root` gets the reduction over every rank's `data`, in rank order; the

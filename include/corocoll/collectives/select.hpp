@@ -100,16 +100,23 @@ struct thresholds {
     /// ... and on more (measured with coll_perf, docs/performance.md, "reduce_scatter and
     /// all_to_all through the arena").
     std::size_t shm_exchange_below = std::size_t{512} << 10;
+    /// On a group with a shared arena, reduce, gather and scatter whose rank-written part fits
+    /// a step's lines (rooted_shm.hpp) go through it; on 2 ranks gather and scatter also
+    /// through its data sets or single copies below this many bytes (the whole gathered or
+    /// scattered buffer), where a pair's message from 2 MiB gathers faster (coll_perf, docs/
+    /// performance.md, "Gather and scatter through the arena").
+    std::size_t shm_pair_rooted_below = std::size_t{2} << 20;
 
     /// The L2 (per core) of the machine the shared-memory thresholds above were measured on.
-    /// Three of them mark where a 2-rank call's working set (its buffers, the arena's slots,
+    /// Four of them mark where a 2-rank call's working set (its buffers, the arena's slots,
     /// the other rank's buffer read through the kernel) outgrows a core's L2:
-    /// `shm_pair_ring_from`, `shm_pair_ring_below` and `shm_pair_single_copy_tree_from`.
+    /// `shm_pair_ring_from`, `shm_pair_ring_below`, `shm_pair_single_copy_tree_from` and
+    /// `shm_pair_rooted_below`.
     static constexpr std::size_t measured_l2 = std::size_t{2} << 20;
 
-    /// The thresholds for cores with `l2` bytes of L2: the three above scaled by `l2` over
+    /// The thresholds for cores with `l2` bytes of L2: the four above scaled by `l2` over
     /// `measured_l2`, rounded to a power of two and kept between a quarter and four times
-    /// (a 512 KiB L2 moves them to 128 KiB, 1 MiB and 512 KiB); every other threshold, and
+    /// (a 512 KiB L2 moves them to 128 KiB, 1 MiB, 512 KiB and 512 KiB); every other one, and
     /// all of them where `l2` is 0 (not known), as measured.
     static thresholds for_l2(std::size_t l2) noexcept;
 };

@@ -91,14 +91,17 @@ COROCOLL_DECL task<> all_gather(context& c, algorithm a, const topology& hosts,
 
 COROCOLL_DECL task<> gather(context& c, algorithm a, std::span<const std::byte> in,
                             std::span<std::byte> out, int root) {
-    if (a == algorithm::shm && rooted_shm_fits(in.size())) return gather_shm(c, in, out, root);
+    if (a == algorithm::shm && rooted_shm_carries(*c.arena, in.size(), in.size())) {
+        return gather_shm(c, in, out, root);
+    }
     if (a == algorithm::linear) return gather_linear(c, in, out, root);
     return gather_binomial(c, in, out, root);
 }
 
 COROCOLL_DECL task<> scatter(context& c, algorithm a, std::span<const std::byte> in,
                              std::span<std::byte> out, int root) {
-    if (a == algorithm::shm && rooted_shm_fits(out.size() * static_cast<std::size_t>(c.size()))) {
+    if (a == algorithm::shm &&
+        rooted_shm_carries(*c.arena, out.size() * static_cast<std::size_t>(c.size()), out.size())) {
         return scatter_shm(c, in, out, root);
     }
     if (a == algorithm::linear) return scatter_linear(c, in, out, root);

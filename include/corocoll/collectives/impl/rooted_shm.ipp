@@ -47,36 +47,135 @@ COROCOLL_DECL task<> gather_shm(context& c, std::span<const std::byte> in, std::
                                 int root) {
     transport::shm_arena& a = *c.arena;
     const int n = a.size(), me = a.rank();
-    co_await a.settle_lines(c.net, c.deadline);
-    a.declare(c.meta);
-    if (me != root) {
-        detail::rooted_shm_write(c, in);
+    const std::size_t block = in.size();
+    auto at = [block](int r) { return static_cast<std::size_t>(r) * block; };
+    if (rooted_shm_fits(block) && !a.single_copy(block)) {
+        co_await a.settle_lines(c.net, c.deadline);
+        a.declare(c.meta);
+        if (me != root) {
+            detail::rooted_shm_write(c, in);
+            co_return;
+        }
+        const std::uint64_t s = a.next_step();
+        co_await a.arrive(c.net, c.meta, c.deadline, true);
+        for (int r = 0; r < n && block > 0; ++r) {
+            std::memcpy(out.data() + at(r), r == me ? in.data() : a.small(r, s), block);
+        }
         co_return;
     }
-    const std::uint64_t s = a.next_step();
-    co_await a.arrive(c.net, c.meta, c.deadline, true);
-    if (in.empty()) co_return;
-    for (int r = 0; r < n; ++r) {
-        std::memcpy(out.data() + static_cast<std::size_t>(r) * in.size(),
-                    r == me ? in.data() : a.small(r, s), in.size());
+    co_await a.settle(c.net, c.deadline);
+    a.declare(c.meta);
+    if (a.single_copy(block)) {
+        // The others offer their blocks and wait for the root alone at a second step, which
+        // it reaches once it has copied every block straight from their buffers.
+        const std::uint64_t s = a.next_step();
+        if (me != root) {
+            a.offer(in.data(), block);
+            try {
+                a.arrive_and_go(c.net, c.meta, true);
+                co_await a.arrive(c.net, c.meta, c.deadline, false, root);
+            } catch (...) {
+                a.withdraw();
+                throw;
+            }
+            co_return;
+        }
+        co_await a.arrive(c.net, c.meta, c.deadline, true);
+        for (int r = 0; r < n; ++r) {
+            if (r != me) a.copy_from(c.net, c.meta, r, s, 0, out.subspan(at(r), block));
+        }
+        std::memcpy(out.data() + at(me), in.data(), block);
+        a.arrive_and_go(c.net, c.meta);
+        co_return;
+    }
+    // In pieces of a slot of the data sets: the others write theirs and go on.
+    const std::size_t slot = a.slot_bytes();
+    bool check = true;
+    for (std::size_t off = 0; off < block; off += slot) {
+        const std::size_t len = std::min(slot, block - off);
+        const std::uint64_t s = a.next_step();
+        std::byte* set = a.set(s);
+        if (me != root) {
+            // Every rank reached the step before this one: the set is free again.
+            if (off > 0) co_await a.settle(c.net, c.deadline);
+            std::memcpy(set + static_cast<std::size_t>(me) * slot, in.data() + off, len);
+            a.arrive_and_go(c.net, c.meta, std::exchange(check, false));
+            continue;
+        }
+        co_await a.arrive(c.net, c.meta, c.deadline, std::exchange(check, false));
+        for (int r = 0; r < n; ++r) {
+            const std::byte* from =
+                r == me ? in.data() + off : set + static_cast<std::size_t>(r) * slot;
+            std::memcpy(out.data() + at(r) + off, from, len);
+        }
     }
 }
 
 COROCOLL_DECL task<> scatter_shm(context& c, std::span<const std::byte> in,
                                  std::span<std::byte> out, int root) {
     transport::shm_arena& a = *c.arena;
-    const int me = a.rank();
-    co_await a.settle_lines(c.net, c.deadline);
-    a.declare(c.meta);
-    const std::size_t mine = static_cast<std::size_t>(me) * out.size();
-    if (me == root) {
-        detail::rooted_shm_write(c, in);
-        if (!out.empty()) std::memcpy(out.data(), in.data() + mine, out.size());
+    const int n = a.size(), me = a.rank();
+    const std::size_t block = out.size();
+    const std::size_t mine = static_cast<std::size_t>(me) * block;
+    const bool is_root = me == root;
+    if (rooted_shm_fits(block * static_cast<std::size_t>(n)) && !a.single_copy(block)) {
+        co_await a.settle_lines(c.net, c.deadline);
+        a.declare(c.meta);
+        if (is_root) {
+            detail::rooted_shm_write(c, in);
+            if (block > 0) std::memcpy(out.data(), in.data() + mine, block);
+            co_return;
+        }
+        const std::uint64_t s = a.next_step();
+        co_await a.arrive(c.net, c.meta, c.deadline, true, root);
+        if (block > 0) std::memcpy(out.data(), a.small(root, s) + mine, block);
         co_return;
     }
-    const std::uint64_t s = a.next_step();
-    co_await a.arrive(c.net, c.meta, c.deadline, true, root);
-    if (!out.empty()) std::memcpy(out.data(), a.small(root, s) + mine, out.size());
+    co_await a.settle(c.net, c.deadline);
+    a.declare(c.meta);
+    if (a.single_copy(block)) {
+        // The root offers its buffer; every other rank copies its block straight from it,
+        // then arrives at a second step, at which the root waits for all.
+        const std::uint64_t s = a.next_step();
+        if (is_root) {
+            a.offer(in.data(), in.size());
+            try {
+                a.arrive_and_go(c.net, c.meta, true);
+                std::memcpy(out.data(), in.data() + mine, block);
+                a.expect_copies(c.net, block);
+                co_await a.arrive(c.net, c.meta, c.deadline);
+            } catch (...) {
+                a.withdraw();
+                throw;
+            }
+            co_return;
+        }
+        co_await a.arrive(c.net, c.meta, c.deadline, true, root);
+        a.copy_from(c.net, c.meta, root, s, mine, out);
+        a.arrive_and_go(c.net, c.meta);
+        co_return;
+    }
+    // In pieces of a slot of the data sets: the root writes every other rank's and goes on.
+    const std::size_t slot = a.slot_bytes();
+    bool check = true;
+    for (std::size_t off = 0; off < block; off += slot) {
+        const std::size_t len = std::min(slot, block - off);
+        const std::uint64_t s = a.next_step();
+        std::byte* set = a.set(s);
+        if (is_root) {
+            // Every rank reached the step before this one: the set is free again.
+            if (off > 0) co_await a.settle(c.net, c.deadline);
+            for (int r = 0; r < n; ++r) {
+                const std::size_t to = static_cast<std::size_t>(r);
+                if (r != me) std::memcpy(set + to * slot, in.data() + to * block + off, len);
+            }
+            a.arrive_and_go(c.net, c.meta, std::exchange(check, false));
+            std::memcpy(out.data() + off, in.data() + mine + off, len);
+            continue;
+        }
+        co_await a.arrive(c.net, c.meta, c.deadline, std::exchange(check, false), root);
+        std::memcpy(out.data() + off, set + static_cast<std::size_t>(me) * slot, len);
+    }
 }
 
 }  // namespace collectives

@@ -190,6 +190,7 @@ COROCOLL_DECL thresholds thresholds::for_l2(std::size_t l2) noexcept {
     t.shm_pair_ring_from = scaled(t.shm_pair_ring_from);
     t.shm_pair_ring_below = scaled(t.shm_pair_ring_below);
     t.shm_pair_single_copy_tree_from = scaled(t.shm_pair_single_copy_tree_from);
+    t.shm_pair_rooted_below = scaled(t.shm_pair_rooted_below);
     return t;
 }
 
@@ -216,12 +217,15 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
                                         : bytes >= t.shm_pair_ring_from;
             return tree ? algorithm::binomial : algorithm::shm;
         }
-        // In the step lines (reduce's buffer, gather's block, scatter's n blocks).
-        if ((k == collective_kind::reduce || k == collective_kind::gather) &&
-            rooted_shm_fits(bytes)) {
+        // In the step lines (reduce's buffer, gather's block, scatter's n blocks); gather and
+        // scatter of 2 ranks by the data sets or single copies too, below a size.
+        const std::size_t whole = bytes * static_cast<std::size_t>(n);
+        const bool pair_rooted = n == 2 && whole < t.shm_pair_rooted_below;
+        if (k == collective_kind::reduce && rooted_shm_fits(bytes)) return algorithm::shm;
+        if (k == collective_kind::gather && (rooted_shm_fits(bytes) || pair_rooted)) {
             return algorithm::shm;
         }
-        if (k == collective_kind::scatter && rooted_shm_fits(bytes * static_cast<std::size_t>(n))) {
+        if (k == collective_kind::scatter && (rooted_shm_fits(whole) || pair_rooted)) {
             return algorithm::shm;
         }
         if (k == collective_kind::all_to_all && single(bytes / static_cast<std::size_t>(n))) {
