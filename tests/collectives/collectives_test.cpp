@@ -782,15 +782,15 @@ TEST_CASE(
     CHECK(pick(k::broadcast, 4, 4) == coll::algorithm::binomial);
     CHECK(pick(k::broadcast, std::size_t{1} << 20, 4) == coll::algorithm::shm);
     CHECK(pick(k::all_gather, 4, 8) == coll::algorithm::shm);
-    // reduce, gather and scatter in the step lines (272 bytes: reduce's buffer, gather's block,
+    // reduce, gather and scatter in the step lines (4 KiB: reduce's buffer, gather's block,
     // scatter's n blocks), by messages beyond (on more than 2 ranks).
     CHECK(pick(k::reduce, 4, 2) == coll::algorithm::shm);
-    CHECK(pick(k::reduce, 272, 8) == coll::algorithm::shm);
-    CHECK(pick(k::reduce, 288, 2) == coll::algorithm::binomial);
+    CHECK(pick(k::reduce, 4096, 8) == coll::algorithm::shm);
+    CHECK(pick(k::reduce, 4112, 2) == coll::algorithm::binomial);
     CHECK(pick(k::gather, 256, 8) == coll::algorithm::shm);
-    CHECK(pick(k::gather, 512, 4) == coll::algorithm::binomial);
+    CHECK(pick(k::gather, 8192, 4) == coll::algorithm::binomial);
     CHECK(pick(k::scatter, 128, 2) == coll::algorithm::shm);
-    CHECK(pick(k::scatter, 64, 8) == coll::algorithm::binomial);
+    CHECK(pick(k::scatter, 1024, 8) == coll::algorithm::binomial);
     // On 2 ranks gather and scatter through the arena below 2 MiB in all (the gathered or
     // scattered buffer); a block of 1 MiB goes by messages.
     CHECK(pick(k::gather, std::size_t{512} << 10, 2) == coll::algorithm::shm);
@@ -993,8 +993,8 @@ TEST_CASE(
                     co_await pg.broadcast(b, 0);
                     if (b != std::vector<std::int32_t>(5, it)) fail(it, "broadcast ahead");
                 }
-                // 68 int32: the whole 272 bytes of a step's lines.
-                const std::size_t counts[] = {1, 4, 5, 68};
+                // 1,024 int32: the whole 4 KiB of a step's lines.
+                const std::size_t counts[] = {1, 4, 5, 1024};
                 for (int it = 0; it < 400; ++it) {
                     const std::size_t count = counts[static_cast<std::size_t>(it) % 4];
                     const int root = (it / 4) % n;

@@ -8,7 +8,7 @@
 // they do once they have copied piece k - 1 out; so it writes piece k + 1 while the others copy
 // piece k, and returns after writing the last, as a send returns once its bytes are handed
 // over: a loop of broadcasts pipelines from one call to the next. Up to
-// shm_arena::line_bytes (272) go in the root's own step lines instead of a data set, which the
+// shm_arena::line_bytes (4 KiB) go in the root's own step lines instead of a data set, which the
 // root may write again long before every reader is done with the last call's (settle_lines):
 // a loop of small broadcasts runs up to `arena_steps` calls ahead of the readers, as an MPI's
 // eager messages do, where each call once waited for the readers' look at the one before.

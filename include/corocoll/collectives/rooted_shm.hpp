@@ -2,7 +2,7 @@
 
 // Reduce, gather and scatter through the group's shared arena (transport/shm/arena.hpp), for a
 // group whose ranks all share one host.
-// Small (what one rank writes fits its step lines, shm_arena::line_bytes: 272 bytes): reduce
+// Small (what one rank writes fits its step lines, shm_arena::line_bytes: 4 KiB): reduce
 // and gather: every rank but the root writes its buffer into its lines and goes on without
 // waiting (shm_arena::arrive_and_go); the root waits for every rank at that step and reduces
 // every copy in rank order, or copies each block into place. Scatter: the root writes every

@@ -90,7 +90,7 @@ inline constexpr std::uint64_t arena_steps = 8;
 
 // What one rank brings to one step (see `arena_line`): its first cache line holds the counter,
 // the call and 16 bytes of data, so that a peer that sees the rank arrive has its call and its
-// small data in the same transfer; four more lines hold up to 256 bytes more.
+// small data in the same transfer; 64 more lines hold up to 4,080 bytes more.
 struct alignas(64) arena_step_line {
     // The last step of this place the rank reached: it reached step s once
     // `steps[s % arena_steps].arrived >= s`. Only the owner stores it (release, after what the
@@ -98,9 +98,9 @@ struct alignas(64) arena_step_line {
     std::atomic<std::uint64_t> arrived{0};
     collective_meta meta;  // the call declared with this place's step
     // 16-byte aligned (offset 48), as the widest element type needs.
-    alignas(16) std::byte small[16 + 256];
+    alignas(16) std::byte small[16 + 4080];
 };
-static_assert(sizeof(arena_step_line) == 320 && offsetof(arena_step_line, small) == 48);
+static_assert(sizeof(arena_step_line) == 4160 && offsetof(arena_step_line, small) == 48);
 
 // One rank's lines: one place per step (`arena_steps` of them, used in turn), then the
 // collective it runs now, whatever its algorithm, and what others need to copy from its memory.
