@@ -25,7 +25,7 @@ COROCOLL_DECL task<> reduce_shm(context& c, std::span<std::byte> data, const red
                                 int root) {
     transport::shm_arena& a = *c.arena;
     const int n = a.size(), me = a.rank();
-    co_await a.settle_lines(c.net, c.deadline);
+    co_await a.settle_lines(c.net, c.meta, c.deadline);
     a.declare(c.meta);
     if (me != root) {
         detail::rooted_shm_write(c, data);
@@ -50,7 +50,7 @@ COROCOLL_DECL task<> gather_shm(context& c, std::span<const std::byte> in, std::
     const std::size_t block = in.size();
     auto at = [block](int r) { return static_cast<std::size_t>(r) * block; };
     if (rooted_shm_fits(block) && !a.single_copy(block)) {
-        co_await a.settle_lines(c.net, c.deadline);
+        co_await a.settle_lines(c.net, c.meta, c.deadline);
         a.declare(c.meta);
         if (me != root) {
             detail::rooted_shm_write(c, in);
@@ -119,7 +119,7 @@ COROCOLL_DECL task<> scatter_shm(context& c, std::span<const std::byte> in,
     const std::size_t mine = static_cast<std::size_t>(me) * block;
     const bool is_root = me == root;
     if (rooted_shm_fits(block * static_cast<std::size_t>(n)) && !a.single_copy(block)) {
-        co_await a.settle_lines(c.net, c.deadline);
+        co_await a.settle_lines(c.net, c.meta, c.deadline);
         a.declare(c.meta);
         if (is_root) {
             detail::rooted_shm_write(c, in);

@@ -260,10 +260,12 @@ public:
                                    bool check = false, int only = -1);
 
     /// Publishes this rank's arrival at the next step and goes on without waiting: a rank
-    /// that only wrote for the step (a broadcast's root) may run ahead by one step. Whatever
-    /// it does next in the arena starts with `settle`. With `check`, the calls of the ranks
-    /// already there are compared now (of two ranks that both go on, one sees the other), the
-    /// rest at `settle`: a mismatch fails the group through `e`.
+    /// that only wrote for the step (a broadcast's root) may run ahead. Whatever it does next
+    /// in the arena starts with `settle_lines` (its lines) or `settle` (a data set, an offer).
+    /// With `check`, the calls of the ranks already there are compared now (of two ranks that
+    /// both go on, one sees the other); the ranks that come later compare theirs with this
+    /// rank's as they wait for it, and a full `settle` compares once more: a mismatch fails
+    /// the group through `e`.
     COROCOLL_DECL void arrive_and_go(engine& e, const collective_meta& meta, bool check = false);
 
     /// Waits for every rank at the steps this rank went past without waiting for all
@@ -273,8 +275,10 @@ public:
     /// Waits, if needed, until this rank may write its lines for the next step (`declare`,
     /// `small`): for every rank at the step after the one that last used the same place
     /// (`arena_steps` steps back). A rank that only goes past steps does not wait at all
-    /// until it is that far ahead.
-    COROCOLL_DECL step_wait settle_lines(engine& e, std::chrono::steady_clock::time_point deadline);
+    /// until it is that far ahead. `meta` is the call about to begin: what a wait that runs out
+    /// names, and what it compares with the calls the ranks it waits for announced.
+    COROCOLL_DECL step_wait settle_lines(engine& e, const collective_meta& meta,
+                                         std::chrono::steady_clock::time_point deadline);
 
     /// The step is complete when every rank has arrived at it; waits in the reactor.
     class step_wait : io::poll_entry {

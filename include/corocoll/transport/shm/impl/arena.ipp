@@ -160,7 +160,7 @@ COROCOLL_DECL shm_arena::step_wait shm_arena::settle(
 }
 
 COROCOLL_DECL shm_arena::step_wait shm_arena::settle_lines(
-    engine& e, std::chrono::steady_clock::time_point deadline) {
+    engine& e, const collective_meta& meta, std::chrono::steady_clock::time_point deadline) {
     // The next step's place was last used by step next - arena_steps, which every rank is
     // done with once it arrived at the step after. The calls of the steps gone past are not
     // compared again here: whoever arrived at them after this rank compared its call with this
@@ -168,7 +168,7 @@ COROCOLL_DECL shm_arena::step_wait shm_arena::settle_lines(
     const std::uint64_t next = next_step();
     std::uint64_t s = next > detail::arena_steps ? next - detail::arena_steps + 1 : 0;
     if (s <= confirmed_) s = 0;
-    return {*this, e, pending_meta_, s, deadline, false, -1};
+    return {*this, e, meta, s, deadline, false, -1};
 }
 
 COROCOLL_DECL bool shm_arena::step_wait::complete() noexcept {
