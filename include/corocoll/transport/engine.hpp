@@ -24,6 +24,7 @@
 #include <corocoll/transport/status.hpp>
 #include <corocoll/transport/status_round.hpp>
 #include <corocoll/transport/tcp/channel.hpp>
+#include <corocoll/transport/tcp/lazy_mesh.hpp>
 #include <corocoll/version.hpp>
 
 #include <sys/socket.h>
@@ -104,7 +105,8 @@ public:
     engine(const engine&) = delete;
     engine& operator=(const engine&) = delete;
     ~engine() {
-        if (readers_.pending() != 0) std::terminate();  // close() was not awaited
+        // close() was not awaited
+        if (readers_.pending() != 0 || acceptors_.pending() != 0) std::terminate();
     }
 
     /// This rank in the group.
@@ -317,6 +319,23 @@ public:
     /// `m` as error messages describe it.
     std::string describe(const collective_meta& m) const { return describe_(m); }
 
+    /// Opens the connections this engine was made without on first use, through `m` (the
+    /// set-up's listener and every peer's address): a send to such a peer (a message, a status
+    /// question) dials it first, and the connections peers dial are taken. Where two ranks dial
+    /// each other at once, the lower rank's connection is the pair's. A peer that cannot be
+    /// reached fails the group with it to blame, as a connection that ends does. A group that
+    /// failed still takes connections, to tell their dialers why in an abort notice. Call once,
+    /// right after construction.
+    COROCOLL_DECL void open_on_first_use(std::unique_ptr<lazy_mesh> m);
+    /// Whether this engine opens connections on first use (`open_on_first_use`).
+    bool opens_on_first_use() const noexcept { return lazy_ != nullptr; }
+    /// How many peers this rank has a connection to now, of whatever kind.
+    int connections() const noexcept {
+        int n = 0;
+        for (const auto& p : peers_) n += p.link ? 1 : 0;
+        return n;
+    }
+
     /// The kind of channel to rank `p` ("tcp", "shm"); empty for this rank.
     const char* channel_kind(int p) const noexcept {
         return p >= 0 && p < size_ && peer_at(p).link ? peer_at(p).link->kind() : "";
@@ -356,6 +375,22 @@ private:
 
     task<> send_frame(std::span<const std::byte> data, int dst, frame_header h, op_label what,
                       time_point deadline);
+
+    // ---- connections on first use (`open_on_first_use`) ----
+
+    // Gives peer `p` a connection, with the send lock held: dials it, or waits for the peer's
+    // own connection where the pair's rule keeps that one, until `deadline`. Throws why not (the
+    // group failed; the group fails, with `p` to blame, when `p` cannot be reached).
+    task<> open_link(int p, time_point deadline);
+    // Dials `p` for a receive posted for it (unless a connection came meanwhile).
+    task<> open_for_recv(int p, time_point deadline);
+    // Takes the connections that peers dial, until the engine shuts down.
+    task<> accept_links();
+    // One dialled connection: its handshake, this rank's verdict, the channel attached.
+    task<> take_link(io::socket s);
+    // `p`'s connection is `ch` from now on: its reader starts (or, where the group failed,
+    // the abort notice goes out on it and it shuts).
+    void attach(int p, std::unique_ptr<channel> ch);
 
     // ---- posted receives ----
 
@@ -397,8 +432,12 @@ private:
     // Sends a goodbye to `p`, after whatever this rank already sent it.
     task<> send_goodbye(int p, time_point deadline);
 
-    // A goodbye came from `p`: receives that only `p` could satisfy fail; the rest go on.
-    void peer_left(int p);
+    // A goodbye came from `p` (or, `how` saying so, a connection on first use found nobody
+    // where `p` listened): receives that only `p` could satisfy fail; the rest go on.
+    void peer_left(int p, const std::string& how = {});
+
+    // The error of an operation `what` with peer `p`, which left (`peer_left`).
+    [[noreturn]] void throw_left(int p, const op_label& what) const;
 
     // Stops the stall timer, sends goodbyes unless the group failed or they went already,
     // fails what is pending, stops the readers and closes every channel.
@@ -523,7 +562,9 @@ private:
     detail::rank_status status_now() const override { return my_status(); }
     bool can_ask(int p) const noexcept override {
         const peer& ps = peer_at(p);
-        return !ps.said_goodbye && ps.connected();
+        // A peer not connected yet is asked too where connections open on first use: the
+        // question dials it.
+        return !ps.said_goodbye && (ps.connected() || (ps.link == nullptr && lazy_ != nullptr));
     }
     COROCOLL_DECL void ask(int p, std::uint64_t id, time_point until) override;
     bool ended() const noexcept override { return failure_ || closing_; }
@@ -634,6 +675,12 @@ private:
     std::stop_source stop_;
     describer describe_ = &detail::describe_raw;
     async_scope readers_;
+    // Connections on first use: the dialling and answering side, the loop that takes the
+    // peers' connections and the handshakes in flight (apart from the readers, which a close
+    // that lingers joins while peers leave), stopped only when the engine shuts down.
+    std::unique_ptr<lazy_mesh> lazy_;
+    std::stop_source accepting_;
+    async_scope acceptors_;
 };
 
 template <recv_yields Y>

@@ -57,6 +57,16 @@ private:
     unsigned char size_ = 0;
 };
 
+/// When the TCP connections of a group open.
+enum class connect_mode {
+    /// All at set-up, a full mesh: every pair proven before the first call.
+    eager,
+    /// On first use: set-up only publishes where each rank listens (pairs that share memory
+    /// still connect there); a rank dials a peer when it first sends to it (a message, a
+    /// status question), so a ring at n ranks opens 2 connections per rank, not n - 1.
+    lazy,
+};
+
 /// Limits of the point-to-point engine. Trivially copyable (see `inline_name`).
 struct engine_options {
     /// The largest message a peer may announce; a larger header fails the group (1 TiB).
@@ -74,6 +84,9 @@ struct engine_options {
     /// Which channel each pair of ranks gets at set-up (see `transport_choice`); unset:
     /// COROCOLL_TRANSPORT, auto when that is unset too.
     std::optional<transport_choice> transport;
+    /// When the connections between ranks open (see `connect_mode`); unset: COROCOLL_CONNECT,
+    /// eager when that is unset too.
+    std::optional<connect_mode> connect;
     /// Bytes of each direction's ring of a shared-memory channel (a power of two, at least
     /// 64 KiB).
     std::size_t shm_ring_bytes = std::size_t{1} << 20;
@@ -148,6 +161,13 @@ COROCOLL_DECL transport_choice parse_transport(std::string_view v);
 COROCOLL_DECL transport_choice transport_from_env();
 
 COROCOLL_DECL const char* to_string(transport_choice c) noexcept;
+
+/// A COROCOLL_CONNECT value (`eager` when empty); anything but eager and lazy is an error
+/// naming the variable.
+COROCOLL_DECL connect_mode parse_connect(std::string_view v);
+
+/// What COROCOLL_CONNECT says (`eager` when unset); see `parse_connect`.
+COROCOLL_DECL connect_mode connect_from_env();
 
 }  // namespace transport
 

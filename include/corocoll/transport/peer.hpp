@@ -92,6 +92,8 @@ struct peer {
     posted_recv* delivering = nullptr;
     // The peer closed its group (a goodbye frame): its EOF is no failure.
     bool said_goodbye = false;
+    // How it left where that was not a goodbye (a connection on first use found nobody).
+    std::string left_how;
     bool reader_exited = false;
     // A send to this peer ended part-way through a frame: nothing more may follow it.
     bool stream_cut = false;
@@ -103,6 +105,11 @@ struct peer {
     posted_recv* deferred_tail = nullptr;
     std::coroutine_handle<> exit_waiter;
     bool connected() const noexcept { return link != nullptr && link->is_open(); }
+    // Where a connection opened on first use stands while `link` is null (engine::open_link):
+    // none tried, this rank dials, this rank answers the peer's dial, or this rank waits for the
+    // peer's connection (its own dial was refused: the peer's wins).
+    enum class opening : std::uint8_t { none, dialling, answering, awaiting };
+    opening opens = opening::none;
 
     // What the reader has received and not yet consumed.
     std::unique_ptr<std::byte[]> staged;

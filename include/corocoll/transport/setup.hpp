@@ -32,6 +32,7 @@
 #include <corocoll/transport/shm/channel.hpp>
 #include <corocoll/transport/shm/setup.hpp>
 #include <corocoll/transport/tcp/channel.hpp>
+#include <corocoll/transport/tcp/lazy_mesh.hpp>
 #include <corocoll/transport/tcp/mesh.hpp>
 #include <corocoll/version.hpp>
 
@@ -54,9 +55,13 @@ namespace transport {
 /// rank on shared memory, it receives the group's arena (see shm/arena.hpp; rank 0 creates it
 /// and hands it to the others over their pairs' unix sockets), and "mesh/arena" in `store` is
 /// incremented: the group may use the arena only once that count is the group's size.
+/// When `lazy` is not null and the options (or COROCOLL_CONNECT) say `connect_mode::lazy`,
+/// only the pairs that may share memory connect here; the others' channels stay null and
+/// `lazy` receives what opens them on first use (`engine::open_on_first_use`).
 COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(
     io::reactor& r, rendezvous::store& store, int rank, int size, mesh_options mo, engine_options o,
-    std::vector<std::string>* hosts = nullptr, std::unique_ptr<shm_arena>* arena = nullptr);
+    std::vector<std::string>* hosts = nullptr, std::unique_ptr<shm_arena>* arena = nullptr,
+    std::unique_ptr<lazy_mesh>* lazy = nullptr);
 
 }  // namespace transport
 

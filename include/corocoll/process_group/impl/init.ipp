@@ -212,8 +212,9 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
     co_await roll_call(*group_store, rank, size, name, deadline, hosted != nullptr);
     std::vector<std::string> host_keys;
     std::unique_ptr<transport::shm_arena> arena;
+    std::unique_ptr<transport::lazy_mesh> lazy;
     auto peers = co_await transport::connect_channels(r, *group_store, rank, size, mesh, limits,
-                                                      &host_keys, &arena);
+                                                      &host_keys, &arena, &lazy);
     auto hosts = collectives::topology::from_keys(host_keys);
     // From here on a failure must close the channels first: a shared-memory channel's watch
     // is in the kernel until then.
@@ -270,11 +271,13 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
     COROCOLL_LOG(info, "INIT", "group '", name, "': ", hosts.describe(),
                  hosts.hierarchical() ? " (all_reduce, broadcast, all_gather hierarchical)" : "");
     // The disposer closes a group whose last reference goes, wherever that happens.
-    co_return std::shared_ptr<process_group>(
+    std::shared_ptr<process_group> g(
         new process_group(r, rank, size, std::move(name), timeout, std::move(group_store),
                           std::move(peers), limits, std::move(hosted), listen_on, std::move(hosts),
                           std::move(arena)),
         group_disposer{});
+    if (lazy) g->engine().open_on_first_use(std::move(lazy));
+    co_return g;
 }
 
 // Where processes that join meet the groups that descend from init_process_group's group

@@ -140,14 +140,14 @@ COROCOLL_DECL task<> engine::send_frame(std::span<const std::byte> data, int dst
     check_peer(dst, what);
     check_usable(what);
     peer& ps = peer_at(dst);
-    if (ps.said_goodbye) {
-        corocoll::detail::throw_error(corocoll::errc::connection_closed,
-                                      "corocoll: rank " + std::to_string(rank_) + ": " +
-                                          describe_op(what) + ": rank " + std::to_string(dst) +
-                                          " closed its process group");
-    }
+    if (ps.said_goodbye) throw_left(dst, what);
     auto guard = co_await ps.send_lock.scoped_lock();
     check_usable(what);
+    if (ps.link == nullptr) {
+        co_await open_link(dst, deadline);
+        check_usable(what);
+        if (ps.said_goodbye) throw_left(dst, what);
+    }
     h.src = static_cast<std::uint32_t>(rank_);
     h.dst = static_cast<std::uint32_t>(dst);
     h.length = data.size();
@@ -186,18 +186,174 @@ COROCOLL_DECL task<> engine::send_frame(std::span<const std::byte> data, int dst
     check_usable(what);
 }
 
+COROCOLL_DECL void engine::open_on_first_use(std::unique_ptr<lazy_mesh> m) {
+    lazy_ = std::move(m);
+    acceptors_.spawn(accept_links());
+}
+
+COROCOLL_DECL task<> engine::open_link(int p, time_point deadline) {
+    using opening = peer::opening;
+    peer& ps = peer_at(p);
+    if (lazy_ == nullptr) {
+        corocoll::detail::throw_error(
+            std::make_error_code(std::errc::not_connected),
+            "rank " + std::to_string(rank_) + " has no connection to rank " + std::to_string(p));
+    }
+    if (ps.opens == opening::none) {
+        ps.opens = opening::dialling;
+        std::unique_ptr<channel> ch;
+        std::error_code failed;
+        std::string why;
+        // A dial waits like a send (the stall checks count it).
+        ++sends_waiting_;
+        ++ps.sends_waiting;
+        try {
+            ch = co_await lazy_->dial(p, deadline, stop_.get_token());
+        } catch (const std::system_error& e) {
+            failed = e.code();
+            why = e.what();
+        }
+        --sends_waiting_;
+        --ps.sends_waiting;
+        if (ps.link != nullptr) {
+            // The peer's own connection was taken meanwhile (this rank is the higher, or the
+            // peer refused this dial): the pair has its connection, and this dial's end (the
+            // peer may have closed its group since) says nothing about the peer.
+            if (ch) co_await ch->close();
+            co_return;
+        }
+        if (failed) {
+            ps.opens = opening::none;
+            bool gone = failed == std::errc::connection_refused ||
+                        failed == std::errc::connection_reset ||
+                        failed == corocoll::errc::connection_closed;
+            if (!gone) {
+                fail(p, failed, why);
+                co_return;
+            }
+            // Nobody listens where the peer has since set-up: it closed its group, or its
+            // process ended. Like a goodbye, this fails only what needs the peer; a death
+            // fails the group through the peer's neighbours on the ring of set-up connections,
+            // which see its connections end without one.
+            peer_left(p, "rank " + std::to_string(p) +
+                             " cannot be reached where it has listened since set-up: it closed "
+                             "its process group, or its process ended (" +
+                             why + ")");
+            co_return;
+        }
+        if (ch) {
+            attach(p, std::move(ch));
+            co_return;
+        }
+        // Refused: the peer's own connection is the pair's, and comes (or came) to the listener.
+        if (ps.link == nullptr) ps.opens = opening::awaiting;
+    }
+    while (ps.link == nullptr && !failure_ && !ps.said_goodbye) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+            corocoll::detail::throw_error(std::make_error_code(std::errc::timed_out),
+                                          "rank " + std::to_string(rank_) +
+                                              " waited for the connection of rank " +
+                                              std::to_string(p) + " on first use");
+        }
+        // Rare (two ranks that dialled each other at once): the peer's handshake with this
+        // rank's listener is a round trip from done.
+        co_await reactor_.sleep_for(std::chrono::milliseconds(1));
+    }
+}
+
+COROCOLL_DECL task<> engine::open_for_recv(int p, time_point deadline) {
+    peer& ps = peer_at(p);
+    auto guard = co_await ps.send_lock.scoped_lock();
+    if (ps.link != nullptr || failure_) co_return;
+    try {
+        co_await open_link(p, deadline);
+    } catch (const std::system_error&) {
+        // The receive's own deadline judges a peer whose connection did not come.
+    }
+}
+
+COROCOLL_DECL task<> engine::accept_links() {
+    auto stop = accepting_.get_token();
+    for (;;) {
+        io::socket s;
+        try {
+            s = co_await lazy_->accept(stop);
+        } catch (const std::system_error& e) {
+            if (!stop.stop_requested()) {
+                COROCOLL_LOG(warn, "P2P", "rank ", rank_, " stops taking connections: ", e.what());
+            }
+            break;
+        }
+        acceptors_.spawn(take_link(std::move(s)));
+    }
+}
+
+COROCOLL_DECL task<> engine::take_link(io::socket s) {
+    using opening = peer::opening;
+    std::string from = s.peer().to_string();
+    int p = -1;
+    try {
+        p = co_await lazy_->greet(s, accepting_.get_token());
+    } catch (const std::exception& e) {
+        if (!accepting_.stop_requested()) {
+            COROCOLL_LOG(warn, "P2P", "rank ", rank_, " dropped a connection from ", from, ": ",
+                         e.what());
+        }
+        co_return;
+    }
+    peer& ps = peer_at(p);
+    // The pair keeps the lower rank's connection where both dialled; one that came while this
+    // rank waits for exactly it (its own was refused) is taken.
+    bool take = ps.link == nullptr && (ps.opens == opening::none || ps.opens == opening::awaiting ||
+                                       (ps.opens == opening::dialling && p < rank_));
+    opening before = ps.opens;
+    if (take) ps.opens = opening::answering;
+    std::unique_ptr<channel> ch;
+    try {
+        ch = co_await lazy_->answer(std::move(s), p, take, accepting_.get_token());
+    } catch (const std::exception& e) {
+        if (take && ps.link == nullptr) ps.opens = before;
+        COROCOLL_LOG(warn, "P2P", "rank ", rank_, " lost the connection of rank ", p,
+                     " in its handshake: ", e.what());
+        co_return;
+    }
+    if (ch) attach(p, std::move(ch));
+}
+
+COROCOLL_DECL void engine::attach(int p, std::unique_ptr<channel> ch) {
+    peer& ps = peer_at(p);
+    ps.link = std::move(ch);
+    ps.opens = peer::opening::none;
+    ps.framed = ps.link->keeps_framing();
+    ps.address = ps.link->address();
+    if (!failure_) {
+        readers_.spawn(read_loop(p));
+        return;
+    }
+    // Connected after the group failed: the dialer learns why, as the others did.
+    if (send_abort_notice(p) == notice_sent::after_frame) {
+        readers_.spawn(send_abort_notice_after_frame(p));
+    } else {
+        ps.link->shutdown();
+    }
+}
+
 COROCOLL_DECL void engine::post(posted_recv& pr, const op_label& what) {
     if (pr.src != any_source) check_peer(pr.src, what);
     check_usable(what);
     if (pr.src != any_source && peer_at(pr.src).said_goodbye &&
         !peer_at(pr.src).has_unexpected(pr.kind, pr.seq, pr.tag)) {
-        corocoll::detail::throw_error(corocoll::errc::connection_closed,
-                                      "corocoll: rank " + std::to_string(rank_) + ": " +
-                                          describe_op(what) + ": rank " + std::to_string(pr.src) +
-                                          " closed its process group");
+        throw_left(pr.src, what);
     }
     pr.expect = what.collective ? &what.meta : nullptr;
     pr.state = posted_recv::waiting;
+    // Connections on first use: a receive from a peer not connected yet dials it too (the pair
+    // keeps one connection whoever dials first), so a peer that cannot be reached fails the
+    // receive now rather than at its deadline.
+    if (pr.src != any_source && lazy_ != nullptr && peer_at(pr.src).link == nullptr &&
+        peer_at(pr.src).opens == peer::opening::none) {
+        acceptors_.spawn(open_for_recv(pr.src, pr.deadline));
+    }
     if (auto found = matching_.find_unexpected(pr)) {
         if (!verify(pr, found->rank, found->msg->header)) {
             pr.error = failure_;
@@ -209,6 +365,14 @@ COROCOLL_DECL void engine::post(posted_recv& pr, const op_label& what) {
     }
     if (matching_.hand_to_blocked_reader(pr)) return;
     matching_.enqueue(pr);
+}
+
+COROCOLL_DECL void engine::throw_left(int p, const op_label& what) const {
+    const std::string& how = peer_at(p).left_how;
+    corocoll::detail::throw_error(
+        corocoll::errc::connection_closed,
+        "corocoll: rank " + std::to_string(rank_) + ": " + describe_op(what) + ": " +
+            (how.empty() ? "rank " + std::to_string(p) + " closed its process group" : how));
 }
 
 COROCOLL_DECL void engine::rethrow(const posted_recv& pr, const op_label& what) const {

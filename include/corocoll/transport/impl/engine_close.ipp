@@ -64,6 +64,10 @@ COROCOLL_DECL task<> engine::shut_down() {
     closing_ = true;
     abort_all();
     wake_failure_waiters();
+    accepting_.request_stop();
+    co_await acceptors_.join();
+    // A peer that dials from now on is refused at once, not left in the listen queue.
+    if (lazy_) lazy_->stop_listening();
     co_await readers_.join();
     for (auto& p : peers_) {
         if (p.link) co_await p.link->close();
@@ -154,15 +158,17 @@ COROCOLL_DECL void engine::fail_as_notice_says(int p, const abort_notice& notice
     }
 }
 
-COROCOLL_DECL void engine::peer_left(int p) {
+COROCOLL_DECL void engine::peer_left(int p, const std::string& how) {
     peer_at(p).said_goodbye = true;
+    peer_at(p).left_how = how;
     bool anyone_left = false;
     for (int q = 0; q < size_; ++q) {
         if (q != rank_ && !peer_at(q).said_goodbye) anyone_left = true;
     }
     auto gone = std::make_exception_ptr(std::system_error(
         make_error_code(corocoll::errc::connection_closed),
-        "rank " + std::to_string(p) + " closed its process group before sending"));
+        how.empty() ? "rank " + std::to_string(p) + " closed its process group before sending"
+                    : how));
     matching_.fail_all(peer_at(p).posted, gone);
     if (!anyone_left) matching_.fail_all(matching_.any_source_queue(), gone);
 }

@@ -76,6 +76,13 @@ COROCOLL_DECL task<> engine::send_status_frame(int p, frame_header h, std::strin
                                                time_point until) {
     peer& ps = peer_at(p);
     auto guard = co_await ps.send_lock.scoped_lock();
+    if (ps.link == nullptr && lazy_ != nullptr && !failure_) {
+        try {
+            co_await open_link(p, until);
+        } catch (const std::system_error&) {
+            co_return;  // unreachable: no answer, which the round judges
+        }
+    }
     if (failure_ || !ps.connected() || ps.said_goodbye || std::chrono::steady_clock::now() > until)
         co_return;
     h.src = static_cast<std::uint32_t>(rank_);

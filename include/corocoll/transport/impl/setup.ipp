@@ -131,7 +131,9 @@ COROCOLL_DECL task<> offer_segments(io::reactor& r, std::vector<io::socket>& soc
                 pl.sock.reset();
             }
         }
-        co_await socks[slot(q)].send(std::as_bytes(std::span(&v, 1)), mo.deadline);
+        // Connections on first use: only candidates are connected at set-up.
+        if (socks[slot(q)].is_open())
+            co_await socks[slot(q)].send(std::as_bytes(std::span(&v, 1)), mo.deadline);
     }
 }
 
@@ -140,6 +142,7 @@ COROCOLL_DECL task<int> read_verdicts(std::vector<io::socket>& socks, int rank,
                                       std::vector<pair_plan>& plan, const mesh_options& mo) {
     int count = 0;
     for (int p = 0; p < rank; ++p) {
+        if (!socks[slot(p)].is_open()) continue;  // connects on first use, no candidate
         shm_verdict v;
         co_await socks[slot(p)].recv(std::as_writable_bytes(std::span(&v, 1)), mo.deadline);
         if (v.magic != shm_verdict{}.magic) {
@@ -255,6 +258,10 @@ COROCOLL_DECL std::vector<std::unique_ptr<channel>> make_channels(
                         " cannot use shared memory, which COROCOLL_TRANSPORT=shm asks for: " +
                         pl.why);
             }
+            if (!socks[slot(p)].is_open()) {
+                COROCOLL_LOG(info, "INIT", pair, ": tcp on first use (", pl.why, ")");
+                continue;
+            }
             COROCOLL_LOG(info, "INIT", pair, ": tcp (", pl.why, ")");
             out[slot(p)] = tcp_channel::make(std::move(socks[slot(p)]), o.same_host_send_buffer);
             continue;
@@ -289,9 +296,36 @@ COROCOLL_DECL std::vector<std::unique_ptr<channel>> make_channels(
 
 COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(
     io::reactor& r, rendezvous::store& store, int rank, int size, mesh_options mo, engine_options o,
-    std::vector<std::string>* hosts, std::unique_ptr<shm_arena>* arena) {
+    std::vector<std::string>* hosts, std::unique_ptr<shm_arena>* arena,
+    std::unique_ptr<lazy_mesh>* lazy) {
     using detail::slot;
-    std::vector<io::socket> socks = co_await connect_mesh(r, store, rank, size, mo);
+    connect_mode mode = o.connect ? *o.connect : connect_from_env();
+    mo.lazy = mode == connect_mode::lazy && lazy != nullptr && size > 1;
+    std::vector<io::socket> socks;
+    // Connections on first use: set-up publishes where this rank listens and connects only the
+    // pairs that may share memory (their set-up runs over the connection); the rest dial when
+    // they first send.
+    io::acceptor tcp_listener;
+    std::string here;
+    if (!mo.lazy) {
+        socks = co_await connect_mesh(r, store, rank, size, mo);
+    } else {
+        detail::require_token_auth(rank, mo);
+        tcp_listener = io::acceptor::listen(r, mo.listen_on);
+        here = tcp_listener.local_endpoint().to_string();
+        co_await store.set("mesh/addr/" + std::to_string(rank), here);
+        COROCOLL_LOG(info, "INIT", "rank ", rank, "/", size, " listening on ", here,
+                     " (connections open on first use)");
+        // At set-up: this rank's two neighbours on the ring of ranks, first (before anything
+        // else waits on the store, so that a peer set up to connect eagerly is told apart in the
+        // handshake). Through the ring every failure reaches every rank (a rank that dies is
+        // seen by its neighbours, whose abort notices travel on around it), whatever the
+        // program has connected since.
+        std::vector<bool> ring(slot(size));
+        ring[slot((rank + 1) % size)] = true;
+        ring[slot((rank + size - 1) % size)] = true;
+        socks = co_await connect_pairs(r, store, rank, size, mo, tcp_listener, here, ring);
+    }
     // COROCOLL_TRANSPORT is read only when the options leave the choice to it: a value set in
     // code wins, and a bad variable is then not an error.
     transport_choice choice = o.transport ? *o.transport : transport_from_env();
@@ -316,6 +350,17 @@ COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(
         }
     }
     auto plan = detail::plan_pairs(rank, size, me, info);
+    if (mo.lazy) {
+        // Then the pairs that may share memory (their set-up runs over the connection).
+        std::vector<bool> now(slot(size));
+        for (int p = 0; p < size; ++p) {
+            now[slot(p)] = plan[slot(p)].candidate && !socks[slot(p)].is_open();
+        }
+        auto more = co_await connect_pairs(r, store, rank, size, mo, tcp_listener, here, now);
+        for (int p = 0; p < size; ++p) {
+            if (more[slot(p)].is_open()) socks[slot(p)] = std::move(more[slot(p)]);
+        }
+    }
     std::uint64_t group = hash64(mo.group_name);
     co_await detail::offer_segments(r, socks, rank, size, info, plan, ring, group, mo);
     int offered = co_await detail::read_verdicts(socks, rank, plan, mo);
@@ -326,7 +371,29 @@ COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(
         co_await detail::share_arena(r, store, rank, size, mo, o.shm_arena_bytes,
                                      o.shm_arena_single_copy_bytes, hosts, plan, group, *arena);
     }
-    co_return detail::make_channels(r, socks, rank, size, me.choice, info, plan, o);
+    auto channels = detail::make_channels(r, socks, rank, size, me.choice, info, plan, o);
+    if (mo.lazy) {
+        // Where the others listen, in one store round trip: read now, while set-up's keys are
+        // in the store.
+        std::vector<std::string> keys;
+        for (int p = 0; p < size; ++p) {
+            if (p != rank && !channels[slot(p)]) keys.push_back("mesh/addr/" + std::to_string(p));
+        }
+        std::vector<std::string> found;
+        if (!keys.empty()) {
+            found = co_await store.multi_get(
+                std::move(keys), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     std::max(mo.deadline - std::chrono::steady_clock::now(),
+                                              std::chrono::steady_clock::duration{})));
+        }
+        std::vector<std::string> addresses(slot(size));
+        for (int p = 0, k = 0; p < size; ++p) {
+            if (p != rank && !channels[slot(p)]) addresses[slot(p)] = std::move(found[slot(k++)]);
+        }
+        *lazy = std::make_unique<lazy_mesh>(r, rank, size, mo, std::move(tcp_listener), here,
+                                            std::move(addresses), o.same_host_send_buffer);
+    }
+    co_return channels;
 }
 
 }  // namespace transport

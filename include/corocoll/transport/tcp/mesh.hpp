@@ -55,6 +55,10 @@ struct mesh_options {
     /// Ends the set-up early when stopped (the set-up of a subgroup whose parent group
     /// failed: a rank died); it then throws std::errc::operation_canceled.
     std::stop_token stop;
+    /// The group opens its connections on first use (`connect_mode::lazy`): said in the hello,
+    /// so that ranks set up differently refuse each other with a reason, and every connection
+    /// ends its handshake with the listener's verdict (`lazy_mesh`).
+    bool lazy = false;
 };
 
 /// The address this rank listens on for its peers: the first IPv4 (else IPv6) address of the
@@ -64,6 +68,10 @@ struct mesh_options {
 COROCOLL_DECL io::endpoint choose_listen_address(const std::optional<io::endpoint>& master);
 
 namespace detail {
+
+// Throws, naming the rank, when `o` has a job token that this build cannot prove (no
+// libcrypto).
+COROCOLL_DECL void require_token_auth(int rank, const mesh_options& o);
 
 // The hello each side sends first: group (a hash of its name), ranks, world size, whether a
 // job token is in use (`tag`), and how many bytes follow it (nonce, and the proof).
@@ -114,6 +122,16 @@ COROCOLL_DECL task<io::socket> connect_to(io::reactor& r, std::string address, i
                                           int size, const mesh_options& o, std::stop_token stop);
 
 }  // namespace detail
+
+/// Connects this rank to the peers `wanted` marks (one entry per rank; the marks must agree
+/// on both ends of a pair) as `connect_mesh` does, over `listener`, whose address `here` every
+/// rank published under "mesh/addr/<rank>" already. The listener stays open. Unmarked peers'
+/// sockets stay closed.
+COROCOLL_DECL task<std::vector<io::socket>> connect_pairs(io::reactor& r, rendezvous::store& store,
+                                                          int rank, int size, mesh_options o,
+                                                          io::acceptor& listener,
+                                                          const std::string& here,
+                                                          const std::vector<bool>& wanted);
 
 /// Builds the full mesh of TCP connections of a group: rank `rank` listens on
 /// `o.listen_on`, publishes host:port under "mesh/addr/<rank>" in `store` (give each group

@@ -53,6 +53,14 @@ COROCOLL_DECL io::endpoint choose_listen_address(const std::optional<io::endpoin
 namespace transport {
 namespace detail {
 
+COROCOLL_DECL void require_token_auth(int rank, const mesh_options& o) {
+    if (!o.job_token.empty() && !corocoll::detail::token_auth_available()) {
+        // Where set-up did not read the environment (a group built on a given store).
+        throw std::invalid_argument("corocoll: init: rank " + std::to_string(rank) + ": " +
+                                    corocoll::detail::no_token_auth);
+    }
+}
+
 COROCOLL_DECL frame_header make_hello(int rank, int peer, int size, const mesh_options& o,
                                       std::size_t follows) {
     frame_header h;
@@ -61,7 +69,7 @@ COROCOLL_DECL frame_header make_hello(int rank, int peer, int size, const mesh_o
     h.dst = static_cast<std::uint32_t>(peer);
     h.count = static_cast<std::uint64_t>(size);
     h.seq = hash64(o.group_name);
-    h.tag = o.job_token.empty() ? 0 : 1;
+    h.tag = (o.job_token.empty() ? 0 : 1) | (o.lazy ? 2 : 0);
     h.length = follows;
     h.seal();
     return h;
@@ -86,8 +94,16 @@ COROCOLL_DECL std::string hello_problem(const frame_header& h, int rank, int siz
                std::to_string(h.dst) + "; this is rank " + std::to_string(rank) +
                (expected_peer >= 0 ? " expecting rank " + std::to_string(expected_peer) : "");
     }
-    if ((h.tag != 0) != !o.job_token.empty()) {
-        return h.tag != 0
+    if (((h.tag & 2) != 0) != o.lazy) {
+        return (h.tag & 2) != 0
+                   ? who + " opens connections on first use (COROCOLL_CONNECT=lazy), rank " +
+                         std::to_string(rank) + " at set-up"
+                   : "rank " + std::to_string(rank) +
+                         " opens connections on first use (COROCOLL_CONNECT=lazy), " + who +
+                         " at set-up";
+    }
+    if (((h.tag & 1) != 0) != !o.job_token.empty()) {
+        return (h.tag & 1) != 0
                    ? who + " has COROCOLL_JOB_TOKEN set, rank " + std::to_string(rank) + " has not"
                    : "rank " + std::to_string(rank) + " has COROCOLL_JOB_TOKEN set, " + who +
                          " has not";
@@ -221,34 +237,40 @@ namespace transport {
 
 COROCOLL_DECL task<std::vector<io::socket>> connect_mesh(io::reactor& r, rendezvous::store& store,
                                                          int rank, int size, mesh_options o) {
-    std::vector<io::socket> peers(static_cast<std::size_t>(size));
-    if (size == 1) co_return peers;
-    if (!o.job_token.empty() && !corocoll::detail::token_auth_available()) {
-        // Where set-up did not read the environment (a group built on a given store).
-        throw std::invalid_argument("corocoll: init: rank " + std::to_string(rank) + ": " +
-                                    corocoll::detail::no_token_auth);
-    }
+    if (size == 1) co_return std::vector<io::socket>(1);
+    detail::require_token_auth(rank, o);
     io::acceptor listener = io::acceptor::listen(r, o.listen_on);
     const std::string here = listener.local_endpoint().to_string();
     co_await store.set("mesh/addr/" + std::to_string(rank), here);
     COROCOLL_LOG(info, "INIT", "rank ", rank, "/", size, " listening on ", here);
+    std::vector<bool> everyone(static_cast<std::size_t>(size), true);
+    co_return co_await connect_pairs(r, store, rank, size, std::move(o), listener, here, everyone);
+}
 
+COROCOLL_DECL task<std::vector<io::socket>> connect_pairs(io::reactor& r, rendezvous::store& store,
+                                                          int rank, int size, mesh_options o,
+                                                          io::acceptor& listener,
+                                                          const std::string& here,
+                                                          const std::vector<bool>& wanted) {
+    std::vector<io::socket> peers(static_cast<std::size_t>(size));
+    auto want = [&](int p) { return p != rank && wanted[static_cast<std::size_t>(p)]; };
     // When one side fails, the other stops waiting instead of running into the deadline.
     std::stop_source stop;
     // Ends the accept loop and handshakes in flight: every higher rank came, or set-up failed.
     std::stop_source accepting;
     std::stop_callback forward(stop.get_token(), [&accepting] { accepting.request_stop(); });
     std::stop_callback from_caller(o.stop, [&stop] { stop.request_stop(); });
-    int missing = size - 1 - rank;
+    int missing = 0;
+    for (int p = rank + 1; p < size; ++p) missing += want(p) ? 1 : 0;
     std::string last_refusal;
     auto handshake = [&](io::socket s) -> task<> {
         std::string from = s.peer().to_string();
         try {
             int peer =
                 co_await detail::listener_handshake(s, rank, size, o, here, accepting.get_token());
-            if (peer < rank || peers[static_cast<std::size_t>(peer)].is_open()) {
+            if (peer < rank || !want(peer) || peers[static_cast<std::size_t>(peer)].is_open()) {
                 COROCOLL_LOG(warn, "INIT", "rank ", rank, " dropped a connection from ", from,
-                             ": rank ", peer, " is connected already, or is lower");
+                             ": rank ", peer, " is connected already, is lower, or connects later");
                 co_return;
             }
             peers[static_cast<std::size_t>(peer)] = std::move(s);
@@ -277,7 +299,7 @@ COROCOLL_DECL task<std::vector<io::socket>> connect_mesh(io::reactor& r, rendezv
         if (!failed || missing == 0) co_return;
         std::string who;
         for (int p = rank + 1; p < size; ++p) {
-            if (!peers[static_cast<std::size_t>(p)].is_open()) {
+            if (want(p) && !peers[static_cast<std::size_t>(p)].is_open()) {
                 who += (who.empty() ? "" : ", ") + std::to_string(p);
             }
         }
@@ -290,21 +312,28 @@ COROCOLL_DECL task<std::vector<io::socket>> connect_mesh(io::reactor& r, rendezv
                 corocoll::detail::context_of(*failed));
     };
     auto connect_all = [&]() -> task<> {
-        if (rank == 0) co_return;
-        // Every lower rank's address in one store round trip (a multi_get), not one each.
+        // Every wanted lower rank's address in one store round trip (a multi_get), not one
+        // each.
+        std::vector<int> lower_ranks;
         std::vector<std::string> keys;
-        for (int p = 0; p < rank; ++p) keys.push_back("mesh/addr/" + std::to_string(p));
+        for (int p = 0; p < rank; ++p) {
+            if (!want(p)) continue;
+            lower_ranks.push_back(p);
+            keys.push_back("mesh/addr/" + std::to_string(p));
+        }
+        if (keys.empty()) co_return;
         auto addresses = co_await store.multi_get(
             std::move(keys), std::chrono::duration_cast<std::chrono::milliseconds>(
                                  std::max(o.deadline - std::chrono::steady_clock::now(),
                                           std::chrono::steady_clock::duration{})));
         std::vector<task<io::socket>> lower;
-        for (int p = 0; p < rank; ++p) {
-            lower.push_back(detail::connect_to(r, std::move(addresses[static_cast<std::size_t>(p)]),
-                                               rank, p, size, o, stop.get_token()));
+        for (std::size_t k = 0; k < lower_ranks.size(); ++k) {
+            lower.push_back(detail::connect_to(r, std::move(addresses[k]), rank, lower_ranks[k],
+                                               size, o, stop.get_token()));
         }
         auto socks = co_await when_all(std::move(lower));
-        for (int p = 0; p < rank; ++p) peers[static_cast<std::size_t>(p)] = std::move(socks[p]);
+        for (std::size_t k = 0; k < lower_ranks.size(); ++k)
+            peers[static_cast<std::size_t>(lower_ranks[k])] = std::move(socks[k]);
     };
     auto stopping = [&](task<> t) -> task<> {
         try {

@@ -1,0 +1,241 @@
+// Connections on first use (engine_options::connect, COROCOLL_CONNECT=lazy): which pairs of
+// ranks are connected after set-up and after each kind of traffic, that two ranks dialling each
+// other at once end with one connection and lose nothing, and that a rank's death is named on
+// every survivor when only some pairs are connected.
+
+#include "../support/process_board.hpp"
+#include "../support/ranks.hpp"
+
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+using namespace corocoll_test;
+namespace coll = cc::collectives;
+
+namespace {
+
+void expect(bool ok, const std::string& what) {
+    if (!ok) throw std::runtime_error("check failed: " + what);
+}
+
+// The peers this rank has a connection to, as the group reports it.
+std::set<int> connected(cc::process_group& pg) {
+    std::set<int> s;
+    for (int p = 0; p < pg.size(); ++p) {
+        if (p != pg.rank() && *pg.channel_to(p) != '\0') s.insert(p);
+    }
+    return s;
+}
+
+std::string spell(const std::set<int>& s) {
+    std::string out = "{";
+    for (int p : s) out += (out.size() > 1 ? ", " : "") + std::to_string(p);
+    return out + "}";
+}
+
+void expect_peers(cc::process_group& pg, const std::set<int>& want, const std::string& when) {
+    auto got = connected(pg);
+    expect(got == want, "rank " + std::to_string(pg.rank()) + " " + when + ": connected to " +
+                            spell(got) + ", expected " + spell(want));
+}
+
+std::set<int> ring_of(int r, int n) { return {(r + 1) % n, (r + n - 1) % n}; }
+
+thread_ranks_options lazy_tcp() {
+    thread_ranks_options o;
+    o.limits.connect = cc::transport::connect_mode::lazy;
+    o.limits.transport = cc::transport::transport_choice::tcp;
+    return o;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "16 ranks on first use: set-up connects the ring, a ring all_reduce adds nothing, a "
+    "binomial broadcast its tree, an all_to_all the rest") {
+    // Each in a group of its own, checked when the call returns: nothing that a later call of
+    // another rank would dial (a receive dials too) may come between.
+    const int n = 16;
+    SUBCASE("ring all_reduce") {
+        auto errors = run_threads(
+            n,
+            [](cc::process_group& pg) -> cc::task<> {
+                int r = pg.rank(), n = pg.size();
+                expect_peers(pg, ring_of(r, n), "after set-up");
+                pg.set_algorithm(coll::collective_kind::all_reduce, coll::algorithm::ring);
+                std::vector<float> v(4096, 1.0f + static_cast<float>(r));
+                co_await pg.all_reduce(v);
+                expect(v[0] == static_cast<float>(n * (n + 1) / 2) && v[4095] == v[0],
+                       "ring all_reduce result");
+                expect_peers(pg, ring_of(r, n), "after a ring all_reduce");
+            },
+            lazy_tcp());
+        check_every_rank_ok(errors);
+    }
+    SUBCASE("binomial broadcast") {
+        auto errors = run_threads(
+            n,
+            [](cc::process_group& pg) -> cc::task<> {
+                int r = pg.rank(), n = pg.size();
+                pg.set_algorithm(coll::collective_kind::broadcast, coll::algorithm::binomial);
+                std::vector<int> b(64, r == 0 ? 42 : -1);
+                co_await pg.broadcast(b, 0);
+                expect(b[0] == 42 && b[63] == 42, "binomial broadcast result");
+                // The tree from root 0: rank v's parent is v with its lowest set bit cleared.
+                auto want = ring_of(r, n);
+                if (r != 0) want.insert(r & (r - 1));
+                for (int c = 1; c < n; ++c) {
+                    if ((c & (c - 1)) == r) want.insert(c);
+                }
+                expect_peers(pg, want, "after a binomial broadcast");
+            },
+            lazy_tcp());
+        check_every_rank_ok(errors);
+    }
+    SUBCASE("all_to_all") {
+        auto errors = run_threads(
+            n,
+            [](cc::process_group& pg) -> cc::task<> {
+                int r = pg.rank(), n = pg.size();
+                std::vector<int> out(static_cast<std::size_t>(n)), in(static_cast<std::size_t>(n));
+                for (int p = 0; p < n; ++p) out[static_cast<std::size_t>(p)] = r * 100 + p;
+                co_await pg.all_to_all_single(in, out);
+                for (int p = 0; p < n; ++p) {
+                    expect(in[static_cast<std::size_t>(p)] == p * 100 + r, "all_to_all block");
+                }
+                expect(connected(pg).size() == static_cast<std::size_t>(n - 1),
+                       "after an all_to_all: connected to " + spell(connected(pg)));
+            },
+            lazy_tcp());
+        check_every_rank_ok(errors);
+    }
+}
+
+TEST_CASE("two ranks that dial each other at once keep one connection and lose no message") {
+    // 4 ranks: set-up connects the ring 0-1-2-3-0; pairs 0-2 and 1-3 open when both ends send
+    // to each other at the same moment, again and again in fresh groups.
+    for (int round = 0; round < 12; ++round) {
+        CAPTURE(round);
+        auto errors = run_threads(
+            4,
+            [](cc::process_group& pg) -> cc::task<> {
+                int across = (pg.rank() + 2) % 4;
+                expect(connected(pg).count(across) == 0, "across pair connected at set-up");
+                const int count = 50;
+                std::vector<std::vector<int>> outs, ins;
+                std::vector<cc::task<>> sends;
+                for (int i = 0; i < count; ++i) outs.push_back({pg.rank() * 1000 + i});
+                for (int i = 0; i < count; ++i) sends.push_back(pg.send(outs[i], across, 7));
+                auto receive = [&]() -> cc::task<> {
+                    for (int i = 0; i < count; ++i) {
+                        std::vector<int> in{-1};
+                        co_await pg.recv(in, across, 7);
+                        expect(in[0] == across * 1000 + i,
+                               "message " + std::to_string(i) + " from rank " +
+                                   std::to_string(across) + " in order");
+                    }
+                };
+                co_await cc::when_all(cc::when_all(std::move(sends)), receive());
+                expect(connected(pg).size() == 3, "one connection per pair");
+                co_await pg.barrier();
+            },
+            lazy_tcp());
+        check_every_rank_ok(errors);
+    }
+}
+
+namespace {
+
+struct death_board {
+    std::atomic<int> failed_rank[4] = {};
+    std::atomic<int> failed[4] = {};
+    char text[4][1500] = {};
+};
+
+}  // namespace
+
+TEST_CASE("a rank that dies on first use is named on every survivor, connected to it or not") {
+    // Rank 2 ends right after set-up without closing its group. Rank 0, which is not its ring
+    // neighbour, receives from it (which dials it); ranks 1 and 3, its neighbours, wait for rank
+    // 0. They see the death and tell the others around the ring.
+    auto* b = new_shared_board<death_board>();
+    for (auto& f : b->failed_rank) f = -2;
+    process_job j;
+    j.ranks = 4;
+    j.stall_s = "0";  // no status rounds: the connections alone must tell
+    j.timeout = std::chrono::seconds(60);
+    j.before = [] {
+        ::setenv("COROCOLL_CONNECT", "lazy", 1);
+        ::setenv("COROCOLL_TRANSPORT", "tcp", 1);
+    };
+    auto res = run_process_job(j, [b](std::shared_ptr<cc::process_group> pg) -> cc::task<> {
+        int r = pg->rank();
+        if (r == 2) ::_exit(0);
+        std::vector<int> v(1);
+        try {
+            co_await pg->recv(v, r == 0 ? 2 : 0);
+            note(b->text[r], "the receive completed");
+        } catch (const std::system_error& e) {
+            note(b->text[r], e.what());
+            b->failed[r] = 1;
+        }
+        // Rank 0's dial finds nobody: that fails its receive, as a goodbye would; the group
+        // fails once the death reaches it around the ring.
+        auto f = co_await pg->when_failed();
+        b->failed_rank[r] = f.failed_ranks.size() == 1 ? f.failed_ranks[0] : -1;
+        co_await pg->close();
+    });
+    for (int r : {0, 1, 3}) {
+        CAPTURE(r);
+        CAPTURE(std::string(b->text[r]));
+        CHECK(b->failed[r] == 1);
+        CHECK(b->failed_rank[r] == 2);
+        CHECK(std::string(b->text[r]).find("rank 2") != std::string::npos);
+        CHECK(res.ranks[static_cast<std::size_t>(r)].ok());
+    }
+    ::munmap(b, sizeof(death_board));
+}
+
+TEST_CASE("COROCOLL_CONNECT takes eager or lazy and refuses anything else, naming itself") {
+    CHECK(cc::transport::parse_connect("") == cc::transport::connect_mode::eager);
+    CHECK(cc::transport::parse_connect("eager") == cc::transport::connect_mode::eager);
+    CHECK(cc::transport::parse_connect("lazy") == cc::transport::connect_mode::lazy);
+    try {
+        cc::transport::parse_connect("sometimes");
+        FAIL("accepted 'sometimes'");
+    } catch (const std::invalid_argument& e) {
+        CHECK(std::string(e.what()).find("COROCOLL_CONNECT='sometimes'") != std::string::npos);
+    }
+}
+
+TEST_CASE("ranks set up one eager and one lazy refuse each other, saying so") {
+    auto server = std::make_shared<cc::rendezvous::tcp_store_server>(cc::io::endpoint::loopback(0));
+    auto errors = run_ranks(2, [&](int rank, cc::io::reactor& r) -> cc::task<> {
+        cc::init_options init;
+        init.rank = rank;
+        init.world_size = 2;
+        init.timeout = 4s;
+        init.limits.transport = cc::transport::transport_choice::tcp;
+        init.limits.connect =
+            rank == 0 ? cc::transport::connect_mode::lazy : cc::transport::connect_mode::eager;
+        init.store = co_await cc::rendezvous::tcp_store::connect(r, server->local_endpoint(), 4s);
+        auto pg = co_await cc::init_process_group(r, init);
+        co_await pg->close();
+    });
+    CHECK(what(errors[0]) != "");
+    CHECK(what(errors[1]) != "");
+    bool said = false;
+    for (const auto& e : errors) {
+        if (what(e).find("COROCOLL_CONNECT=lazy") != std::string::npos) said = true;
+    }
+    CAPTURE(what(errors[0]));
+    CAPTURE(what(errors[1]));
+    CHECK(said);
+}
