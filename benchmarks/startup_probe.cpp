@@ -1,7 +1,9 @@
-// startup_probe: one rank of the start-up benchmark (benchmarks/compare/startup.py). Sets up
-// the group from the launcher's environment, runs one all_reduce of one float, checks it and
-// prints "startup_done RANK NS" (NS: the wall clock, ns since the epoch, when it was done).
-// Without a launcher it spawns --nproc ranks itself (default 4).
+// startup_probe: one rank of the start-up benchmark (benchmarks/compare/startup.py) and of the
+// connection count (benchmarks/compare/connections.py). Sets up the group from the launcher's
+// environment, runs one all_reduce of one float (or, with --first, a ring all_reduce or a
+// binomial broadcast), checks it and prints "startup_done RANK NS" (NS: the wall clock, ns since
+// the epoch, when it was done), then "connections RANK N RSS_KIB" (the peers it has a connection
+// to, and its resident memory). Without a launcher it spawns --nproc ranks itself (default 4).
 
 #include <corocoll/corocoll.hpp>
 
@@ -9,6 +11,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <stdexcept>
 #include <vector>
 
@@ -16,16 +19,45 @@ namespace cc = corocoll;
 
 namespace {
 
+std::string first = "all_reduce";
+
+// VmRSS of this process, KiB (0 where /proc does not say).
+long rss_kib() {
+    std::ifstream in("/proc/self/status");
+    std::string key;
+    long value = 0;
+    while (in >> key) {
+        if (key == "VmRSS:") {
+            in >> value;
+            return value;
+        }
+        in.ignore(1 << 12, '\n');
+    }
+    return 0;
+}
+
 cc::task<> probe(cc::process_group& pg) {
+    namespace coll = cc::collectives;
     std::vector<float> one(1, 1.0f);
-    co_await pg.all_reduce(one);
+    if (first == "broadcast") {
+        pg.set_algorithm(coll::collective_kind::broadcast, coll::algorithm::binomial);
+        one[0] = pg.rank() == 0 ? static_cast<float>(pg.size()) : -1.0f;
+        co_await pg.broadcast(one, 0);
+    } else {
+        if (first == "ring")
+            pg.set_algorithm(coll::collective_kind::all_reduce, coll::algorithm::ring);
+        co_await pg.all_reduce(one);
+    }
     auto now = std::chrono::system_clock::now().time_since_epoch();
     if (one[0] != static_cast<float>(pg.size())) {
-        throw std::runtime_error("startup_probe: all_reduce gave a wrong sum");
+        throw std::runtime_error("startup_probe: " + first + " gave a wrong result");
     }
     std::printf(
         "startup_done %d %lld\n", pg.rank(),
         static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()));
+    int peers = 0;
+    for (int p = 0; p < pg.size(); ++p) peers += p != pg.rank() && *pg.channel_to(p) != '\0';
+    std::printf("connections %d %d %ld\n", pg.rank(), peers, rss_kib());
     std::fflush(stdout);
 }
 
@@ -36,6 +68,8 @@ int main(int argc, char** argv) {
     perf::args a("startup_probe",
                  "One rank of the start-up benchmark (benchmarks/compare/startup.py).");
     a.integer("--nproc", n, 1, 4096, "ranks to spawn where no launcher started it");
+    a.one_of("--first", first, {"all_reduce", "ring", "broadcast"},
+             "the first call: all_reduce as chosen, a ring all_reduce, a binomial broadcast");
     perf::parse_or_exit(a, argc, argv);
     return cc::run_or_spawn(n, probe);
 }
