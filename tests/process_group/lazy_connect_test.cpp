@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -48,11 +49,13 @@ void expect_peers(cc::process_group& pg, const std::set<int>& want, const std::s
 
 std::set<int> ring_of(int r, int n) { return {(r + 1) % n, (r + n - 1) % n}; }
 
-thread_ranks_options lazy_tcp() {
+// Runs `body` on `n` thread ranks whose group connects on first use over TCP, and checks that
+// every rank finished.
+void on_lazy_tcp(int n, const std::function<cc::task<>(cc::process_group&)>& body) {
     thread_ranks_options o;
     o.limits.connect = cc::transport::connect_mode::lazy;
     o.limits.transport = cc::transport::transport_choice::tcp;
-    return o;
+    check_every_rank_ok(run_threads(n, body, o));
 }
 
 }  // namespace
@@ -64,57 +67,45 @@ TEST_CASE(
     // another rank would dial (a receive dials too) may come between.
     const int n = 16;
     SUBCASE("ring all_reduce") {
-        auto errors = run_threads(
-            n,
-            [](cc::process_group& pg) -> cc::task<> {
-                int r = pg.rank(), n = pg.size();
-                expect_peers(pg, ring_of(r, n), "after set-up");
-                pg.set_algorithm(coll::collective_kind::all_reduce, coll::algorithm::ring);
-                std::vector<float> v(4096, 1.0f + static_cast<float>(r));
-                co_await pg.all_reduce(v);
-                expect(v[0] == static_cast<float>(n * (n + 1) / 2) && v[4095] == v[0],
-                       "ring all_reduce result");
-                expect_peers(pg, ring_of(r, n), "after a ring all_reduce");
-            },
-            lazy_tcp());
-        check_every_rank_ok(errors);
+        on_lazy_tcp(n, [](cc::process_group& pg) -> cc::task<> {
+            int r = pg.rank(), n = pg.size();
+            expect_peers(pg, ring_of(r, n), "after set-up");
+            pg.set_algorithm(coll::collective_kind::all_reduce, coll::algorithm::ring);
+            std::vector<float> v(4096, 1.0f + static_cast<float>(r));
+            co_await pg.all_reduce(v);
+            expect(v[0] == static_cast<float>(n * (n + 1) / 2) && v[4095] == v[0],
+                   "ring all_reduce result");
+            expect_peers(pg, ring_of(r, n), "after a ring all_reduce");
+        });
     }
     SUBCASE("binomial broadcast") {
-        auto errors = run_threads(
-            n,
-            [](cc::process_group& pg) -> cc::task<> {
-                int r = pg.rank(), n = pg.size();
-                pg.set_algorithm(coll::collective_kind::broadcast, coll::algorithm::binomial);
-                std::vector<int> b(64, r == 0 ? 42 : -1);
-                co_await pg.broadcast(b, 0);
-                expect(b[0] == 42 && b[63] == 42, "binomial broadcast result");
-                // The tree from root 0: rank v's parent is v with its lowest set bit cleared.
-                auto want = ring_of(r, n);
-                if (r != 0) want.insert(r & (r - 1));
-                for (int c = 1; c < n; ++c) {
-                    if ((c & (c - 1)) == r) want.insert(c);
-                }
-                expect_peers(pg, want, "after a binomial broadcast");
-            },
-            lazy_tcp());
-        check_every_rank_ok(errors);
+        on_lazy_tcp(n, [](cc::process_group& pg) -> cc::task<> {
+            int r = pg.rank(), n = pg.size();
+            pg.set_algorithm(coll::collective_kind::broadcast, coll::algorithm::binomial);
+            std::vector<int> b(64, r == 0 ? 42 : -1);
+            co_await pg.broadcast(b, 0);
+            expect(b[0] == 42 && b[63] == 42, "binomial broadcast result");
+            // The tree from root 0: rank v's parent is v with its lowest set bit cleared.
+            auto want = ring_of(r, n);
+            if (r != 0) want.insert(r & (r - 1));
+            for (int c = 1; c < n; ++c) {
+                if ((c & (c - 1)) == r) want.insert(c);
+            }
+            expect_peers(pg, want, "after a binomial broadcast");
+        });
     }
     SUBCASE("all_to_all") {
-        auto errors = run_threads(
-            n,
-            [](cc::process_group& pg) -> cc::task<> {
-                int r = pg.rank(), n = pg.size();
-                std::vector<int> out(static_cast<std::size_t>(n)), in(static_cast<std::size_t>(n));
-                for (int p = 0; p < n; ++p) out[static_cast<std::size_t>(p)] = r * 100 + p;
-                co_await pg.all_to_all_single(in, out);
-                for (int p = 0; p < n; ++p) {
-                    expect(in[static_cast<std::size_t>(p)] == p * 100 + r, "all_to_all block");
-                }
-                expect(connected(pg).size() == static_cast<std::size_t>(n - 1),
-                       "after an all_to_all: connected to " + spell(connected(pg)));
-            },
-            lazy_tcp());
-        check_every_rank_ok(errors);
+        on_lazy_tcp(n, [](cc::process_group& pg) -> cc::task<> {
+            int r = pg.rank(), n = pg.size();
+            std::vector<int> out(static_cast<std::size_t>(n)), in(static_cast<std::size_t>(n));
+            for (int p = 0; p < n; ++p) out[static_cast<std::size_t>(p)] = r * 100 + p;
+            co_await pg.all_to_all_single(in, out);
+            for (int p = 0; p < n; ++p) {
+                expect(in[static_cast<std::size_t>(p)] == p * 100 + r, "all_to_all block");
+            }
+            expect(connected(pg).size() == static_cast<std::size_t>(n - 1),
+                   "after an all_to_all: connected to " + spell(connected(pg)));
+        });
     }
 }
 
@@ -123,31 +114,27 @@ TEST_CASE("two ranks that dial each other at once keep one connection and lose n
     // to each other at the same moment, again and again in fresh groups.
     for (int round = 0; round < 12; ++round) {
         CAPTURE(round);
-        auto errors = run_threads(
-            4,
-            [](cc::process_group& pg) -> cc::task<> {
-                int across = (pg.rank() + 2) % 4;
-                expect(connected(pg).count(across) == 0, "across pair connected at set-up");
-                const int count = 50;
-                std::vector<std::vector<int>> outs, ins;
-                std::vector<cc::task<>> sends;
-                for (int i = 0; i < count; ++i) outs.push_back({pg.rank() * 1000 + i});
-                for (int i = 0; i < count; ++i) sends.push_back(pg.send(outs[i], across, 7));
-                auto receive = [&]() -> cc::task<> {
-                    for (int i = 0; i < count; ++i) {
-                        std::vector<int> in{-1};
-                        co_await pg.recv(in, across, 7);
-                        expect(in[0] == across * 1000 + i,
-                               "message " + std::to_string(i) + " from rank " +
-                                   std::to_string(across) + " in order");
-                    }
-                };
-                co_await cc::when_all(cc::when_all(std::move(sends)), receive());
-                expect(connected(pg).size() == 3, "one connection per pair");
-                co_await pg.barrier();
-            },
-            lazy_tcp());
-        check_every_rank_ok(errors);
+        on_lazy_tcp(4, [](cc::process_group& pg) -> cc::task<> {
+            int across = (pg.rank() + 2) % 4;
+            expect(connected(pg).count(across) == 0, "across pair connected at set-up");
+            const int count = 50;
+            std::vector<std::vector<int>> outs;
+            std::vector<cc::task<>> sends;
+            for (int i = 0; i < count; ++i) outs.push_back({pg.rank() * 1000 + i});
+            for (int i = 0; i < count; ++i) sends.push_back(pg.send(outs[i], across, 7));
+            auto receive = [&]() -> cc::task<> {
+                for (int i = 0; i < count; ++i) {
+                    std::vector<int> in{-1};
+                    co_await pg.recv(in, across, 7);
+                    expect(in[0] == across * 1000 + i, "message " + std::to_string(i) +
+                                                           " from rank " + std::to_string(across) +
+                                                           " in order");
+                }
+            };
+            co_await cc::when_all(cc::when_all(std::move(sends)), receive());
+            expect(connected(pg).size() == 3, "one connection per pair");
+            co_await pg.barrier();
+        });
     }
 }
 

@@ -327,14 +327,6 @@ public:
     /// failed still takes connections, to tell their dialers why in an abort notice. Call once,
     /// right after construction.
     COROCOLL_DECL void open_on_first_use(std::unique_ptr<lazy_mesh> m);
-    /// Whether this engine opens connections on first use (`open_on_first_use`).
-    bool opens_on_first_use() const noexcept { return lazy_ != nullptr; }
-    /// How many peers this rank has a connection to now, of whatever kind.
-    int connections() const noexcept {
-        int n = 0;
-        for (const auto& p : peers_) n += p.link ? 1 : 0;
-        return n;
-    }
 
     /// The kind of channel to rank `p` ("tcp", "shm"); empty for this rank.
     const char* channel_kind(int p) const noexcept {
@@ -378,9 +370,11 @@ private:
 
     // ---- connections on first use (`open_on_first_use`) ----
 
-    // Gives peer `p` a connection, with the send lock held: dials it, or waits for the peer's
-    // own connection where the pair's rule keeps that one, until `deadline`. Throws why not (the
-    // group failed; the group fails, with `p` to blame, when `p` cannot be reached).
+    // Gives peer `p` a connection (`lazy_` set), with the send lock held: dials it, or waits
+    // for the peer's own connection where the pair's rule keeps that one, until `deadline`.
+    // Throws nothing: the caller finds `p`'s link set, or the group failed (a dial that went
+    // wrong), or `p` taken as gone (nobody listens for it: `peer_left`), or none of these (the
+    // deadline came first).
     task<> open_link(int p, time_point deadline);
     // Dials `p` for a receive posted for it (unless a connection came meanwhile).
     task<> open_for_recv(int p, time_point deadline);

@@ -144,9 +144,21 @@ COROCOLL_DECL task<> engine::send_frame(std::span<const std::byte> data, int dst
     auto guard = co_await ps.send_lock.scoped_lock();
     check_usable(what);
     if (ps.link == nullptr) {
+        if (lazy_ == nullptr) {
+            corocoll::detail::throw_error(std::make_error_code(std::errc::not_connected),
+                                          "corocoll: rank " + std::to_string(rank_) + ": " +
+                                              describe_op(what) + ": no connection to rank " +
+                                              std::to_string(dst));
+        }
         co_await open_link(dst, deadline);
         check_usable(what);
         if (ps.said_goodbye) throw_left(dst, what);
+        if (ps.link == nullptr) {
+            // As a send that cannot finish by its deadline: the group fails.
+            fail(dst, std::make_error_code(std::errc::timed_out),
+                 "its connection on first use did not come by the deadline");
+            check_usable(what);
+        }
     }
     h.src = static_cast<std::uint32_t>(rank_);
     h.dst = static_cast<std::uint32_t>(dst);
@@ -194,11 +206,6 @@ COROCOLL_DECL void engine::open_on_first_use(std::unique_ptr<lazy_mesh> m) {
 COROCOLL_DECL task<> engine::open_link(int p, time_point deadline) {
     using opening = peer::opening;
     peer& ps = peer_at(p);
-    if (lazy_ == nullptr) {
-        corocoll::detail::throw_error(
-            std::make_error_code(std::errc::not_connected),
-            "rank " + std::to_string(rank_) + " has no connection to rank " + std::to_string(p));
-    }
     if (ps.opens == opening::none) {
         ps.opens = opening::dialling;
         std::unique_ptr<channel> ch;
@@ -211,6 +218,9 @@ COROCOLL_DECL task<> engine::open_link(int p, time_point deadline) {
             ch = co_await lazy_->dial(p, deadline, stop_.get_token());
         } catch (const std::system_error& e) {
             failed = e.code();
+            why = e.what();
+        } catch (const std::exception& e) {  // an address in the store that is none
+            failed = make_error_code(corocoll::errc::protocol_error);
             why = e.what();
         }
         --sends_waiting_;
@@ -248,13 +258,8 @@ COROCOLL_DECL task<> engine::open_link(int p, time_point deadline) {
         // Refused: the peer's own connection is the pair's, and comes (or came) to the listener.
         if (ps.link == nullptr) ps.opens = opening::awaiting;
     }
-    while (ps.link == nullptr && !failure_ && !ps.said_goodbye) {
-        if (std::chrono::steady_clock::now() >= deadline) {
-            corocoll::detail::throw_error(std::make_error_code(std::errc::timed_out),
-                                          "rank " + std::to_string(rank_) +
-                                              " waited for the connection of rank " +
-                                              std::to_string(p) + " on first use");
-        }
+    while (ps.link == nullptr && !failure_ && !ps.said_goodbye &&
+           std::chrono::steady_clock::now() < deadline) {
         // Rare (two ranks that dialled each other at once): the peer's handshake with this
         // rank's listener is a round trip from done.
         co_await reactor_.sleep_for(std::chrono::milliseconds(1));
@@ -264,12 +269,8 @@ COROCOLL_DECL task<> engine::open_link(int p, time_point deadline) {
 COROCOLL_DECL task<> engine::open_for_recv(int p, time_point deadline) {
     peer& ps = peer_at(p);
     auto guard = co_await ps.send_lock.scoped_lock();
-    if (ps.link != nullptr || failure_) co_return;
-    try {
-        co_await open_link(p, deadline);
-    } catch (const std::system_error&) {
-        // The receive's own deadline judges a peer whose connection did not come.
-    }
+    // The receive's own deadline judges a peer whose connection does not come.
+    if (ps.link == nullptr && !failure_) co_await open_link(p, deadline);
 }
 
 COROCOLL_DECL task<> engine::accept_links() {

@@ -76,13 +76,8 @@ COROCOLL_DECL task<> engine::send_status_frame(int p, frame_header h, std::strin
                                                time_point until) {
     peer& ps = peer_at(p);
     auto guard = co_await ps.send_lock.scoped_lock();
-    if (ps.link == nullptr && lazy_ != nullptr && !failure_) {
-        try {
-            co_await open_link(p, until);
-        } catch (const std::system_error&) {
-            co_return;  // unreachable: no answer, which the round judges
-        }
-    }
+    // Where the connection does not come, no answer does: the round judges that.
+    if (ps.link == nullptr && lazy_ != nullptr && !failure_) co_await open_link(p, until);
     if (failure_ || !ps.connected() || ps.said_goodbye || std::chrono::steady_clock::now() > until)
         co_return;
     h.src = static_cast<std::uint32_t>(rank_);

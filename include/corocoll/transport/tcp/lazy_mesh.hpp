@@ -74,11 +74,6 @@ public:
     COROCOLL_DECL task<std::unique_ptr<channel>> answer(io::socket s, int p, bool take,
                                                         std::stop_token stop);
 
-    /// Connections this rank dialled that became channels.
-    std::uint64_t dialled() const noexcept { return dialled_; }
-    /// Connections this rank took from the peers that dialled it.
-    std::uint64_t taken() const noexcept { return taken_; }
-
 private:
     io::reactor& reactor_;
     int rank_;
@@ -88,8 +83,6 @@ private:
     std::string here_;
     std::vector<std::string> addresses_;
     std::size_t send_buffer_;
-    std::uint64_t dialled_ = 0;
-    std::uint64_t taken_ = 0;
 };
 
 }  // namespace transport

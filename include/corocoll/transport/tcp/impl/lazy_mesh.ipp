@@ -44,7 +44,6 @@ COROCOLL_DECL task<std::unique_ptr<channel>> lazy_mesh::dial(int p, time_point d
                                           " on first use: its verdict was byte " +
                                           std::to_string(verdict) + ", neither take nor refuse");
     }
-    ++dialled_;
     COROCOLL_LOG(info, "P2P", "rank ", rank_, " connected to rank ", p, " at ", address,
                  " on first use");
     co_return tcp_channel::make(std::move(s), send_buffer_);
@@ -62,7 +61,6 @@ COROCOLL_DECL task<std::unique_ptr<channel>> lazy_mesh::answer(io::socket s, int
     co_await s.send(detail::bytes_of(verdict),
                     io::op_options(io::deadline_after(options_.hello_timeout), std::move(stop)));
     if (!take) co_return nullptr;
-    ++taken_;
     COROCOLL_LOG(info, "P2P", "rank ", rank_, " took the connection of rank ", p, " (",
                  s.peer().to_string(), ") on its first use");
     co_return tcp_channel::make(std::move(s), send_buffer_);
