@@ -2,8 +2,10 @@
 // connection count (benchmarks/compare/connections.py). Sets up the group from the launcher's
 // environment, runs one all_reduce of one float (or, with --first, a ring all_reduce or a
 // binomial broadcast), checks it and prints "startup_done RANK NS" (NS: the wall clock, ns since
-// the epoch, when it was done), then "connections RANK N RSS_KIB" (the peers it has a connection
-// to, and its resident memory). Without a launcher it spawns --nproc ranks itself (default 4).
+// the epoch, when it was done), then "connections RANK N RSS_KIB SEGMENT_KIB ARENA_KIB" (the peers
+// it has a connection to, its resident memory, and the shared memory it maps: pair segments and
+// the arena, from /proc/self/maps). Without a launcher it spawns --nproc ranks itself (default
+// 4).
 
 #include <corocoll/corocoll.hpp>
 
@@ -13,6 +15,7 @@
 #include <cstdio>
 #include <fstream>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace cc = corocoll;
@@ -36,6 +39,21 @@ long rss_kib() {
     return 0;
 }
 
+// KiB of corocoll's shared memory this process maps whose memfd is named `name`.
+long mapped_kib(const std::string& name) {
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    long bytes = 0;
+    while (std::getline(maps, line)) {
+        unsigned long lo = 0, hi = 0;
+        if (std::sscanf(line.c_str(), "%lx-%lx", &lo, &hi) == 2 &&
+            line.find("/memfd:" + name + " ") != std::string::npos) {
+            bytes += static_cast<long>(hi - lo);
+        }
+    }
+    return bytes / 1024;
+}
+
 cc::task<> probe(cc::process_group& pg) {
     namespace coll = cc::collectives;
     std::vector<float> one(1, 1.0f);
@@ -57,7 +75,8 @@ cc::task<> probe(cc::process_group& pg) {
         static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()));
     int peers = 0;
     for (int p = 0; p < pg.size(); ++p) peers += p != pg.rank() && *pg.channel_to(p) != '\0';
-    std::printf("connections %d %d %ld\n", pg.rank(), peers, rss_kib());
+    std::printf("connections %d %d %ld %ld %ld\n", pg.rank(), peers, rss_kib(),
+                mapped_kib("corocoll-shm"), mapped_kib("corocoll-arena"));
     std::fflush(stdout);
 }
 

@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
+#include <fstream>
 #include <functional>
 #include <set>
 #include <stdexcept>
@@ -151,16 +153,21 @@ struct death_board {
 TEST_CASE("a rank that dies on first use is named on every survivor, connected to it or not") {
     // Rank 2 ends right after set-up without closing its group. Rank 0, which is not its ring
     // neighbour, receives from it (which dials it); ranks 1 and 3, its neighbours, wait for rank
-    // 0. They see the death and tell the others around the ring.
+    // 0. They see the death and tell the others around the ring. Over TCP, and on one host
+    // (where the ring's pairs share memory and rank 0's dial would have handed a segment over).
+    const char* transport = "tcp";
+    SUBCASE("tcp") {}
+    SUBCASE("shm") { transport = "shm"; }
+    CAPTURE(transport);
     auto* b = new_shared_board<death_board>();
     for (auto& f : b->failed_rank) f = -2;
     process_job j;
     j.ranks = 4;
     j.stall_s = "0";  // no status rounds: the connections alone must tell
     j.timeout = std::chrono::seconds(60);
-    j.before = [] {
+    j.before = [transport] {
         ::setenv("COROCOLL_CONNECT", "lazy", 1);
-        ::setenv("COROCOLL_TRANSPORT", "tcp", 1);
+        ::setenv("COROCOLL_TRANSPORT", transport, 1);
     };
     auto res = run_process_job(j, [b](std::shared_ptr<cc::process_group> pg) -> cc::task<> {
         int r = pg->rank();
@@ -182,8 +189,8 @@ TEST_CASE("a rank that dies on first use is named on every survivor, connected t
     for (int r : {0, 1, 3}) {
         CAPTURE(r);
         CAPTURE(std::string(b->text[r]));
-        CHECK(b->failed[r] == 1);
-        CHECK(b->failed_rank[r] == 2);
+        CHECK(b->failed[r].load() == 1);
+        CHECK(b->failed_rank[r].load() == 2);
         CHECK(std::string(b->text[r]).find("rank 2") != std::string::npos);
         CHECK(res.ranks[static_cast<std::size_t>(r)].ok());
     }
@@ -225,4 +232,205 @@ TEST_CASE("ranks set up one eager and one lazy refuse each other, saying so") {
     CAPTURE(what(errors[0]));
     CAPTURE(what(errors[1]));
     CHECK(said);
+}
+
+namespace {
+
+// Runs `body` on `n` thread ranks whose group connects on first use, shared memory allowed.
+void on_lazy_host(int n, const std::function<cc::task<>(cc::process_group&)>& body) {
+    thread_ranks_options o;
+    o.limits.connect = cc::transport::connect_mode::lazy;
+    o.limits.transport = cc::transport::transport_choice::shm;
+    check_every_rank_ok(run_threads(n, body, o));
+}
+
+cc::task<> receive(cc::process_group& pg, std::vector<int>& in, int from) {
+    co_await pg.recv(in, from, 3);
+}
+
+void expect_kinds(cc::process_group& pg, const std::string& when) {
+    for (int p : connected(pg)) {
+        expect(std::string(pg.channel_to(p)) == "shm",
+               "rank " + std::to_string(pg.rank()) + " " + when + ": channel to rank " +
+                   std::to_string(p) + " is " + pg.channel_to(p) + ", not shm");
+    }
+}
+
+}  // namespace
+
+TEST_CASE("ranks on one host connect on first use over shared memory, with the arena") {
+    const int n = 8;
+    SUBCASE("set-up gives the ring its segments, messages to every rank the rest") {
+        on_lazy_host(n, [](cc::process_group& pg) -> cc::task<> {
+            int r = pg.rank(), n = pg.size();
+            expect_peers(pg, ring_of(r, n), "after set-up");
+            expect_kinds(pg, "after set-up");
+            expect(pg.has_arena(), "rank " + std::to_string(r) + " has no arena");
+            // Collectives go through the arena here; messages between every pair open the rest
+            // (a payload larger than a ring, so that it wraps).
+            const std::size_t count = (std::size_t{3} << 20) / sizeof(int);
+            std::vector<std::vector<int>> outs(static_cast<std::size_t>(n)),
+                ins(static_cast<std::size_t>(n));
+            std::vector<cc::task<>> ops;
+            for (int p = 0; p < n; ++p) {
+                if (p == r) continue;
+                auto& out = outs[static_cast<std::size_t>(p)];
+                out.assign(count, r * 100 + p);
+                out.back() = -(r * 100 + p);
+                ins[static_cast<std::size_t>(p)].assign(count, -1);
+                ops.push_back(pg.send(out, p, 3));
+                ops.push_back(receive(pg, ins[static_cast<std::size_t>(p)], p));
+            }
+            co_await cc::when_all(std::move(ops));
+            for (int p = 0; p < n; ++p) {
+                if (p == r) continue;
+                const auto& in = ins[static_cast<std::size_t>(p)];
+                expect(in[0] == p * 100 + r && in[count / 2] == in[0] && in.back() == -in[0],
+                       "message from rank " + std::to_string(p));
+            }
+            expect(connected(pg).size() == static_cast<std::size_t>(n - 1),
+                   "after messages to every rank: connected to " + spell(connected(pg)));
+            expect_kinds(pg, "after messages to every rank");
+        });
+    }
+    SUBCASE("two ranks that dial each other at once share one segment and lose nothing") {
+        for (int round = 0; round < 6; ++round) {
+            CAPTURE(round);
+            on_lazy_host(4, [](cc::process_group& pg) -> cc::task<> {
+                int across = (pg.rank() + 2) % 4;
+                const int count = 40;
+                std::vector<std::vector<int>> outs;
+                std::vector<cc::task<>> sends;
+                for (int i = 0; i < count; ++i) outs.push_back({pg.rank() * 1000 + i});
+                for (int i = 0; i < count; ++i) sends.push_back(pg.send(outs[i], across, 7));
+                auto receive = [&]() -> cc::task<> {
+                    for (int i = 0; i < count; ++i) {
+                        std::vector<int> in{-1};
+                        co_await pg.recv(in, across, 7);
+                        expect(in[0] == across * 1000 + i,
+                               "message " + std::to_string(i) + " in order over shm");
+                    }
+                };
+                co_await cc::when_all(cc::when_all(std::move(sends)), receive());
+                expect(connected(pg).size() == 3, "one connection per pair");
+                expect_kinds(pg, "after crossing first uses");
+                co_await pg.barrier();
+            });
+        }
+    }
+}
+
+namespace {
+
+// What /proc/self/maps says this process maps of corocoll's shared memory: pair segments and
+// arenas (memfds named "corocoll-shm" and "corocoll-arena").
+struct shm_maps {
+    long segments = 0;
+    long segment_bytes = 0;
+    long arenas = 0;
+    long arena_bytes = 0;
+};
+
+shm_maps read_shm_maps() {
+    shm_maps m;
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    while (std::getline(maps, line)) {
+        unsigned long lo = 0, hi = 0;
+        if (std::sscanf(line.c_str(), "%lx-%lx", &lo, &hi) != 2) continue;
+        auto bytes = static_cast<long>(hi - lo);
+        if (line.find("/memfd:corocoll-shm") != std::string::npos) {
+            ++m.segments;
+            m.segment_bytes += bytes;
+        } else if (line.find("/memfd:corocoll-arena") != std::string::npos) {
+            ++m.arenas;
+            m.arena_bytes += bytes;
+        }
+    }
+    return m;
+}
+
+struct maps_board {
+    static constexpr int most = 64;
+    std::atomic<long> segments[2][most] = {};
+    std::atomic<long> segment_bytes[2][most] = {};
+    std::atomic<long> arenas[most] = {};
+    std::atomic<long> arena_bytes[most] = {};
+    std::atomic<int> kinds_ok[most] = {};
+};
+
+// `n` process ranks on this host, connecting as `connect` says: what each maps after set-up
+// and after a ring all_reduce.
+maps_board* map_job(int n, const char* connect) {
+    auto* b = new_shared_board<maps_board>();
+    process_job j;
+    j.ranks = n;
+    j.timeout = std::chrono::seconds(120);
+    j.job_timeout = std::chrono::seconds(150);
+    j.before = [connect] {
+        ::setenv("COROCOLL_CONNECT", connect, 1);
+        ::setenv("COROCOLL_TRANSPORT", "shm", 1);
+    };
+    auto res = run_process_job(
+        j, then_close([b](cc::process_group& pg) -> cc::task<> {
+            int r = pg.rank();
+            auto m = read_shm_maps();
+            b->segments[0][r] = m.segments;
+            b->segment_bytes[0][r] = m.segment_bytes;
+            pg.set_algorithm(coll::collective_kind::all_reduce, coll::algorithm::ring);
+            std::vector<float> v(70000, 1.0f);
+            co_await pg.all_reduce(v);
+            expect(v[0] == static_cast<float>(pg.size()) && v.back() == v[0], "ring all_reduce");
+            m = read_shm_maps();
+            b->segments[1][r] = m.segments;
+            b->segment_bytes[1][r] = m.segment_bytes;
+            b->arenas[r] = m.arenas;
+            b->arena_bytes[r] = m.arena_bytes;
+            bool ok = true;
+            for (int p : connected(pg)) ok = ok && std::string(pg.channel_to(p)) == "shm";
+            b->kinds_ok[r] = ok ? 1 : 0;
+            // Not a barrier: its dissemination rounds would dial beyond the ring while a slower
+            // rank still counts.
+            co_await pg.all_reduce(v);
+        }));
+    for (int r = 0; r < n; ++r) {
+        CAPTURE(r);
+        CHECK(res.ranks[static_cast<std::size_t>(r)].ok());
+    }
+    return b;
+}
+
+}  // namespace
+
+TEST_CASE("64 process ranks on first use map two pair segments each, not 63") {
+    // The bound of shared memory per rank: the two ring neighbours' segments and the arena,
+    // counted in /proc/self/maps. The eager mesh of 8 ranks shows the count is the pairs'.
+    const long segment = static_cast<long>(cc::transport::detail::shm_segment::bytes_for(
+        cc::transport::engine_options{}.shm_ring_bytes));
+    SUBCASE("eager, 8 ranks: every pair") {
+        auto* b = map_job(8, "eager");
+        for (int r = 0; r < 8; ++r) {
+            CAPTURE(r);
+            CHECK(b->segments[0][r].load() == 7);
+            CHECK(b->segment_bytes[0][r].load() == 7 * segment);
+            CHECK(b->arenas[r].load() == 1);
+        }
+        ::munmap(b, sizeof(maps_board));
+    }
+    SUBCASE("on first use, 64 ranks: the ring") {
+        const int n = 64;
+        auto* b = map_job(n, "lazy");
+        long arena = b->arena_bytes[0];
+        for (int r = 0; r < n; ++r) {
+            CAPTURE(r);
+            CHECK(b->segments[0][r].load() == 2);
+            CHECK(b->segments[1][r].load() == 2);
+            CHECK(b->segment_bytes[1][r].load() == 2 * segment);
+            CHECK(b->arenas[r].load() == 1);
+            CHECK(b->arena_bytes[r].load() == arena);
+            CHECK(b->kinds_ok[r].load() == 1);
+        }
+        MESSAGE("per rank: 2 segments of ", segment, " bytes and an arena of ", arena, " bytes");
+        ::munmap(b, sizeof(maps_board));
+    }
 }

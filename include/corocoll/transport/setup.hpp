@@ -17,7 +17,7 @@
 //                    each one's nonce and answers on the unix socket.
 //   6. answers       the lower rank reads the answers; a pair both of whose ranks mapped the
 //                    segment uses shared memory.
-//   7. arena         (shm/setup.hpp) rank 0 hands the group's arena to every rank.
+//   7. arena         (shm/arena_setup.hpp) rank 0 hands the group's arena to every rank.
 //   8. channels      one `shm_channel` or `tcp_channel` per pair, each choice logged at INFO.
 //
 // Shared memory is decided by evidence, not hostnames; the segment handover itself (memfd,
@@ -29,6 +29,7 @@
 #include <corocoll/transport/channel.hpp>
 #include <corocoll/transport/options.hpp>
 #include <corocoll/transport/shm/arena.hpp>
+#include <corocoll/transport/shm/arena_setup.hpp>
 #include <corocoll/transport/shm/channel.hpp>
 #include <corocoll/transport/shm/setup.hpp>
 #include <corocoll/transport/tcp/channel.hpp>

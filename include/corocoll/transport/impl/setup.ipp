@@ -102,7 +102,7 @@ COROCOLL_DECL task<> offer_segments(io::reactor& r, std::vector<io::socket>& soc
     for (int q = rank + 1; q < size; ++q) {
         auto& pl = plan[slot(q)];
         shm_verdict v;
-        if (pl.candidate) {
+        if (pl.candidate && !pl.deferred) {
             try {
                 pl.nonce = fresh_nonce();
                 fd_guard memfd;
@@ -249,6 +249,10 @@ COROCOLL_DECL std::vector<std::unique_ptr<channel>> make_channels(
         if (p == rank) continue;
         auto& pl = plan[slot(p)];
         std::string pair = "rank " + std::to_string(rank) + " - rank " + std::to_string(p);
+        if (pl.deferred) {
+            COROCOLL_LOG(info, "INIT", pair, ": on first use (shm tried then)");
+            continue;
+        }
         if (!pl.shm) {
             if (mine == transport_choice::shm || info[slot(p)].choice == transport_choice::shm) {
                 if (pl.why.empty()) pl.why = "the segment could not be shared";
@@ -350,28 +354,39 @@ COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(
         }
     }
     auto plan = detail::plan_pairs(rank, size, me, info);
-    if (mo.lazy) {
-        // Then the pairs that may share memory (their set-up runs over the connection).
-        std::vector<bool> now(slot(size));
-        for (int p = 0; p < size; ++p) {
-            now[slot(p)] = plan[slot(p)].candidate && !socks[slot(p)].is_open();
-        }
-        auto more = co_await connect_pairs(r, store, rank, size, mo, tcp_listener, here, now);
-        for (int p = 0; p < size; ++p) {
-            if (more[slot(p)].is_open()) socks[slot(p)] = std::move(more[slot(p)]);
-        }
+    // Connections on first use: a pair on this host that set-up did not connect gets its
+    // segment when it connects (shm/first_use.hpp), so shared memory grows with the pairs that
+    // talk.
+    bool deferred_any = false;
+    for (int p = 0; p < size; ++p) {
+        auto& pl = plan[slot(p)];
+        pl.deferred = mo.lazy && pl.candidate && !socks[slot(p)].is_open();
+        deferred_any = deferred_any || pl.deferred;
     }
     std::uint64_t group = hash64(mo.group_name);
     co_await detail::offer_segments(r, socks, rank, size, info, plan, ring, group, mo);
     int offered = co_await detail::read_verdicts(socks, rank, plan, mo);
     co_await detail::take_segments(r, listener, rank, offered, plan, group, mo);
     co_await detail::read_answers(r, rank, size, plan, mo);
-    listener.reset();
     if (arena != nullptr) {
         co_await detail::share_arena(r, store, rank, size, mo, o.shm_arena_bytes,
                                      o.shm_arena_single_copy_bytes, hosts, plan, group, *arena);
     }
     auto channels = detail::make_channels(r, socks, rank, size, me.choice, info, plan, o);
+    std::unique_ptr<detail::first_use_shm> later;
+    if (deferred_any) {
+        detail::first_use_shm_options so;
+        so.ring_bytes = ring;
+        so.single_copy_bytes = o.shm_single_copy_bytes;
+        so.futex_wait = o.shm_futex_wait;
+        so.group = group;
+        so.mine = me.choice;
+        std::vector<bool> deferred(slot(size));
+        for (int p = 0; p < size; ++p) deferred[slot(p)] = plan[slot(p)].deferred;
+        later = std::make_unique<detail::first_use_shm>(r, rank, so, std::move(info),
+                                                        std::move(deferred), std::move(listener));
+    }
+    listener.reset();
     if (mo.lazy) {
         // Where the others listen, in one store round trip: read now, while set-up's keys are
         // in the store.
@@ -392,6 +407,7 @@ COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(
         }
         *lazy = std::make_unique<lazy_mesh>(r, rank, size, mo, std::move(tcp_listener), here,
                                             std::move(addresses), o.same_host_send_buffer);
+        if (later) (*lazy)->share_memory(std::move(later));
     }
     co_return channels;
 }

@@ -9,7 +9,7 @@
 // finds the nonce in it, and says so on the unix socket. Only then do both use shared memory;
 // every other outcome leaves them on TCP, with the reason logged at INFO. The segment is a
 // memfd: nothing is named in /dev/shm, and it is gone once both ranks have unmapped it or
-// died. Rank 0 hands the group's arena (shm/arena.hpp) to the others the same way.
+// died. The group's arena goes to the others the same way (shm/arena_setup.hpp).
 
 #include <corocoll/core/error.hpp>
 #include <corocoll/core/log.hpp>
@@ -19,7 +19,6 @@
 #include <corocoll/rendezvous/store.hpp>
 #include <corocoll/transport/channel.hpp>
 #include <corocoll/transport/frame.hpp>
-#include <corocoll/transport/shm/arena.hpp>
 #include <corocoll/transport/shm/segment.hpp>
 #include <corocoll/transport/tcp/mesh.hpp>
 #include <corocoll/version.hpp>
@@ -140,15 +139,6 @@ COROCOLL_DECL mapping map_shared(int fd, std::uint64_t bytes, std::size_t least,
 // A fresh segment of two rings of `ring_bytes`, with `nonce` in it.
 COROCOLL_DECL mapping create_segment(std::size_t ring_bytes, std::uint64_t nonce, fd_guard& memfd);
 
-// A fresh arena for `ranks` ranks with data sets of `set_bytes`, with `nonce`, the
-// group's `single_copy_from` (see shm_arena::single_copy) and this core's L2 (`l2_bytes`) in it.
-COROCOLL_DECL mapping create_arena(int ranks, std::size_t set_bytes, std::uint64_t nonce,
-                                   std::size_t single_copy_from, std::size_t l2_bytes,
-                                   fd_guard& memfd);
-
-// Maps the arena rank 0 passed; empty with `why` when it is not what `intro` says.
-COROCOLL_DECL mapping map_arena(int fd, const shm_intro& intro, int ranks, std::string& why);
-
 // Maps the segment the lower rank passed; empty with `why` when it is not what it should be.
 COROCOLL_DECL mapping map_segment(int fd, const shm_intro& intro, std::uint64_t nonce,
                                   std::string& why);
@@ -195,17 +185,10 @@ struct pair_plan {
     fd_guard sock;
     std::uint64_t nonce = 0;
     bool shm = false;
+    // A candidate that set-up leaves unconnected (connections on first use): its segment comes
+    // when the pair first connects.
+    bool deferred = false;
 };
-
-// The arena's hand-over, on the pairs' unix sockets before the channels take them: rank 0
-// offers it to every rank (or says it has none) when every rank is on this host and all its
-// pairs share memory; a rank takes it when all its own pairs do too.
-COROCOLL_DECL task<> share_arena(io::reactor& r, rendezvous::store& store, int rank, int size,
-                                 const mesh_options& mo, std::size_t arena_bytes,
-                                 std::size_t arena_single_copy_bytes,
-                                 const std::vector<std::string>* hosts,
-                                 std::vector<pair_plan>& plan, std::uint64_t group,
-                                 std::unique_ptr<shm_arena>& arena);
 
 }  // namespace detail
 

@@ -10,6 +10,7 @@
 #include <corocoll/io/reactor.hpp>
 #include <corocoll/io/socket.hpp>
 #include <corocoll/transport/channel.hpp>
+#include <corocoll/transport/shm/first_use.hpp>
 #include <corocoll/transport/tcp/mesh.hpp>
 #include <corocoll/version.hpp>
 
@@ -46,11 +47,18 @@ public:
           addresses_(std::move(addresses)),
           send_buffer_(same_host_send_buffer) {}
 
+    /// Pairs on this host that set-up left unconnected get a shared segment when they connect
+    /// (`shm`'s pairs), their connection carrying its hand-over.
+    void share_memory(std::unique_ptr<detail::first_use_shm> shm) noexcept {
+        shm_ = std::move(shm);
+    }
+
     /// Where rank `p` listens, as it published it.
     const std::string& address_of(int p) const { return addresses_[static_cast<std::size_t>(p)]; }
 
     /// Dials rank `p` and runs the handshake (by `deadline`, the handshake within the hello
-    /// timeout too): its channel when `p` took the connection, null when `p` refused it because
+    /// timeout too) and, for a pair that may share memory, the segment's hand-over: its
+    /// channel when `p` took the connection, null when `p` refused it because
     /// its own connection to this rank wins. Throws when `p` cannot be reached (nobody listens
     /// there: the rank is gone) or answers wrongly, naming `p` and its address.
     COROCOLL_DECL task<std::unique_ptr<channel>> dial(int p, time_point deadline,
@@ -83,6 +91,7 @@ private:
     std::string here_;
     std::vector<std::string> addresses_;
     std::size_t send_buffer_;
+    std::unique_ptr<detail::first_use_shm> shm_;
 };
 
 }  // namespace transport

@@ -123,35 +123,6 @@ COROCOLL_DECL mapping create_segment(std::size_t ring_bytes, std::uint64_t nonce
     return m;
 }
 
-COROCOLL_DECL mapping create_arena(int ranks, std::size_t set_bytes, std::uint64_t nonce,
-                                   std::size_t single_copy_from, std::size_t l2_bytes,
-                                   fd_guard& memfd) {
-    mapping m =
-        create_shared("corocoll-arena", shm_arena::bytes_for(ranks, set_bytes), "arena", memfd);
-    auto* h = new (m.addr) arena_header;
-    h->probe = nonce;
-    h->ranks = static_cast<std::uint64_t>(ranks);
-    h->set_bytes = set_bytes;
-    h->single_copy_from = single_copy_from;
-    h->l2_bytes = l2_bytes;
-    auto* lines = reinterpret_cast<arena_line*>(static_cast<std::byte*>(m.addr) + 128);
-    for (int k = 0; k < ranks; ++k) new (&lines[k]) arena_line;
-    return m;
-}
-
-COROCOLL_DECL mapping map_arena(int fd, const shm_intro& intro, int ranks, std::string& why) {
-    mapping m = map_shared(fd, intro.map_bytes, shm_arena::data_offset(ranks), "arena", why);
-    if (m.addr == nullptr) return m;
-    const auto* h = static_cast<const arena_header*>(m.addr);
-    if (h->magic != arena_magic || h->probe != intro.nonce ||
-        h->ranks != static_cast<std::uint64_t>(ranks) ||
-        shm_arena::bytes_for(ranks, h->set_bytes) != intro.map_bytes) {
-        why = "the mapped arena does not hold what rank 0 sent (not the same memory)";
-        return {};
-    }
-    return m;
-}
-
 COROCOLL_DECL mapping map_segment(int fd, const shm_intro& intro, std::uint64_t nonce,
                                   std::string& why) {
     mapping m = map_shared(fd, intro.map_bytes, shm_segment::data_offset, "segment", why);
@@ -245,83 +216,6 @@ COROCOLL_DECL task<bool> unix_exchange(io::reactor& r, int fd, void* data, std::
 }
 
 }  // namespace detail
-}  // namespace transport
-
-namespace transport {
-namespace detail {
-
-COROCOLL_DECL task<> share_arena(io::reactor& r, rendezvous::store& store, int rank, int size,
-                                 const mesh_options& mo, std::size_t arena_bytes,
-                                 std::size_t arena_single_copy_bytes,
-                                 const std::vector<std::string>* hosts,
-                                 std::vector<pair_plan>& plan, std::uint64_t group,
-                                 std::unique_ptr<shm_arena>& arena) {
-    auto at = [](int p) { return static_cast<std::size_t>(p); };
-    bool one_host = hosts != nullptr && arena_bytes > 0;
-    bool all_shm = true;
-    for (int p = 0; p < size; ++p) {
-        if (hosts != nullptr && (*hosts)[at(p)] != (*hosts)[0]) one_host = false;
-        if (p != rank && !plan[at(p)].shm) all_shm = false;
-    }
-    if (!one_host) co_return;
-    std::string why;
-    mapping map;
-    if (rank == 0) {
-        fd_guard memfd;
-        shm_intro intro;
-        intro.group = group;
-        intro.rank = 0;
-        if (all_shm) {
-            intro.nonce = fresh_nonce();
-            std::size_t set = (arena_bytes + 4095) & ~std::size_t{4095};
-            try {
-                std::size_t single = arena_single_copy_bytes;
-                if (single == ~std::size_t{0}) single = size == 2 ? std::size_t{16} << 10 : 0;
-                map = create_arena(size, set, intro.nonce, single, machine_cache_sizes().l2, memfd);
-                intro.map_bytes = map.bytes;
-            } catch (const std::system_error& e) {
-                why = e.what();
-            }
-        }
-        for (int q = 1; q < size; ++q) {
-            if (plan[at(q)].shm) send_intro(plan[at(q)].sock.fd, memfd.fd, intro);
-        }
-    } else if (plan[0].shm) {
-        shm_intro intro;
-        fd_guard memfd;
-        co_await r.poll(plan[0].sock.fd, POLLIN, io::op_options(mo.deadline, mo.stop));
-        if (!recv_intro(plan[0].sock.fd, intro, memfd)) {
-            why = intro.map_bytes == 0 ? "rank 0 has no arena to share"
-                                       : "rank 0's arena came without its descriptor";
-        } else if (intro.group != group) {
-            why = "rank 0's arena is another group's";
-        } else {
-            map = map_arena(memfd.fd, intro, size, why);
-        }
-    } else {
-        why = "no shared memory with rank 0";
-    }
-    if (map.addr == nullptr || !all_shm) {
-        COROCOLL_LOG(info, "INIT", "rank ", rank, ": no shared-memory arena (",
-                     !all_shm ? std::string("not every pair shares memory") : why, ")");
-        co_return;
-    }
-    arena = std::make_unique<shm_arena>(map.addr, map.bytes, rank);
-    map.addr = nullptr;  // the arena owns it now
-    // Whether this rank may read every other's memory (its pairs' probes, process_vm_readv):
-    // single copies in the arena need every rank to (counted in "mesh/arena_reads").
-    bool reads_all = true;
-    for (int p = 0; p < size; ++p) {
-        if (p == rank) continue;
-        const auto* seg = static_cast<const shm_segment*>(plan[at(p)].map.addr);
-        if (seg == nullptr || seg->can_read_peer[p < rank ? 1 : 0].load() == 0) reads_all = false;
-    }
-    if (reads_all) co_await store.add("mesh/arena_reads", 1);
-    co_await store.add("mesh/arena", 1);
-}
-
-}  // namespace detail
-
 }  // namespace transport
 
 COROCOLL_END_NAMESPACE

@@ -27,11 +27,14 @@ COROCOLL_DECL task<std::unique_ptr<channel>> lazy_mesh::dial(int p, time_point d
     o.hello_timeout = std::chrono::hours(24 * 365);
     std::uint8_t verdict = 0;
     io::socket s;
+    std::unique_ptr<channel> shared;
     try {
         io::endpoint where = io::endpoint::parse(address);
         s = co_await io::socket::connect(reactor_, where, io::op_options(deadline, stop));
         co_await detail::connector_handshake(s, rank_, p, size_, o, address, stop);
         co_await s.recv(detail::bytes_of(verdict), io::op_options(detail::hello_deadline(o), stop));
+        if (verdict == detail::verdict_take && shm_ && shm_->may_share(p))
+            shared = co_await shm_->share(s, p, deadline, stop);
     } catch (const std::system_error& e) {
         corocoll::detail::throw_error(e.code(),
                                       "connecting to rank " + std::to_string(p) + " at " + address +
@@ -46,6 +49,7 @@ COROCOLL_DECL task<std::unique_ptr<channel>> lazy_mesh::dial(int p, time_point d
     }
     COROCOLL_LOG(info, "P2P", "rank ", rank_, " connected to rank ", p, " at ", address,
                  " on first use");
+    if (shared) co_return shared;
     co_return tcp_channel::make(std::move(s), send_buffer_);
 }
 
@@ -63,6 +67,11 @@ COROCOLL_DECL task<std::unique_ptr<channel>> lazy_mesh::answer(io::socket s, int
     if (!take) co_return nullptr;
     COROCOLL_LOG(info, "P2P", "rank ", rank_, " took the connection of rank ", p, " (",
                  s.peer().to_string(), ") on its first use");
+    if (shm_ && shm_->may_share(p)) {
+        auto shared =
+            co_await shm_->share(s, p, io::deadline_after(options_.hello_timeout), std::move(stop));
+        if (shared) co_return shared;
+    }
     co_return tcp_channel::make(std::move(s), send_buffer_);
 }
 

@@ -1,0 +1,54 @@
+#pragma once
+
+// Handing the group's arena (shm/arena.hpp) to every rank at set-up, after the pairs' segments
+// (phase 7 of transport/setup.hpp): rank 0 creates it as a memfd and passes its descriptor on
+// the pairs' unix sockets (shm/setup.hpp), each rank maps it and checks the nonce in it.
+
+#include <corocoll/core/task.hpp>
+#include <corocoll/io/reactor.hpp>
+#include <corocoll/rendezvous/store.hpp>
+#include <corocoll/transport/shm/arena.hpp>
+#include <corocoll/transport/shm/setup.hpp>
+#include <corocoll/transport/tcp/mesh.hpp>
+#include <corocoll/version.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport {
+namespace detail {
+
+// A fresh arena for `ranks` ranks with data sets of `set_bytes`, with `nonce`, the
+// group's `single_copy_from` (see shm_arena::single_copy) and this core's L2 (`l2_bytes`) in it.
+COROCOLL_DECL mapping create_arena(int ranks, std::size_t set_bytes, std::uint64_t nonce,
+                                   std::size_t single_copy_from, std::size_t l2_bytes,
+                                   fd_guard& memfd);
+
+// Maps the arena rank 0 passed; empty with `why` when it is not what `intro` says.
+COROCOLL_DECL mapping map_arena(int fd, const shm_intro& intro, int ranks, std::string& why);
+
+// The arena's hand-over, on the pairs' unix sockets before the channels take them: rank 0
+// offers it to every rank (or says it has none) when every rank is on this host and all its
+// pairs share memory; a rank takes it when all its own pairs do too. Where connections open on
+// first use (`mo.lazy`), only ring neighbours have a unix socket at set-up: each rank passes
+// what it got to the next, and a pair left for first use counts as sharing memory.
+COROCOLL_DECL task<> share_arena(io::reactor& r, rendezvous::store& store, int rank, int size,
+                                 const mesh_options& mo, std::size_t arena_bytes,
+                                 std::size_t arena_single_copy_bytes,
+                                 const std::vector<std::string>* hosts,
+                                 std::vector<pair_plan>& plan, std::uint64_t group,
+                                 std::unique_ptr<shm_arena>& arena);
+
+}  // namespace detail
+}  // namespace transport
+
+COROCOLL_END_NAMESPACE
+
+#if COROCOLL_DEFINE_BODIES
+#include <corocoll/transport/shm/impl/arena_setup.ipp>
+#endif

@@ -1,0 +1,127 @@
+// The bodies of <corocoll/transport/shm/arena_setup.hpp>: inline where corocoll is
+// header-only, compiled once in separate compilation (version.hpp).
+#pragma once
+
+#include <corocoll/transport/shm/arena_setup.hpp>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport {
+namespace detail {
+
+COROCOLL_DECL mapping create_arena(int ranks, std::size_t set_bytes, std::uint64_t nonce,
+                                   std::size_t single_copy_from, std::size_t l2_bytes,
+                                   fd_guard& memfd) {
+    mapping m =
+        create_shared("corocoll-arena", shm_arena::bytes_for(ranks, set_bytes), "arena", memfd);
+    auto* h = new (m.addr) arena_header;
+    h->probe = nonce;
+    h->ranks = static_cast<std::uint64_t>(ranks);
+    h->set_bytes = set_bytes;
+    h->single_copy_from = single_copy_from;
+    h->l2_bytes = l2_bytes;
+    auto* lines = reinterpret_cast<arena_line*>(static_cast<std::byte*>(m.addr) + 128);
+    for (int k = 0; k < ranks; ++k) new (&lines[k]) arena_line;
+    return m;
+}
+
+COROCOLL_DECL mapping map_arena(int fd, const shm_intro& intro, int ranks, std::string& why) {
+    mapping m = map_shared(fd, intro.map_bytes, shm_arena::data_offset(ranks), "arena", why);
+    if (m.addr == nullptr) return m;
+    const auto* h = static_cast<const arena_header*>(m.addr);
+    if (h->magic != arena_magic || h->probe != intro.nonce ||
+        h->ranks != static_cast<std::uint64_t>(ranks) ||
+        shm_arena::bytes_for(ranks, h->set_bytes) != intro.map_bytes) {
+        why = "the mapped arena does not hold what rank 0 sent (not the same memory)";
+        return {};
+    }
+    return m;
+}
+
+COROCOLL_DECL task<> share_arena(io::reactor& r, rendezvous::store& store, int rank, int size,
+                                 const mesh_options& mo, std::size_t arena_bytes,
+                                 std::size_t arena_single_copy_bytes,
+                                 const std::vector<std::string>* hosts,
+                                 std::vector<pair_plan>& plan, std::uint64_t group,
+                                 std::unique_ptr<shm_arena>& arena) {
+    auto at = [](int p) { return static_cast<std::size_t>(p); };
+    bool one_host = hosts != nullptr && arena_bytes > 0;
+    bool all_shm = true;
+    // Connections on first use: set-up gave segments only to ring neighbours, so the arena goes
+    // around the ring (rank 0 to 1, 1 to 2, ...) instead of from rank 0 to every rank.
+    bool around = mo.lazy;
+    for (int p = 0; p < size; ++p) {
+        if (hosts != nullptr && (*hosts)[at(p)] != (*hosts)[0]) one_host = false;
+        if (p != rank && !plan[at(p)].shm && !plan[at(p)].deferred) all_shm = false;
+    }
+    if (!one_host) co_return;
+    std::string why;
+    mapping map;
+    fd_guard memfd;
+    shm_intro intro;
+    intro.group = group;
+    intro.rank = 0;
+    int from = around ? rank - 1 : 0;
+    if (rank == 0) {
+        if (all_shm) {
+            intro.nonce = fresh_nonce();
+            std::size_t set = (arena_bytes + 4095) & ~std::size_t{4095};
+            try {
+                std::size_t single = arena_single_copy_bytes;
+                if (single == ~std::size_t{0}) single = size == 2 ? std::size_t{16} << 10 : 0;
+                map = create_arena(size, set, intro.nonce, single, machine_cache_sizes().l2, memfd);
+                intro.map_bytes = map.bytes;
+            } catch (const std::system_error& e) {
+                why = e.what();
+            }
+        }
+    } else if (plan[at(from)].shm) {
+        co_await r.poll(plan[at(from)].sock.fd, POLLIN, io::op_options(mo.deadline, mo.stop));
+        if (!recv_intro(plan[at(from)].sock.fd, intro, memfd)) {
+            why = intro.map_bytes == 0 ? "rank 0 has no arena to share"
+                                       : "rank 0's arena came without its descriptor";
+            memfd.reset();
+            intro = shm_intro{};
+            intro.group = group;
+        } else if (intro.group != group) {
+            why = "rank 0's arena is another group's";
+            memfd.reset();
+            intro = shm_intro{};
+            intro.group = group;
+        } else {
+            map = map_arena(memfd.fd, intro, size, why);
+        }
+    } else {
+        why = "no shared memory with rank " + std::to_string(from);
+    }
+    // Passed on: rank 0 to every rank, or each rank to the next around the ring (what it got,
+    // or word that there is none, so that nobody waits for it).
+    for (int q = around ? rank + 1 : 1; q < size && (around || rank == 0); ++q) {
+        if (plan[at(q)].shm) send_intro(plan[at(q)].sock.fd, memfd.fd, intro);
+        if (around) break;
+    }
+    if (map.addr == nullptr || !all_shm) {
+        COROCOLL_LOG(info, "INIT", "rank ", rank, ": no shared-memory arena (",
+                     !all_shm ? std::string("not every pair shares memory") : why, ")");
+        co_return;
+    }
+    arena = std::make_unique<shm_arena>(map.addr, map.bytes, rank);
+    map.addr = nullptr;  // the arena owns it now
+    // Whether this rank may read every other's memory (its pairs' probes, process_vm_readv):
+    // single copies in the arena need every rank to (counted in "mesh/arena_reads").
+    bool reads_all = true;
+    for (int p = 0; p < size; ++p) {
+        if (p == rank) continue;
+        // A pair that connects on first use has no probe yet: the ring neighbours' stand for it.
+        if (plan[at(p)].deferred) continue;
+        const auto* seg = static_cast<const shm_segment*>(plan[at(p)].map.addr);
+        if (seg == nullptr || seg->can_read_peer[p < rank ? 1 : 0].load() == 0) reads_all = false;
+    }
+    if (reads_all) co_await store.add("mesh/arena_reads", 1);
+    co_await store.add("mesh/arena", 1);
+}
+
+}  // namespace detail
+}  // namespace transport
+
+COROCOLL_END_NAMESPACE

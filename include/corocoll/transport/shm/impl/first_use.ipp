@@ -1,0 +1,181 @@
+// The bodies of <corocoll/transport/shm/first_use.hpp>: inline where corocoll is header-only,
+// compiled once in separate compilation (version.hpp).
+#pragma once
+
+#include <corocoll/transport/shm/channel.hpp>
+#include <corocoll/transport/shm/first_use.hpp>
+
+COROCOLL_BEGIN_NAMESPACE
+
+namespace transport {
+namespace detail {
+
+COROCOLL_DECL task<std::unique_ptr<channel>> first_use_shm::share(io::socket& s, int p,
+                                                                  time_point deadline,
+                                                                  std::stop_token stop) {
+    // The lower rank of the pair offers, whichever of the two dialled.
+    if (rank_ < p) co_return co_await offer(s, p, deadline, std::move(stop));
+    co_return co_await take(s, p, deadline, std::move(stop));
+}
+
+COROCOLL_DECL std::unique_ptr<channel> first_use_shm::stay_on_tcp(int p,
+                                                                  const std::string& why) const {
+    std::string pair = "rank " + std::to_string(rank_) + " - rank " + std::to_string(p);
+    if (options_.mine == transport_choice::shm ||
+        info_[static_cast<std::size_t>(p)].choice == transport_choice::shm) {
+        corocoll::detail::throw_error(
+            std::make_error_code(std::errc::operation_not_supported),
+            "corocoll: first use of " + pair +
+                ": no shared memory, which COROCOLL_TRANSPORT=shm asks for: " + why);
+    }
+    COROCOLL_LOG(info, "P2P", pair, ": tcp on first use (", why, ")");
+    return nullptr;
+}
+
+COROCOLL_DECL task<std::unique_ptr<channel>> first_use_shm::offer(io::socket& s, int p,
+                                                                  time_point deadline,
+                                                                  std::stop_token stop) {
+    shm_verdict v;
+    std::string why;
+    mapping map;
+    fd_guard sock;
+    try {
+        v.nonce = fresh_nonce();
+        fd_guard memfd;
+        map = create_segment(options_.ring_bytes, v.nonce, memfd);
+        sock = co_await connect_abstract(reactor_, info_[static_cast<std::size_t>(p)].socket_name,
+                                         deadline, why);
+        if (sock.fd >= 0) {
+            shm_intro intro;
+            intro.group = options_.group;
+            intro.nonce = v.nonce;
+            intro.map_bytes = map.bytes;
+            intro.address = reinterpret_cast<std::uintptr_t>(map.addr);
+            intro.rank = static_cast<std::uint32_t>(rank_);
+            send_intro(sock.fd, memfd.fd, intro);
+            v.offered = offered;
+        } else {
+            v.offered = unreachable;
+        }
+    } catch (const std::system_error& e) {
+        why = e.what();
+        v.offered = offer_failed;
+    }
+    co_await s.send(bytes_of(v), io::op_options(deadline, stop));
+    if (v.offered != offered) co_return stay_on_tcp(p, why);
+    shm_reply reply;
+    if (!co_await unix_exchange(reactor_, sock.fd, &reply, sizeof(reply), false, deadline) ||
+        reply.mapped != 1) {
+        co_return stay_on_tcp(p, "rank " + std::to_string(p) + " could not map the segment");
+    }
+    auto* seg = static_cast<shm_segment*>(map.addr);
+    seg->can_read_peer[0].store(can_read(seg->pid[1], reply.address, v.nonce) ? 1 : 0);
+    auto ch = std::make_unique<shm_channel>(reactor_, 0, map.addr, map.bytes, sock.release(),
+                                            options_.single_copy_bytes, options_.futex_wait);
+    map.addr = nullptr;  // the channel owns it now
+    COROCOLL_LOG(info, "P2P", "rank ", rank_, " - rank ", p,
+                 ": shm on first use (one segment mapped by both; sleeps on a ", ch->sleeps_on(),
+                 ")");
+    co_return ch;
+}
+
+COROCOLL_DECL task<std::unique_ptr<channel>> first_use_shm::take(io::socket& s, int p,
+                                                                 time_point deadline,
+                                                                 std::stop_token stop) {
+    shm_verdict v;
+    co_await s.recv(bytes_of(v), io::op_options(deadline, stop));
+    if (v.magic != shm_verdict{}.magic) {
+        corocoll::detail::throw_error(corocoll::errc::protocol_error,
+                                      "corocoll: first use of rank " + std::to_string(rank_) +
+                                          " - rank " + std::to_string(p) + ": rank " +
+                                          std::to_string(p) + " sent no channel verdict");
+    }
+    if (v.offered != offered) co_return stay_on_tcp(p, verdict_text(v.offered, p));
+    arrival a = co_await arrival_of(p, v.nonce, deadline);
+    std::string why;
+    mapping map = map_segment(a.memfd.fd, a.intro, v.nonce, why);
+    shm_reply reply;
+    if (map.addr != nullptr) {
+        auto* seg = static_cast<shm_segment*>(map.addr);
+        seg->pid[1] = static_cast<std::int32_t>(::getpid());
+        seg->can_read_peer[1].store(can_read(seg->pid[0], a.intro.address, v.nonce) ? 1 : 0);
+        reply.mapped = 1;
+        reply.address = reinterpret_cast<std::uintptr_t>(map.addr);
+    }
+    if (!co_await unix_exchange(reactor_, a.conn.fd, &reply, sizeof(reply), true, deadline)) {
+        corocoll::detail::throw_error(corocoll::errc::connection_closed,
+                                      "corocoll: first use of rank " + std::to_string(rank_) +
+                                          " - rank " + std::to_string(p) + ": rank " +
+                                          std::to_string(p) + " left while handing a segment over");
+    }
+    if (map.addr == nullptr) co_return stay_on_tcp(p, why);
+    auto ch = std::make_unique<shm_channel>(reactor_, 1, map.addr, map.bytes, a.conn.release(),
+                                            options_.single_copy_bytes, options_.futex_wait);
+    map.addr = nullptr;  // the channel owns it now
+    co_return ch;
+}
+
+COROCOLL_DECL void first_use_shm::gather_arrivals() {
+    for (;;) {
+        fd_guard conn(::accept4(listener_.fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+        if (conn.fd < 0) break;
+        arrival a;
+        a.conn = std::move(conn);
+        a.since = std::chrono::steady_clock::now();
+        arrivals_.push_back(std::move(a));
+    }
+    auto now = std::chrono::steady_clock::now();
+    for (std::size_t i = 0; i < arrivals_.size();) {
+        auto& a = arrivals_[i];
+        bool drop = false;
+        if (!a.read) {
+            pollfd pf{a.conn.fd, POLLIN, 0};
+            if (::poll(&pf, 1, 0) == 1) {
+                a.read = recv_intro(a.conn.fd, a.intro, a.memfd) && a.intro.group == options_.group;
+                drop = !a.read;
+            }
+        }
+        // A connection that says nothing for a few seconds, or whose intro nobody claims for a
+        // minute (its rank's handshake failed), is a stray.
+        auto patience = a.read ? std::chrono::seconds(60) : std::chrono::seconds(5);
+        if (drop || now - a.since > patience) {
+            COROCOLL_LOG(warn, "P2P", "rank ", rank_,
+                         " drops a stray connection to its unix socket");
+            arrivals_.erase(arrivals_.begin() + static_cast<std::ptrdiff_t>(i));
+            continue;
+        }
+        ++i;
+    }
+}
+
+COROCOLL_DECL task<first_use_shm::arrival> first_use_shm::arrival_of(int p, std::uint64_t nonce,
+                                                                     time_point deadline) {
+    // The lower rank connected and sent its intro before it told the nonce over TCP, but
+    // several pairs may hand segments over at once: each waiter takes its own from the arrivals
+    // that any of them accepted.
+    for (;;) {
+        gather_arrivals();
+        for (std::size_t i = 0; i < arrivals_.size(); ++i) {
+            auto& a = arrivals_[i];
+            if (a.read && a.intro.rank == static_cast<std::uint32_t>(p) && a.intro.nonce == nonce) {
+                arrival out = std::move(a);
+                arrivals_.erase(arrivals_.begin() + static_cast<std::ptrdiff_t>(i));
+                co_return out;
+            }
+        }
+        if (std::chrono::steady_clock::now() >= deadline) {
+            corocoll::detail::throw_error(
+                std::make_error_code(std::errc::timed_out),
+                "corocoll: first use of rank " + std::to_string(rank_) + " - rank " +
+                    std::to_string(p) + ": rank " + std::to_string(p) +
+                    "'s shared-memory segment did not reach this rank's unix socket by the "
+                    "deadline");
+        }
+        co_await reactor_.sleep_for(std::chrono::milliseconds(1));
+    }
+}
+
+}  // namespace detail
+}  // namespace transport
+
+COROCOLL_END_NAMESPACE
