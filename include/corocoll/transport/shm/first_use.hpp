@@ -89,8 +89,10 @@ private:
                                                        std::stop_token stop);
     COROCOLL_DECL task<std::unique_ptr<channel>> take(io::socket& s, int p, time_point deadline,
                                                       std::stop_token stop);
-    // The arrival with rank `p`'s intro and `nonce`, taken out of those seen; waits for it.
-    COROCOLL_DECL task<arrival> arrival_of(int p, std::uint64_t nonce, time_point deadline);
+    // The arrival with rank `p`'s intro and `nonce`, taken out of those seen; waits for it
+    // until `deadline` or `stop`.
+    COROCOLL_DECL task<arrival> arrival_of(int p, std::uint64_t nonce, time_point deadline,
+                                           std::stop_token stop);
     // Accepts what waits on the listener and reads the intros that came.
     COROCOLL_DECL void gather_arrivals();
     // Null, with the reason logged; throws where shared memory was required.

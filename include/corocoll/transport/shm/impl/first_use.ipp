@@ -91,7 +91,7 @@ COROCOLL_DECL task<std::unique_ptr<channel>> first_use_shm::take(io::socket& s, 
                                           std::to_string(p) + " sent no channel verdict");
     }
     if (v.offered != offered) co_return stay_on_tcp(p, verdict_text(v.offered, p));
-    arrival a = co_await arrival_of(p, v.nonce, deadline);
+    arrival a = co_await arrival_of(p, v.nonce, deadline, stop);
     std::string why;
     mapping map = map_segment(a.memfd.fd, a.intro, v.nonce, why);
     shm_reply reply;
@@ -149,7 +149,8 @@ COROCOLL_DECL void first_use_shm::gather_arrivals() {
 }
 
 COROCOLL_DECL task<first_use_shm::arrival> first_use_shm::arrival_of(int p, std::uint64_t nonce,
-                                                                     time_point deadline) {
+                                                                     time_point deadline,
+                                                                     std::stop_token stop) {
     // The lower rank connected and sent its intro before it told the nonce over TCP, but
     // several pairs may hand segments over at once: each waiter takes its own from the arrivals
     // that any of them accepted.
@@ -162,6 +163,12 @@ COROCOLL_DECL task<first_use_shm::arrival> first_use_shm::arrival_of(int p, std:
                 arrivals_.erase(arrivals_.begin() + static_cast<std::ptrdiff_t>(i));
                 co_return out;
             }
+        }
+        if (stop.stop_requested()) {
+            corocoll::detail::throw_error(std::make_error_code(std::errc::operation_canceled),
+                                          "corocoll: first use of rank " + std::to_string(rank_) +
+                                              " - rank " + std::to_string(p) +
+                                              ": stopped while waiting for its segment");
         }
         if (std::chrono::steady_clock::now() >= deadline) {
             corocoll::detail::throw_error(
