@@ -385,8 +385,9 @@ COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(
         for (int p = 0; p < size; ++p) deferred[slot(p)] = plan[slot(p)].deferred;
         later = std::make_unique<detail::first_use_shm>(r, rank, so, std::move(info),
                                                         std::move(deferred), std::move(listener));
+    } else {
+        listener.reset();
     }
-    listener.reset();
     if (mo.lazy) {
         // Where the others listen, in one store round trip: read now, while set-up's keys are
         // in the store.

@@ -63,7 +63,7 @@ COROCOLL_DECL task<std::unique_ptr<channel>> lazy_mesh::answer(io::socket s, int
                                                                std::stop_token stop) {
     std::uint8_t verdict = take ? detail::verdict_take : detail::verdict_refuse;
     co_await s.send(detail::bytes_of(verdict),
-                    io::op_options(io::deadline_after(options_.hello_timeout), std::move(stop)));
+                    io::op_options(io::deadline_after(options_.hello_timeout), stop));
     if (!take) co_return nullptr;
     COROCOLL_LOG(info, "P2P", "rank ", rank_, " took the connection of rank ", p, " (",
                  s.peer().to_string(), ") on its first use");
