@@ -150,25 +150,35 @@ def openmpi_job(a, perf_args, timeout=900):
         hostfile.write_text("".join(f"{address(i)} slots={a.per_host}\n"
                                     for i in range(a.hosts)))
         # The launch agent: Open MPI calls it as `agent [options] HOST COMMAND...`; it runs the
-        # command inside that host's namespace instead of over ssh.
+        # command inside that host's network namespace instead of over ssh, with a host name of
+        # its own (a UTS namespace: Open MPI tells nodes apart by name).
         agent = Path(tmp) / "netns_rsh"
         cases = "".join(f'        {address(i)}) ns={host_ns(i)} ;;\n' for i in range(a.hosts))
         agent.write_text("#!/bin/bash\nwhile [[ $1 == -* ]]; do shift; done\nhost=$1; shift\n"
                          f"case $host in\n{cases}        *) echo \"no host $host\" >&2; exit 1 ;;\n"
-                         "esac\nexec ip netns exec \"$ns\" /bin/sh -c \"$*\"\n")
+                         "esac\nexec ip netns exec \"$ns\" unshare --uts /bin/sh -c "
+                         "\"hostname $ns; $*\"\n")
         agent.chmod(0o755)
-        argv = ["ip", "netns", "exec", host_ns(0), "mpirun.openmpi", "--allow-run-as-root",
+        argv = ["ip", "netns", "exec", host_ns(0), "unshare", "--uts", "sh", "-c",
+                f'hostname {TAG}mpirun; exec "$@"', "sh", "mpirun.openmpi", "--allow-run-as-root",
                 "--oversubscribe", "--bind-to", "none", "-np", str(a.hosts * a.per_host),
                 "--hostfile", str(hostfile), "--mca", "plm_rsh_agent", str(agent),
                 "--mca", "pml", "ob1", "--mca", "btl", "tcp,vader,self",
                 "--mca", "btl_tcp_if_include", "198.18.1.0/24",
                 "--mca", "oob_tcp_if_include", "198.18.1.0/24", str(exe), *perf_args]
-        r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           timeout=timeout, env=clean_env())
-        if r.returncode != 0:
-            raise RuntimeError(f"mpirun.openmpi exited {r.returncode}: "
-                               f"{(r.stderr or r.stdout).strip().splitlines()[-1:]}")
-        return rows_of(r.stdout)
+        # mpi_perf takes one collective at a time.
+        found = []
+        for op in OPS.split(","):
+            r = subprocess.run([*argv, "--coll", op], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, timeout=timeout,
+                               env=clean_env())
+            if r.returncode != 0:
+                said = [x for x in (r.stderr + r.stdout).splitlines()
+                        if x.strip() and not x.startswith("---")]
+                raise RuntimeError(f"mpirun.openmpi ({op}) exited {r.returncode}: "
+                                   f"{' / '.join(said[-3:])}")
+            found += rows_of(r.stdout)
+        return found
 
 
 def main():
@@ -208,7 +218,7 @@ def main():
                                       *perf_args])
         ours = rows_of("".join(outs))
         try:
-            theirs = openmpi_job(a, perf_args)
+            theirs = openmpi_job(a, [x for x in perf_args if x != OPS and x != "--coll"])
             mpi_note = ""
         except (RuntimeError, subprocess.TimeoutExpired, subprocess.CalledProcessError) as e:
             theirs, mpi_note = [], str(e).splitlines()[0][:200]
