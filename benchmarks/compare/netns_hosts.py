@@ -256,7 +256,7 @@ def main():
         q = peer.get((r["op"], r["size"]))
         wrong = "" if r["wrong"] == 0 else f" ({r['wrong']} wrong)"
         mpi = f"{q['time_us']:,.1f}" if q else "–"
-        ratio = f"{r['time_us'] / q['time_us']:.2f}" if q and q["time_us"] > 0 else "–"
+        ratio = f"{r['time_us'] / q['time_us']:.3g}" if q and q["time_us"] > 0 else "–"
         out.append(f"| {r['op']} | {r['size']:,} | {r['time_us']:,.1f}{wrong} | {mpi} | "
                    f"{ratio} |")
     out += ["", END_MARK]
