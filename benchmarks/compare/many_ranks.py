@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from connections import SEGMENT_MIB, available_mib
 from run_compare import REPO, machine, write_markdown
 
 HERE = Path(__file__).resolve().parent
@@ -35,15 +36,6 @@ END_MARK = "<!-- many:end -->"
 DONE = re.compile(r"^startup_done (\d+) (\d+)$", re.M)
 COROCOLL_MEMORY = re.compile(r"^connections (\d+) \d+ (\d+) (\d+) (\d+)$", re.M)
 MPI_MEMORY = re.compile(r"^memory (\d+) (\d+) (\d+)$", re.M)
-SEGMENT_MIB = 2.02
-
-
-def available_mib():
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 1024
-    return 0
 
 
 def build(build_dir):

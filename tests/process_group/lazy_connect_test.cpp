@@ -60,6 +60,28 @@ void on_lazy_tcp(int n, const std::function<cc::task<>(cc::process_group&)>& bod
     check_every_rank_ok(run_threads(n, body, o));
 }
 
+// 4 ranks whose set-up connected the ring 0-1-2-3-0: ranks 0-2 and 1-3 each send `count`
+// messages to the other at once (both dial), and each receives the other's in order; one
+// connection per pair after.
+cc::task<> cross_first_uses(cc::process_group& pg, int count) {
+    int across = (pg.rank() + 2) % 4;
+    expect(connected(pg).count(across) == 0, "across pair connected at set-up");
+    std::vector<std::vector<int>> outs;
+    std::vector<cc::task<>> sends;
+    for (int i = 0; i < count; ++i) outs.push_back({pg.rank() * 1000 + i});
+    for (int i = 0; i < count; ++i) sends.push_back(pg.send(outs[i], across, 7));
+    auto receive = [&]() -> cc::task<> {
+        for (int i = 0; i < count; ++i) {
+            std::vector<int> in{-1};
+            co_await pg.recv(in, across, 7);
+            expect(in[0] == across * 1000 + i, "message " + std::to_string(i) + " from rank " +
+                                                   std::to_string(across) + " in order");
+        }
+    };
+    co_await cc::when_all(cc::when_all(std::move(sends)), receive());
+    expect(connected(pg).size() == 3, "one connection per pair");
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -117,24 +139,7 @@ TEST_CASE("two ranks that dial each other at once keep one connection and lose n
     for (int round = 0; round < 12; ++round) {
         CAPTURE(round);
         on_lazy_tcp(4, [](cc::process_group& pg) -> cc::task<> {
-            int across = (pg.rank() + 2) % 4;
-            expect(connected(pg).count(across) == 0, "across pair connected at set-up");
-            const int count = 50;
-            std::vector<std::vector<int>> outs;
-            std::vector<cc::task<>> sends;
-            for (int i = 0; i < count; ++i) outs.push_back({pg.rank() * 1000 + i});
-            for (int i = 0; i < count; ++i) sends.push_back(pg.send(outs[i], across, 7));
-            auto receive = [&]() -> cc::task<> {
-                for (int i = 0; i < count; ++i) {
-                    std::vector<int> in{-1};
-                    co_await pg.recv(in, across, 7);
-                    expect(in[0] == across * 1000 + i, "message " + std::to_string(i) +
-                                                           " from rank " + std::to_string(across) +
-                                                           " in order");
-                }
-            };
-            co_await cc::when_all(cc::when_all(std::move(sends)), receive());
-            expect(connected(pg).size() == 3, "one connection per pair");
+            co_await cross_first_uses(pg, 50);
             co_await pg.barrier();
         });
     }
@@ -297,22 +302,7 @@ TEST_CASE("ranks on one host connect on first use over shared memory, with the a
         for (int round = 0; round < 6; ++round) {
             CAPTURE(round);
             on_lazy_host(4, [](cc::process_group& pg) -> cc::task<> {
-                int across = (pg.rank() + 2) % 4;
-                const int count = 40;
-                std::vector<std::vector<int>> outs;
-                std::vector<cc::task<>> sends;
-                for (int i = 0; i < count; ++i) outs.push_back({pg.rank() * 1000 + i});
-                for (int i = 0; i < count; ++i) sends.push_back(pg.send(outs[i], across, 7));
-                auto receive = [&]() -> cc::task<> {
-                    for (int i = 0; i < count; ++i) {
-                        std::vector<int> in{-1};
-                        co_await pg.recv(in, across, 7);
-                        expect(in[0] == across * 1000 + i,
-                               "message " + std::to_string(i) + " in order over shm");
-                    }
-                };
-                co_await cc::when_all(cc::when_all(std::move(sends)), receive());
-                expect(connected(pg).size() == 3, "one connection per pair");
+                co_await cross_first_uses(pg, 40);
                 expect_kinds(pg, "after crossing first uses");
                 co_await pg.barrier();
             });

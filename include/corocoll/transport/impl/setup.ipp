@@ -103,33 +103,13 @@ COROCOLL_DECL task<> offer_segments(io::reactor& r, std::vector<io::socket>& soc
         auto& pl = plan[slot(q)];
         shm_verdict v;
         if (pl.candidate && !pl.deferred) {
-            try {
-                pl.nonce = fresh_nonce();
-                fd_guard memfd;
-                pl.map = create_segment(ring, pl.nonce, memfd);
-                pl.sock =
-                    co_await connect_abstract(r, info[slot(q)].socket_name, mo.deadline, pl.why);
-                if (pl.sock.fd >= 0) {
-                    shm_intro intro;
-                    intro.group = group;
-                    intro.nonce = pl.nonce;
-                    intro.map_bytes = pl.map.bytes;
-                    intro.address = reinterpret_cast<std::uintptr_t>(pl.map.addr);
-                    intro.rank = static_cast<std::uint32_t>(rank);
-                    send_intro(pl.sock.fd, memfd.fd, intro);
-                    v.offered = offered;
-                    v.nonce = pl.nonce;
-                } else {
-                    v.offered = unreachable;
-                }
-            } catch (const std::system_error& e) {
-                pl.why = e.what();
-                v.offered = offer_failed;
-            }
-            if (v.offered != offered) {
-                pl.map.reset();
-                pl.sock.reset();
-            }
+            auto o = co_await offer_segment(r, info[slot(q)].socket_name, ring, group, rank,
+                                            mo.deadline);
+            v = o.verdict;
+            pl.nonce = v.nonce;
+            pl.map = std::move(o.map);
+            pl.sock = std::move(o.sock);
+            pl.why = std::move(o.why);
         }
         // Connections on first use: only candidates are connected at set-up.
         if (socks[slot(q)].is_open())
@@ -202,15 +182,7 @@ COROCOLL_DECL task<> take_segments(io::reactor& r, fd_guard& listener, int rank,
             continue;
         }
         auto& pl = plan[slot(p)];
-        pl.map = map_segment(memfd.fd, intro, pl.nonce, pl.why);
-        shm_reply reply;
-        if (pl.map.addr != nullptr) {
-            auto* seg = static_cast<shm_segment*>(pl.map.addr);
-            seg->pid[1] = static_cast<std::int32_t>(::getpid());
-            seg->can_read_peer[1].store(can_read(seg->pid[0], intro.address, pl.nonce) ? 1 : 0);
-            reply.mapped = 1;
-            reply.address = reinterpret_cast<std::uintptr_t>(pl.map.addr);
-        }
+        shm_reply reply = take_offered(memfd.fd, intro, pl.nonce, pl.map, pl.why);
         pl.sock = std::move(conn);
         if (!co_await unix_exchange(r, pl.sock.fd, &reply, sizeof(reply), true, mo.deadline)) {
             pl.map.reset();

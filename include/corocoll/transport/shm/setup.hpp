@@ -169,6 +169,27 @@ COROCOLL_DECL task<fd_guard> connect_abstract(io::reactor& r, const std::string&
 COROCOLL_DECL task<bool> unix_exchange(io::reactor& r, int fd, void* data, std::size_t bytes,
                                        bool send, std::chrono::steady_clock::time_point deadline);
 
+// The lower side's offer to the rank whose unix socket is `name`: a fresh segment of
+// `ring_bytes` with a fresh nonce, its descriptor and intro (`group`, from `rank`) passed on
+// that socket. `verdict` is what to tell the higher rank over TCP: offered (with the nonce),
+// unreachable or offer_failed, the reason in `why`.
+struct segment_offer {
+    shm_verdict verdict;
+    mapping map;
+    fd_guard sock;
+    std::string why;
+};
+COROCOLL_DECL task<segment_offer> offer_segment(io::reactor& r, const std::string& name,
+                                                std::size_t ring_bytes, std::uint64_t group,
+                                                int rank,
+                                                std::chrono::steady_clock::time_point deadline);
+
+// The higher side: maps the segment `memfd` that `intro` brought into `map`, finds `nonce` in
+// it, writes this process into it and probes whether this process may read the creator's
+// memory. The reply to send on the unix socket: mapped 0, with `why`, where it could not.
+COROCOLL_DECL shm_reply take_offered(int memfd, const shm_intro& intro, std::uint64_t nonce,
+                                     mapping& map, std::string& why);
+
 struct shm_peer_info {
     transport_choice choice = transport_choice::tcp;
     std::string boot;

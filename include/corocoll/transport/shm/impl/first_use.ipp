@@ -35,32 +35,12 @@ COROCOLL_DECL std::unique_ptr<channel> first_use_shm::stay_on_tcp(int p,
 COROCOLL_DECL task<std::unique_ptr<channel>> first_use_shm::offer(io::socket& s, int p,
                                                                   time_point deadline,
                                                                   std::stop_token stop) {
-    shm_verdict v;
-    std::string why;
-    mapping map;
-    fd_guard sock;
-    try {
-        v.nonce = fresh_nonce();
-        fd_guard memfd;
-        map = create_segment(options_.ring_bytes, v.nonce, memfd);
-        sock = co_await connect_abstract(reactor_, info_[static_cast<std::size_t>(p)].socket_name,
-                                         deadline, why);
-        if (sock.fd >= 0) {
-            shm_intro intro;
-            intro.group = options_.group;
-            intro.nonce = v.nonce;
-            intro.map_bytes = map.bytes;
-            intro.address = reinterpret_cast<std::uintptr_t>(map.addr);
-            intro.rank = static_cast<std::uint32_t>(rank_);
-            send_intro(sock.fd, memfd.fd, intro);
-            v.offered = offered;
-        } else {
-            v.offered = unreachable;
-        }
-    } catch (const std::system_error& e) {
-        why = e.what();
-        v.offered = offer_failed;
-    }
+    auto o = co_await offer_segment(reactor_, info_[static_cast<std::size_t>(p)].socket_name,
+                                    options_.ring_bytes, options_.group, rank_, deadline);
+    shm_verdict& v = o.verdict;
+    mapping& map = o.map;
+    fd_guard& sock = o.sock;
+    std::string& why = o.why;
     co_await s.send(bytes_of(v), io::op_options(deadline, stop));
     if (v.offered != offered) co_return stay_on_tcp(p, why);
     shm_reply reply;
@@ -93,15 +73,8 @@ COROCOLL_DECL task<std::unique_ptr<channel>> first_use_shm::take(io::socket& s, 
     if (v.offered != offered) co_return stay_on_tcp(p, verdict_text(v.offered, p));
     arrival a = co_await arrival_of(p, v.nonce, deadline, stop);
     std::string why;
-    mapping map = map_segment(a.memfd.fd, a.intro, v.nonce, why);
-    shm_reply reply;
-    if (map.addr != nullptr) {
-        auto* seg = static_cast<shm_segment*>(map.addr);
-        seg->pid[1] = static_cast<std::int32_t>(::getpid());
-        seg->can_read_peer[1].store(can_read(seg->pid[0], a.intro.address, v.nonce) ? 1 : 0);
-        reply.mapped = 1;
-        reply.address = reinterpret_cast<std::uintptr_t>(map.addr);
-    }
+    mapping map;
+    shm_reply reply = take_offered(a.memfd.fd, a.intro, v.nonce, map, why);
     if (!co_await unix_exchange(reactor_, a.conn.fd, &reply, sizeof(reply), true, deadline)) {
         corocoll::detail::throw_error(corocoll::errc::connection_closed,
                                       "corocoll: first use of rank " + std::to_string(rank_) +

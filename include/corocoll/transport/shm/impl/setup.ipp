@@ -198,6 +198,53 @@ COROCOLL_DECL task<fd_guard> connect_abstract(io::reactor& r, const std::string&
     }
 }
 
+COROCOLL_DECL task<segment_offer> offer_segment(io::reactor& r, const std::string& name,
+                                                std::size_t ring_bytes, std::uint64_t group,
+                                                int rank,
+                                                std::chrono::steady_clock::time_point deadline) {
+    segment_offer o;
+    try {
+        o.verdict.nonce = fresh_nonce();
+        fd_guard memfd;
+        o.map = create_segment(ring_bytes, o.verdict.nonce, memfd);
+        o.sock = co_await connect_abstract(r, name, deadline, o.why);
+        if (o.sock.fd >= 0) {
+            shm_intro intro;
+            intro.group = group;
+            intro.nonce = o.verdict.nonce;
+            intro.map_bytes = o.map.bytes;
+            intro.address = reinterpret_cast<std::uintptr_t>(o.map.addr);
+            intro.rank = static_cast<std::uint32_t>(rank);
+            send_intro(o.sock.fd, memfd.fd, intro);
+            o.verdict.offered = offered;
+        } else {
+            o.verdict.offered = unreachable;
+        }
+    } catch (const std::system_error& e) {
+        o.why = e.what();
+        o.verdict.offered = offer_failed;
+    }
+    if (o.verdict.offered != offered) {
+        o.map.reset();
+        o.sock.reset();
+    }
+    co_return o;
+}
+
+COROCOLL_DECL shm_reply take_offered(int memfd, const shm_intro& intro, std::uint64_t nonce,
+                                     mapping& map, std::string& why) {
+    map = map_segment(memfd, intro, nonce, why);
+    shm_reply reply;
+    if (map.addr != nullptr) {
+        auto* seg = static_cast<shm_segment*>(map.addr);
+        seg->pid[1] = static_cast<std::int32_t>(::getpid());
+        seg->can_read_peer[1].store(can_read(seg->pid[0], intro.address, nonce) ? 1 : 0);
+        reply.mapped = 1;
+        reply.address = reinterpret_cast<std::uintptr_t>(map.addr);
+    }
+    return reply;
+}
+
 COROCOLL_DECL task<bool> unix_exchange(io::reactor& r, int fd, void* data, std::size_t bytes,
                                        bool send, std::chrono::steady_clock::time_point deadline) {
     auto* p = static_cast<char*>(data);
