@@ -517,7 +517,10 @@ TEST_CASE("two ranks left on one processor of several move apart") {
     cc::init_options init;
     init.limits.transport = cc::transport::transport_choice::shm;
     // Both ranks start on one processor (pinned, then allowed every processor again, which
-    // moves neither) and exchange 300 small messages; then each says where it runs.
+    // moves neither) and exchange 300 small messages; then each says where it runs. A move can
+    // go wrong once: where the scheduler pulls the mover back for a moment, its peer sees
+    // hand-overs too and follows it (CI, 6fa5eea: moves 1 and 1, both on processor 1), and the
+    // next move comes a `move_interval` later. So up to 20 rounds of 300, until they are apart.
     auto result = cc::spawn_ranks(
         2,
         [cpu, all](cc::process_group& pg) -> cc::task<> {
@@ -527,16 +530,20 @@ TEST_CASE("two ranks left on one processor of several move apart") {
             }
             auto before = pg.reactor().stats();
             std::vector<int> v(1);
-            co_await ping_pong(pg, v, 300);
-            auto after = pg.reactor().stats();
-            std::vector<int> where{::sched_getcpu(), static_cast<int>(after.moves - before.moves),
-                                   static_cast<int>(after.yields - before.yields),
-                                   static_cast<int>(after.kernel_waits - before.kernel_waits)};
             std::vector<int> both(8);
-            co_await pg.all_gather_into(both, where);
-            if (pg.rank() == 0 && both[0] == both[4]) {
+            for (int round = 1; round <= 20; ++round) {
+                co_await ping_pong(pg, v, 300);
+                auto after = pg.reactor().stats();
+                std::vector<int> where{
+                    ::sched_getcpu(), static_cast<int>(after.moves - before.moves),
+                    static_cast<int>(after.yields - before.yields),
+                    static_cast<int>(after.kernel_waits - before.kernel_waits)};
+                co_await pg.all_gather_into(both, where);
+                if (both[0] != both[4]) co_return;  // both ranks see the same `both`
+            }
+            if (pg.rank() == 0) {
                 throw std::runtime_error(
-                    "after 300 ping-pongs both ranks still run on processor " +
+                    "after 20 rounds of 300 ping-pongs both ranks still run on processor " +
                     std::to_string(both[0]) + " (moves, yields, kernel waits: " +
                     std::to_string(both[1]) + ", " + std::to_string(both[2]) + ", " +
                     std::to_string(both[3]) + " and " + std::to_string(both[5]) + ", " +
