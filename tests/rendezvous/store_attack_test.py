@@ -90,9 +90,14 @@ def eventually(check, tries=2000, pause=0.005):
 
 
 def sanitized(binary):
-    """True when the binary links a sanitizer runtime (its memory use is not the server's own)."""
+    """True when the binary carries a sanitizer runtime (its memory use is not the server's own):
+    g++ links libasan/libtsan, clang links its runtime in (its entry points in the binary)."""
     out = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
-    return "libasan" in out or "libtsan" in out
+    if "libasan" in out or "libtsan" in out:
+        return True
+    with open(binary, "rb") as f:
+        image = f.read()
+    return b"__asan_init" in image or b"__tsan_init" in image
 
 
 # --- the legitimate client, run as a process of its own -------------------------------------
