@@ -825,6 +825,55 @@ TEST_CASE(
     CHECK(pick_single(k::all_to_all, std::size_t{256} << 10, 2) == coll::algorithm::pairwise);
 }
 
+TEST_CASE("select: the ring's and the chain's switch points move up with the ranks beyond 8") {
+    using k = coll::collective_kind;
+    const coll::thresholds t{};
+    auto pick = [&](k kind, std::size_t bytes, int n) {
+        return coll::select(kind, bytes, n, {}, t, nullptr, false);
+    };
+    // Up to 8 ranks, as measured.
+    for (int n = 2; n <= 8; ++n) {
+        for (auto kind : {k::all_reduce, k::broadcast, k::all_gather}) {
+            CHECK(coll::rank_growth(kind, n) == 1.0);
+        }
+    }
+    CHECK(pick(k::all_reduce, t.all_reduce_ring_bytes, 8) == coll::algorithm::ring);
+    CHECK(pick(k::all_reduce, t.all_reduce_ring_bytes - 4, 8) ==
+          coll::algorithm::recursive_doubling);
+    CHECK(pick(k::broadcast, t.broadcast_chain_bytes, 8) == coll::algorithm::chain);
+    CHECK(pick(k::all_gather, t.all_gather_ring_bytes, 8) == coll::algorithm::ring);
+    // Beyond, growing with n; collectives without a latency-bound rival keep theirs.
+    for (auto kind : {k::all_reduce, k::broadcast, k::all_gather}) {
+        CAPTURE(coll::kind_name(kind));
+        double before = 1.0;
+        for (int n = 16; n <= 8192; n *= 2) {
+            CAPTURE(n);
+            CHECK(coll::rank_growth(kind, n) > before);
+            before = coll::rank_growth(kind, n);
+        }
+    }
+    CHECK(coll::rank_growth(k::reduce_scatter, 1024) == 1.0);
+    // At 1,024 ranks: all_reduce's crossover (2 * 1023 - 10) / (10 - 2046 / 1024) against 8
+    // ranks' 11 / 1.25, 28.9x: the ring from 256 KiB x 28.9 = 7.4 MiB on.
+    CHECK(coll::rank_growth(k::all_reduce, 1024) == doctest::Approx(28.91).epsilon(0.01));
+    CHECK(pick(k::all_reduce, std::size_t{1} << 20, 1024) == coll::algorithm::recursive_doubling);
+    CHECK(pick(k::all_reduce, std::size_t{7} << 20, 1024) == coll::algorithm::recursive_doubling);
+    CHECK(pick(k::all_reduce, std::size_t{8} << 20, 1024) == coll::algorithm::ring);
+    // broadcast: 1022 / 9 against 6 / 2, 37.9x: the chain from 19 MiB.
+    CHECK(pick(k::broadcast, std::size_t{16} << 20, 1024) == coll::algorithm::binomial);
+    CHECK(pick(k::broadcast, std::size_t{20} << 20, 1024) == coll::algorithm::chain);
+    // all_gather: 1013 * 1024 / 1023 against 4 * 8 / 7, 222x: the ring from 55 MiB.
+    CHECK(pick(k::all_gather, std::size_t{32} << 20, 1024) == coll::algorithm::bruck);
+    CHECK(pick(k::all_gather, std::size_t{64} << 20, 1024) == coll::algorithm::ring);
+    // A threshold the user set moves the same way.
+    coll::thresholds mine;
+    mine.all_reduce_ring_bytes = 1024;
+    CHECK(coll::select(k::all_reduce, 1024, 8, {}, mine) == coll::algorithm::ring);
+    CHECK(coll::select(k::all_reduce, 1024, 1024, {}, mine) ==
+          coll::algorithm::recursive_doubling);
+    CHECK(coll::select(k::all_reduce, 30 * 1024, 1024, {}, mine) == coll::algorithm::ring);
+}
+
 TEST_CASE("all_to_all: a rank that gives equal split sizes and ranks that give none agree") {
     // Both are equal blocks and take the same path, the arena's at this size (a rank that
     // went pairwise here would wait for ranks waiting in the arena until the deadline).

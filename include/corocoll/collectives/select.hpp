@@ -68,7 +68,9 @@ COROCOLL_DECL const char* algorithm_name(algorithm a) noexcept;
 /// True when collective `k` can run algorithm `a`.
 COROCOLL_DECL bool supports(collective_kind k, algorithm a) noexcept;
 
-/// Sizes at which the automatic choice switches to the bandwidth-bound algorithm.
+/// Sizes at which the automatic choice switches to the bandwidth-bound algorithm. The first
+/// three (`all_reduce_ring_bytes`, `broadcast_chain_bytes`, `all_gather_ring_bytes`) were
+/// measured on 2-8 ranks; on more, `select` moves them up by `rank_growth`.
 struct thresholds {
     /// all_reduce: from this many bytes the ring, below it recursive doubling.
     std::size_t all_reduce_ring_bytes = std::size_t{256} << 10;
@@ -120,6 +122,18 @@ struct thresholds {
     /// all of them where `l2` is 0 (not known), as measured.
     static thresholds for_l2(std::size_t l2) noexcept;
 };
+
+/// How much further than on 8 ranks the switch to the algorithm that pays n - 1 latencies
+/// (the ring, the chain) moves on `n` ranks: 1 up to 8 ranks, where the thresholds were
+/// measured; beyond, the ratio of the two algorithms' alpha-beta crossovers on n and on 8
+/// ranks (ring against recursive doubling for all_reduce; chain against the binomial tree for
+/// broadcast, where the chain's n - 2 steps of filling its pipeline must stay the same share of
+/// the tree's log2(n) - 1 extra copies; ring against Bruck for all_gather, where the ring's
+/// n - 1 - log2(n) extra latencies must stay the same share of the transfer). Neither alpha nor
+/// beta is in the ratio, so no machine's figures are. 1 for every other collective.
+/// benchmarks/compare/cost_model.py checks the result against the model (docs/performance.md,
+/// "A cost model").
+COROCOLL_DECL double rank_growth(collective_kind k, int n) noexcept;
 
 /// Algorithms forced per collective; `automatic` leaves the choice to size and world size.
 class algorithm_choice {

@@ -194,6 +194,65 @@ COROCOLL_DECL thresholds thresholds::for_l2(std::size_t l2) noexcept {
     return t;
 }
 
+namespace detail {
+
+// ceil(log2 n), at least 1.
+inline double log2_up(int n) noexcept {
+    int l = 0;
+    while ((1 << l) < n && l < 30) ++l;
+    return l < 1 ? 1.0 : static_cast<double>(l);
+}
+
+// Where, in units of alpha / beta, the ring's all_reduce (2 (n - 1) steps of s / n) overtakes
+// recursive doubling (log2 n steps of s, two more where n is no power of two): 0 where it
+// never does in the model (n = 2).
+inline double all_reduce_crossover(int n) noexcept {
+    const double steps = log2_up(n) + ((n & (n - 1)) == 0 ? 0.0 : 2.0);
+    const double ring_share = 2.0 * (n - 1) / n;
+    return steps > ring_share ? (2.0 * (n - 1) - steps) / (steps - ring_share) : 0.0;
+}
+
+// The chain's n - 2 filling steps against the tree's log2(n) - 1 extra copies of the message.
+inline double broadcast_crossover(int n) noexcept {
+    const double l = log2_up(n);
+    return l > 1.0 ? (n - 2) / (l - 1.0) : 0.0;
+}
+
+// The ring's n - 1 - log2(n) latencies over Bruck's, against the (n - 1) / n of the message
+// both move.
+inline double all_gather_crossover(int n) noexcept {
+    return (n - 1 - log2_up(n)) * n / static_cast<double>(n - 1);
+}
+
+// `bytes` times `growth`, saturating.
+inline std::size_t grown(std::size_t bytes, double growth) noexcept {
+    const double v = static_cast<double>(bytes) * growth;
+    constexpr auto most = static_cast<double>(std::size_t{1} << 62);
+    return v >= most ? std::size_t{1} << 62 : static_cast<std::size_t>(v);
+}
+
+}  // namespace detail
+
+COROCOLL_DECL double rank_growth(collective_kind k, int n) noexcept {
+    constexpr int measured = 8;
+    if (n <= measured) return 1.0;
+    double ratio = 1.0;
+    switch (k) {
+        case collective_kind::all_reduce:
+            ratio = detail::all_reduce_crossover(n) / detail::all_reduce_crossover(measured);
+            break;
+        case collective_kind::broadcast:
+            ratio = detail::broadcast_crossover(n) / detail::broadcast_crossover(measured);
+            break;
+        case collective_kind::all_gather:
+            ratio = detail::all_gather_crossover(n) / detail::all_gather_crossover(measured);
+            break;
+        default:
+            break;
+    }
+    return ratio > 1.0 ? ratio : 1.0;
+}
+
 COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
                                const algorithm_choice& choice, const thresholds& t,
                                const topology* hosts, bool arena, std::size_t single_copy_from) {
@@ -242,15 +301,19 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
     }
     switch (k) {
         case collective_kind::all_reduce:
-            return bytes >= t.all_reduce_ring_bytes ? algorithm::ring
-                                                    : algorithm::recursive_doubling;
+            return bytes >= detail::grown(t.all_reduce_ring_bytes, rank_growth(k, n))
+                       ? algorithm::ring
+                       : algorithm::recursive_doubling;
         case collective_kind::broadcast:
-            return bytes >= t.broadcast_chain_bytes && n > 2 ? algorithm::chain
-                                                             : algorithm::binomial;
+            return bytes >= detail::grown(t.broadcast_chain_bytes, rank_growth(k, n)) && n > 2
+                       ? algorithm::chain
+                       : algorithm::binomial;
         case collective_kind::reduce:
             return algorithm::binomial;
         case collective_kind::all_gather:
-            return bytes >= t.all_gather_ring_bytes ? algorithm::ring : algorithm::bruck;
+            return bytes >= detail::grown(t.all_gather_ring_bytes, rank_growth(k, n))
+                       ? algorithm::ring
+                       : algorithm::bruck;
         case collective_kind::gather:
         case collective_kind::scatter:
             return bytes >= t.linear_block_bytes ? algorithm::linear : algorithm::binomial;
