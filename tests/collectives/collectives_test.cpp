@@ -869,8 +869,7 @@ TEST_CASE("select: the ring's and the chain's switch points move up with the ran
     coll::thresholds mine;
     mine.all_reduce_ring_bytes = 1024;
     CHECK(coll::select(k::all_reduce, 1024, 8, {}, mine) == coll::algorithm::ring);
-    CHECK(coll::select(k::all_reduce, 1024, 1024, {}, mine) ==
-          coll::algorithm::recursive_doubling);
+    CHECK(coll::select(k::all_reduce, 1024, 1024, {}, mine) == coll::algorithm::recursive_doubling);
     CHECK(coll::select(k::all_reduce, 30 * 1024, 1024, {}, mine) == coll::algorithm::ring);
 }
 

@@ -534,10 +534,10 @@ TEST_CASE("two ranks left on one processor of several move apart") {
             for (int round = 1; round <= 20; ++round) {
                 co_await ping_pong(pg, v, 300);
                 auto after = pg.reactor().stats();
-                std::vector<int> where{
-                    ::sched_getcpu(), static_cast<int>(after.moves - before.moves),
-                    static_cast<int>(after.yields - before.yields),
-                    static_cast<int>(after.kernel_waits - before.kernel_waits)};
+                std::vector<int> where{::sched_getcpu(),
+                                       static_cast<int>(after.moves - before.moves),
+                                       static_cast<int>(after.yields - before.yields),
+                                       static_cast<int>(after.kernel_waits - before.kernel_waits)};
                 co_await pg.all_gather_into(both, where);
                 if (both[0] != both[4]) co_return;  // both ranks see the same `both`
             }
