@@ -298,6 +298,79 @@ TEST_CASE("without futex waits a sleeping rank is woken by a byte on the pair's 
 
 namespace {
 
+struct step_sleep_counts {
+    std::uint64_t sleeps = 0;        // watched sleeps of rank 0 while it waited at the step
+    std::uint64_t futex_sleeps = 0;  // of those, on a futex wait in the ring
+    std::uint64_t kernel_waits = 0;  // every wait in the kernel, pauses included
+};
+
+// Rank 0 waits at the arena's step of a 4-byte all_reduce that rank 1 joins only after
+// 50 ms, long past rank 0's busy polling; rank 1's arrival must end rank 0's sleep.
+step_sleep_counts step_sleep_and_wake(bool futex_wait) {
+    step_sleep_counts counts;
+    auto o = with(cc::transport::transport_choice::shm);
+    o.limits.shm_futex_wait = futex_wait;
+    check_every_rank_ok(run_threads(
+        2,
+        [&](cc::process_group& pg) -> cc::task<> {
+            if (!pg.has_arena()) throw std::runtime_error("no shared arena");
+            // As above: where rank 0 did not get past its busy polling in time (no wait in the
+            // kernel), the round is repeated (at most 20 times).
+            std::vector<std::uint64_t> slept(3);
+            for (int round = 0; round < 20 && slept[2] == 0; ++round) {
+                std::vector<int> v{pg.rank() + round};
+                if (pg.rank() == 1) {
+                    co_await pg.reactor().sleep_for(50ms);
+                    co_await pg.all_reduce(v);
+                    co_await pg.recv(slept, 0);
+                } else {
+                    auto before = pg.reactor().stats();
+                    co_await pg.all_reduce(v);
+                    auto after = pg.reactor().stats();
+                    slept = {after.watched_sleeps - before.watched_sleeps,
+                             after.futex_sleeps - before.futex_sleeps,
+                             after.kernel_waits - before.kernel_waits};
+                    co_await pg.send(slept, 1);
+                }
+                if (v[0] != 1 + 2 * round) throw std::runtime_error("wrong sum");
+            }
+            if (pg.rank() == 0) counts = {slept[0], slept[1], slept[2]};
+        },
+        o));
+    return counts;
+}
+
+}  // namespace
+
+TEST_CASE("a rank waiting at an arena step sleeps on a futex until the last rank arrives") {
+    // Before, a step wait that outlasted its busy polling paused between looks (1/32 of the
+    // wait so far, at most 500 µs: some 200 waits in the kernel over 50 ms), and every rank
+    // but the last came out of its pause late.
+    if (!cc::io::futex_wait_supported()) {
+        MESSAGE("this kernel's io_uring has no FUTEX_WAIT (Linux 6.7): step waits pause");
+        return;
+    }
+    auto counts = step_sleep_and_wake(true);
+    INFO("sleeps " << counts.sleeps << ", futex " << counts.futex_sleeps << ", kernel waits "
+                   << counts.kernel_waits);
+    // The reactor sleeps only when every watched entry agrees: the step wait agrees only with
+    // its futex wait in the ring (the pair's channel, watched too, counts one of its own).
+    CHECK(counts.sleeps >= 1);
+    CHECK(counts.futex_sleeps >= counts.sleeps);
+    CHECK(counts.kernel_waits < 20);
+}
+
+TEST_CASE("without futex waits a rank at an arena step pauses between looks") {
+    auto counts = step_sleep_and_wake(false);
+    INFO("sleeps " << counts.sleeps << ", futex " << counts.futex_sleeps << ", kernel waits "
+                   << counts.kernel_waits);
+    CHECK(counts.sleeps == 0);
+    CHECK(counts.futex_sleeps == 0);
+    CHECK(counts.kernel_waits >= 20);
+}
+
+namespace {
+
 // Runs `call` in a loop on 3 ranks over shared memory (64 MiB of floats); rank 2 starts one
 // call and is killed with SIGKILL 200 ms later, or at once with `at_once` (its call then
 // still in its first step). Every other rank must fail naming rank 2, not by a timeout, and

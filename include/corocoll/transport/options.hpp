@@ -115,7 +115,9 @@ struct engine_options {
     /// sleeps in its ring on an io_uring futex wait, which the peer ends with one FUTEX_WAKE,
     /// where the kernel has IORING_OP_FUTEX_WAIT (Linux 6.7, probed at run time); false, or
     /// an older kernel: it sleeps on a receive on the pair's socket, which the peer ends by
-    /// sending one byte.
+    /// sending one byte. Likewise at a step of the group's shared arena: it sleeps until the
+    /// rank it waits for arrives, which wakes it (false, or an older kernel: it pauses
+    /// between looks, at most 500 µs; shm_arena::sleep_on_futex).
     bool shm_futex_wait = true;
     /// How long a large message that arrives before its receive is left in a shared-memory
     /// channel (the sender waiting for room, or for its single copy) before it is buffered

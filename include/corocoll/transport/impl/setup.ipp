@@ -343,6 +343,7 @@ COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(
     if (arena != nullptr) {
         co_await detail::share_arena(r, store, rank, size, mo, o.shm_arena_bytes,
                                      o.shm_arena_single_copy_bytes, hosts, plan, group, *arena);
+        if (*arena) (*arena)->sleep_on_futex(o.shm_futex_wait);
     }
     auto channels = detail::make_channels(r, socks, rank, size, me.choice, info, plan, o);
     std::unique_ptr<detail::first_use_shm> later;

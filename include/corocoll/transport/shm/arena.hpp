@@ -33,13 +33,19 @@
 // step it went past (`settle`).
 //
 // Waiting belongs to the reactor: a step that is not complete watches a `poll_entry` (busy
-// polling, then pauses; yielding where ranks outnumber processors). It ends when the step is
-// complete or the group fails (a peer's channel ended: the engine knows). It counts as a wait
+// polling, yielding where ranks outnumber processors; then, where the kernel has io_uring
+// futex waits, a sleep until the first rank not yet there arrives: the waiter raises that
+// rank's `sleepers` word and waits on its `wakes` word, and the rank's next arrival (or
+// announced call), seeing `sleepers`, wakes every such waiter with one FUTEX_WAKE; elsewhere,
+// pauses between looks).
+// It ends when the step is complete or the group fails (a peer's channel ended: the engine
+// knows). It counts as a wait
 // for the engine's stall checks and status answers, and its deadline asks the ranks who to
 // blame, as a receive's does. The segment is a memfd: nothing is named in /dev/shm, and it is
 // gone once every rank has unmapped it or died.
 
 #include <corocoll/core/error.hpp>
+#include <corocoll/io/futex.hpp>
 #include <corocoll/io/reactor.hpp>
 #include <corocoll/transport/engine.hpp>
 #include <corocoll/transport/frame.hpp>
@@ -52,10 +58,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <coroutine>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <span>
 #include <string>
 #include <system_error>
@@ -117,6 +126,13 @@ struct alignas(128) arena_line {
     // The last step at which the owner left a call with an error while its offered buffer may
     // still have been read (shm_arena::withdraw).
     std::atomic<std::uint64_t> withdrawn{0};
+    // The word that a rank sleeping until the owner comes waits on (a futex): the owner raises
+    // it before each wake (at an arrival or an announced call that finds `sleepers`), so a
+    // wait that reaches the kernel after the wake sees the change and does not sleep.
+    std::atomic<std::uint32_t> wakes{0};
+    // Nonzero once another rank sleeps, or is about to, until the owner's next arrival or
+    // call, which clears it and wakes every waiter on `wakes`.
+    std::atomic<std::uint32_t> sleepers{0};
 };
 static_assert(sizeof(collective_meta) == 4 * sizeof(std::uint64_t) &&
               std::is_trivially_copyable_v<collective_meta>);
@@ -150,7 +166,9 @@ public:
     COROCOLL_DECL shm_arena(void* mapping, std::size_t bytes, int rank);
     shm_arena(const shm_arena&) = delete;
     shm_arena& operator=(const shm_arena&) = delete;
-    ~shm_arena() { ::munmap(base_, bytes_); }
+    /// Unmaps the arena. A futex wait of this rank's still in the kernel is woken first and
+    /// left to end on its own (its completion frees it).
+    COROCOLL_DECL ~shm_arena();
 
     /// This rank's index in the arena (its rank in the group).
     int rank() const noexcept { return rank_; }
@@ -224,6 +242,15 @@ public:
     /// This rank leaves its call with an error: a rank still copying from what it offered
     /// (which may go away now) must not trust the copy. Call it before the error leaves.
     void withdraw() noexcept { line(rank_).withdrawn.store(step_, std::memory_order_seq_cst); }
+
+    /// Whether a step wait that has polled for its busy-poll time sleeps in its ring until the
+    /// rank it waits for arrives (an io_uring futex wait, ended by that rank's one FUTEX_WAKE),
+    /// where the reactor's kernel has IORING_OP_FUTEX_WAIT (Linux 6.7, probed); otherwise, or
+    /// with false, it pauses between looks, longer as the wait goes on (at most 500 µs; see
+    /// io::poll_entry). Set from `engine_options::shm_futex_wait`.
+    void sleep_on_futex(bool on) noexcept { futex_wanted_ = on; }
+    /// FUTEX_WAKEs this rank's arrivals sent to ranks asleep until it came.
+    std::uint64_t futex_wakes() const noexcept { return futex_wakes_; }
 
     /// The step the next `arrive` publishes.
     std::uint64_t next_step() const noexcept { return step_ + 1; }
@@ -311,6 +338,10 @@ public:
         }
         /// How many times a step wait looks again before it suspends (see `await_ready`).
         static constexpr int quick_looks = 64;
+        /// How long after a step wait goes to sleep on a fresh futex wait it looks again
+        /// anyway: an arrival at that very moment can go unseen by both ranks (see
+        /// `shm_arena::wake_sleepers`).
+        static constexpr std::chrono::milliseconds nap{1};
         COROCOLL_DECL void await_suspend(std::coroutine_handle<> h);
         COROCOLL_DECL void await_resume();
 
@@ -333,6 +364,9 @@ public:
         // number (`announce`).
         COROCOLL_DECL void look_for_other_calls() noexcept;
         static bool poll_fn(io::poll_entry& e) noexcept;
+        // The reactor is about to sleep: a futex wait until the first rank not there yet
+        // arrives (false: the step is complete meanwhile, or no wait can be set up now).
+        static bool prepare_sleep_fn(io::poll_entry& e) noexcept;
         static void on_deadline(io::timer_entry& t) noexcept;
 
         struct deadline_hook : io::timer_entry {
@@ -351,9 +385,31 @@ public:
         std::uint32_t polls_ = 0;
         std::coroutine_handle<> handle_;
         deadline_hook timer_;
+        io::timer_entry nap_;
     };
 
 private:
+    // A futex wait in the ring. On the heap: where the arena goes while the kernel still holds
+    // it, `self` becomes null and its completion frees it.
+    struct futex_op : io::detail::io_op {
+        shm_arena* self = nullptr;
+    };
+    static void prepare_futex(io::detail::io_op* op, io_uring* ring) noexcept;
+    static void complete_futex(io::detail::io_op* op, int res) noexcept;
+    // Stores this rank's arrival at `step_` (`o`: the store's order) and wakes the ranks
+    // asleep until it came.
+    COROCOLL_DECL void publish_arrival(std::memory_order o) noexcept;
+    // Wakes the ranks asleep until this one comes, if any: raises `wakes`, then FUTEX_WAKE.
+    COROCOLL_DECL void wake_sleepers() noexcept;
+    // Whether step waits may sleep on a futex on `r`'s reactor (see `sleep_on_futex`).
+    bool futex_usable(io::reactor& r) const noexcept {
+        return futex_wanted_ && !futex_refused_ && r.features().futex_wait;
+    }
+    // Sets up a futex wait on `r`'s reactor until rank `m` reaches step `s` (see
+    // `step_wait::prepare_sleep_fn`); `fresh`: a new one (not one still in the ring).
+    COROCOLL_DECL bool prepare_futex_sleep(io::reactor& r, int m, std::uint64_t s,
+                                           bool& fresh) noexcept;
+
     detail::arena_line& line(int r) const noexcept {
         return reinterpret_cast<detail::arena_line*>(base_ + 128)[r];
     }
@@ -386,6 +442,18 @@ private:
     std::size_t l2_bytes_ = 0;
     bool single_copy_allowed_ = false;
     bool backward_ = false;
+    // This rank's `wakes`, raised by `wake_sleepers`.
+    std::uint32_t wakes_ = 0;
+    // The futex wait (see `sleep_on_futex`): made at the first sleep; armed while in the ring,
+    // on `futex_word_` (rank `m`'s `wakes`) while it holds `futex_expected_`.
+    std::unique_ptr<futex_op> futex_;
+    io::reactor* futex_reactor_ = nullptr;
+    std::atomic<std::uint32_t>* futex_word_ = nullptr;
+    std::uint32_t futex_expected_ = 0;
+    bool futex_armed_ = false;
+    bool futex_wanted_ = true;
+    bool futex_refused_ = false;  // the kernel refused one for this mapping
+    std::uint64_t futex_wakes_ = 0;
 };
 
 }  // namespace transport

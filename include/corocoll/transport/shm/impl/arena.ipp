@@ -21,7 +21,92 @@ COROCOLL_DECL shm_arena::shm_arena(void* mapping, std::size_t bytes, int rank)
         step_ = std::max(step_, p.arrived.load(std::memory_order_relaxed));
     }
     line(rank_).pid = static_cast<std::int64_t>(::getpid());
+    wakes_ = line(rank_).wakes.load(std::memory_order_relaxed);
     missing_.reserve(static_cast<std::size_t>(size_));
+}
+
+COROCOLL_DECL shm_arena::~shm_arena() {
+    if (futex_armed_) {
+        if (futex_reactor_->withdraw(*futex_)) {
+            futex_armed_ = false;  // it never reached the ring
+        } else {
+            // Woken now, before the word is unmapped; it completes later, and frees itself.
+            futex_->self = nullptr;
+            io::futex_wake(*futex_word_, INT_MAX);
+            (void)futex_.release();
+        }
+    }
+    ::munmap(base_, bytes_);
+}
+
+COROCOLL_DECL void shm_arena::publish_arrival(std::memory_order o) noexcept {
+    place(rank_, step_).arrived.store(step_, o);
+    wake_sleepers();
+}
+
+COROCOLL_DECL void shm_arena::wake_sleepers() noexcept {
+    detail::arena_line& l = line(rank_);
+    // A plain look, as the store before it is (a sequentially consistent pair would cost
+    // every call a locked instruction): a rank that raised `sleepers` just as this one came
+    // may go unseen, and its own look may miss the arrival too; the short nap it takes as it
+    // goes to sleep (`step_wait::nap`) ends that one.
+    if (l.sleepers.load(std::memory_order_relaxed) == 0 ||
+        l.sleepers.exchange(0, std::memory_order_acq_rel) == 0) {
+        return;
+    }
+    // `wakes` changes before the wake: a futex wait that reaches the kernel after the wake
+    // sees the change and does not sleep.
+    l.wakes.store(++wakes_, std::memory_order_seq_cst);
+    io::futex_wake(l.wakes, INT_MAX);
+    ++futex_wakes_;
+}
+
+COROCOLL_DECL bool shm_arena::prepare_futex_sleep(io::reactor& r, int m, std::uint64_t s,
+                                                  bool& fresh) noexcept {
+    detail::arena_line& l = line(m);
+    fresh = false;
+    if (futex_armed_) {
+        // One wait at a time. On m's word it is still good: m's next arrival ends it. On
+        // another's, that rank has arrived since and woke it: its completion is on the way.
+        return futex_word_ == &l.wakes;
+    }
+    if (!futex_) {
+        futex_ = std::unique_ptr<futex_op>(new (std::nothrow) futex_op);
+        if (!futex_) return false;
+        futex_->self = this;
+        futex_->prepare_ = &prepare_futex;
+        futex_->complete_ = &complete_futex;
+        futex_reactor_ = &r;
+    }
+    if (futex_reactor_ != &r) return false;  // a wait set up on another reactor
+    const std::uint32_t seen = l.wakes.load(std::memory_order_seq_cst);
+    l.sleepers.store(1, std::memory_order_seq_cst);
+    if (reached(m, s, std::memory_order_seq_cst)) return false;
+    futex_word_ = &l.wakes;
+    futex_expected_ = seen;
+    futex_armed_ = true;
+    fresh = true;
+    r.submit(*futex_);
+    r.note_futex_sleep();
+    return true;
+}
+
+COROCOLL_DECL void shm_arena::prepare_futex(io::detail::io_op* op, io_uring* ring) noexcept {
+    auto* f = static_cast<futex_op*>(op);
+    io_uring_sqe* sqe = io_uring_get_sqe(ring);
+    io::detail::prep_futex_wait(sqe, *f->self->futex_word_, f->self->futex_expected_);
+    io_uring_sqe_set_data(sqe, op);
+}
+
+COROCOLL_DECL void shm_arena::complete_futex(io::detail::io_op* op, int res) noexcept {
+    auto* f = static_cast<futex_op*>(op);
+    if (f->self == nullptr) {
+        delete f;  // its arena is gone
+        return;
+    }
+    f->self->futex_armed_ = false;
+    // Probed, yet refused (a kernel that forbids it for this mapping): pauses it is.
+    if (res == -EINVAL || res == -EOPNOTSUPP || res == -ENOSYS) f->self->futex_refused_ = true;
 }
 
 COROCOLL_DECL void shm_arena::offer(const void* at, std::size_t bytes) noexcept {
@@ -107,6 +192,9 @@ COROCOLL_DECL void shm_arena::announce(const collective_meta& m) noexcept {
     // Release: a reader that sees any new word sees the odd version too.
     for (int i = 0; i < 4; ++i) l.current[i].store(words[i], std::memory_order_release);
     l.version.store(v + 2, std::memory_order_release);
+    // A rank asleep until this one comes looks at its call again (one that differs from its
+    // own fails the group).
+    wake_sleepers();
 }
 
 COROCOLL_DECL bool shm_arena::announced(int r, collective_meta& out) const noexcept {
@@ -125,7 +213,7 @@ COROCOLL_DECL shm_arena::step_wait shm_arena::arrive(engine& e, const collective
                                                      std::chrono::steady_clock::time_point deadline,
                                                      bool check, int only) {
     ++step_;
-    place(rank_, step_).arrived.store(step_, std::memory_order_release);
+    publish_arrival(std::memory_order_release);
     if (only >= 0) {
         // Waiting for one rank says nothing of the others: what this rank writes next waits
         // for them first (`settle`).
@@ -139,7 +227,7 @@ COROCOLL_DECL void shm_arena::arrive_and_go(engine& e, const collective_meta& me
     ++step_;
     // Sequentially consistent, as are the looks below: of two ranks that both go on, at
     // least one sees the other's arrival (and its call).
-    place(rank_, step_).arrived.store(step_, std::memory_order_seq_cst);
+    publish_arrival(std::memory_order_seq_cst);
     pending_ = step_;
     pending_check_ = check;
     pending_meta_ = meta;
@@ -186,6 +274,7 @@ COROCOLL_DECL bool shm_arena::step_wait::complete() noexcept {
 COROCOLL_DECL void shm_arena::step_wait::await_suspend(std::coroutine_handle<> h) {
     handle_ = h;
     poll = &poll_fn;
+    prepare_sleep = a_.futex_usable(e_.reactor()) ? &prepare_sleep_fn : nullptr;
     list_missing();
     e_.begin_shared_wait(a_.missing_);
     timer_.w = this;
@@ -199,6 +288,7 @@ COROCOLL_DECL void shm_arena::step_wait::await_suspend(std::coroutine_handle<> h
 COROCOLL_DECL void shm_arena::step_wait::finish() noexcept {
     e_.reactor().unwatch(*this);
     e_.reactor().disarm(timer_);
+    e_.reactor().disarm(nap_);
     e_.end_shared_wait(!e_.failed());
     std::exchange(handle_, {}).resume();
 }
@@ -240,6 +330,29 @@ COROCOLL_DECL bool shm_arena::step_wait::poll_fn(io::poll_entry& e) noexcept {
     }
     w.finish();
     return true;
+}
+
+COROCOLL_DECL bool shm_arena::step_wait::prepare_sleep_fn(io::poll_entry& e) noexcept {
+    auto& w = static_cast<step_wait&>(e);
+    if (w.complete()) return false;  // (or the group failed): the next poll finishes it
+    bool fresh = false;
+    const int m = w.only_ >= 0 ? w.only_ : w.seen_;
+    if (!w.a_.prepare_futex_sleep(w.e_.reactor(), m, w.step_, fresh)) return false;
+    if (fresh && !w.nap_.armed()) {
+        // The rare arrival that neither side saw (see `wake_sleepers`) costs this long at most.
+        w.nap_.when = std::chrono::steady_clock::now() + nap;
+        w.nap_.fire = [](io::timer_entry&) noexcept {};
+        try {
+            w.e_.reactor().arm(w.nap_);
+        } catch (const std::exception&) {
+            return false;  // out of memory for the timer heap: no sleep then
+        }
+    }
+    // Asleep, nothing polls: a rank not there yet that runs another collective of this number
+    // is looked for now (the rank slept on wakes this one when it announces a call later).
+    if (w.seen_ != w.listed_from_) w.list_missing();
+    w.look_for_other_calls();
+    return !w.e_.failed();
 }
 
 COROCOLL_DECL void shm_arena::step_wait::on_deadline(io::timer_entry& t) noexcept {
