@@ -114,6 +114,8 @@ COROCOLL_DECL task<> process_group::close_lingering(std::chrono::steady_clock::t
     made_.clear();
     // The rank that serves the store keeps it up until the others are gone (`until`).
     co_await engine_.close(until);
+    // A futex wait of the arena's still in the ring must end before the arena goes.
+    if (arena_) co_await arena_->close();
     // The last collective's lock release (`unlock_item_`) may still wait in the reactor's
     // posted batch that is running now (a reader's cancellation ended the close inside
     // it): let that batch finish before the caller may destroy the group.

@@ -45,6 +45,7 @@
 // gone once every rank has unmapped it or died.
 
 #include <corocoll/core/error.hpp>
+#include <corocoll/core/task.hpp>
 #include <corocoll/io/futex.hpp>
 #include <corocoll/io/reactor.hpp>
 #include <corocoll/transport/engine.hpp>
@@ -166,9 +167,12 @@ public:
     COROCOLL_DECL shm_arena(void* mapping, std::size_t bytes, int rank);
     shm_arena(const shm_arena&) = delete;
     shm_arena& operator=(const shm_arena&) = delete;
-    /// Unmaps the arena. A futex wait of this rank's still in the kernel is woken first and
-    /// left to end on its own (its completion frees it).
+    /// Unmaps the arena. A futex wait of this rank's still in the kernel (`close` was not
+    /// awaited) is woken first and left to end on its own (its completion frees it).
     COROCOLL_DECL ~shm_arena();
+    /// Ends this rank's futex wait, if one is in the ring (see `sleep_on_futex`): wakes it
+    /// until its completion comes (at most about a second). The group's close awaits it.
+    COROCOLL_DECL task<> close();
 
     /// This rank's index in the arena (its rank in the group).
     int rank() const noexcept { return rank_; }

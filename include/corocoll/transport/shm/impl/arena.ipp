@@ -39,6 +39,20 @@ COROCOLL_DECL shm_arena::~shm_arena() {
     ::munmap(base_, bytes_);
 }
 
+COROCOLL_DECL task<> shm_arena::close() {
+    if (!futex_armed_) co_return;
+    if (futex_reactor_->withdraw(*futex_)) {
+        futex_armed_ = false;  // it never reached the ring
+        co_return;
+    }
+    // A wake reaches the wait only once the reactor has handed it to the kernel (its next
+    // entry, the sleep below at the latest): wake until it completes.
+    for (int i = 0; futex_armed_ && i < 1000; ++i) {
+        io::futex_wake(*futex_word_, INT_MAX);
+        co_await futex_reactor_->sleep_for(std::chrono::milliseconds(1));
+    }
+}
+
 COROCOLL_DECL void shm_arena::publish_arrival(std::memory_order o) noexcept {
     place(rank_, step_).arrived.store(step_, o);
     wake_sleepers();
