@@ -7,6 +7,7 @@
 #include <corocoll/collectives/rooted_shm.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 COROCOLL_BEGIN_NAMESPACE
@@ -198,9 +199,7 @@ namespace detail {
 
 // ceil(log2 n), at least 1.
 inline double log2_up(int n) noexcept {
-    int l = 0;
-    while ((1 << l) < n && l < 30) ++l;
-    return l < 1 ? 1.0 : static_cast<double>(l);
+    return n <= 2 ? 1.0 : static_cast<double>(std::bit_width(static_cast<unsigned>(n - 1)));
 }
 
 // Where, in units of alpha / beta, the ring's all_reduce (2 (n - 1) steps of s / n) overtakes

@@ -253,8 +253,6 @@ public:
     /// with false, it pauses between looks, longer as the wait goes on (at most 500 µs; see
     /// io::poll_entry). Set from `engine_options::shm_futex_wait`.
     void sleep_on_futex(bool on) noexcept { futex_wanted_ = on; }
-    /// FUTEX_WAKEs this rank's arrivals sent to ranks asleep until it came.
-    std::uint64_t futex_wakes() const noexcept { return futex_wakes_; }
 
     /// The step the next `arrive` publishes.
     std::uint64_t next_step() const noexcept { return step_ + 1; }
@@ -457,7 +455,6 @@ private:
     bool futex_armed_ = false;
     bool futex_wanted_ = true;
     bool futex_refused_ = false;  // the kernel refused one for this mapping
-    std::uint64_t futex_wakes_ = 0;
 };
 
 }  // namespace transport

@@ -72,7 +72,6 @@ COROCOLL_DECL void shm_arena::wake_sleepers() noexcept {
     // sees the change and does not sleep.
     l.wakes.store(++wakes_, std::memory_order_seq_cst);
     io::futex_wake(l.wakes, INT_MAX);
-    ++futex_wakes_;
 }
 
 COROCOLL_DECL bool shm_arena::prepare_futex_sleep(io::reactor& r, int m, std::uint64_t s,
