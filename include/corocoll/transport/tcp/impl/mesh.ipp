@@ -263,6 +263,7 @@ COROCOLL_DECL task<std::vector<io::socket>> connect_pairs(io::reactor& r, rendez
     int missing = 0;
     for (int p = rank + 1; p < size; ++p) missing += want(p) ? 1 : 0;
     std::string last_refusal;
+    bool refusal_said_something = false;
     auto handshake = [&](io::socket s) -> task<> {
         std::string from = s.peer().to_string();
         try {
@@ -277,8 +278,21 @@ COROCOLL_DECL task<std::vector<io::socket>> connect_pairs(io::reactor& r, rendez
             if (--missing == 0) accepting.request_stop();
         } catch (const std::exception& e) {
             if (accepting.stop_requested()) co_return;
-            last_refusal = "connection from " + from + ": " + e.what();
-            COROCOLL_LOG(warn, "INIT", "rank ", rank, " dropped a connection: ", last_refusal);
+            std::string refusal = "connection from " + from + ": " + e.what();
+            COROCOLL_LOG(warn, "INIT", "rank ", rank, " dropped a connection: ", refusal);
+            // A connection that said something wrong (a hello of another group or mode, a
+            // proof that failed) tells more than one that said nothing before the deadline or
+            // went: the error at the deadline names the last of the first kind, if any. (A
+            // peer refused for its mode dials again and again; its last dial, as set-up ends,
+            // would otherwise hide why.)
+            const auto* se = dynamic_cast<const std::system_error*>(&e);
+            bool said_something =
+                se == nullptr ||
+                (se->code() != std::errc::timed_out && se->code() != std::errc::connection_reset &&
+                 se->code() != std::errc::operation_canceled &&
+                 se->code() != corocoll::errc::connection_closed);
+            if (said_something || !refusal_said_something) last_refusal = std::move(refusal);
+            refusal_said_something = refusal_said_something || said_something;
         }
     };
     auto accept_all = [&]() -> task<> {
