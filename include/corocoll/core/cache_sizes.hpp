@@ -17,8 +17,8 @@ struct cache_sizes {
     std::size_t l1d = 0;  ///< level 1, data
     std::size_t l2 = 0;   ///< level 2 (unified, or data)
     std::size_t l3 = 0;   ///< level 3 (usually shared by several cores)
-    /// Where the figures came from: the sysfs folder read (and ", L2 from COROCOLL_CACHE_L2"
-    /// where that variable set `l2`), or "unknown".
+    /// Where the figures came from: the sysfs folder read, or "sysconf" (and ", L2 from
+    /// COROCOLL_CACHE_L2" where that variable set `l2`), or "unknown".
     std::string source = "unknown";
 };
 
@@ -37,7 +37,13 @@ COROCOLL_DECL std::size_t parse_cache_size(std::string_view text) noexcept;
 /// `size`. A folder that is missing or unreadable gives every size 0; never throws.
 COROCOLL_DECL cache_sizes read_cache_sizes(const std::string& dir);
 
-/// This machine's caches: cpu0's sysfs folder, read once per process, with `l2` replaced by
+/// The caches as the C library's sysconf reports them (_SC_LEVEL1_DCACHE_SIZE,
+/// _SC_LEVEL2_CACHE_SIZE, _SC_LEVEL3_CACHE_SIZE: glibc reads CPUID on x86); source "sysconf",
+/// or every size 0 and "unknown" where it does not know them. Never throws.
+COROCOLL_DECL cache_sizes read_cache_sizes_sysconf() noexcept;
+
+/// This machine's caches: cpu0's sysfs folder (or, where that has no cache sizes, as some
+/// virtual machines do, `read_cache_sizes_sysconf`), read once per process, with `l2` replaced by
 /// COROCOLL_CACHE_L2 where that is set (for virtual machines that report a cache the host
 /// does not give them). A COROCOLL_CACHE_L2 that is not a size throws std::invalid_argument
 /// naming the variable and its value.

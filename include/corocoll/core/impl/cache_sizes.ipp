@@ -4,6 +4,8 @@
 
 #include <corocoll/core/cache_sizes.hpp>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -66,9 +68,30 @@ COROCOLL_DECL cache_sizes read_cache_sizes(const std::string& dir) {
     return out;
 }
 
+COROCOLL_DECL cache_sizes read_cache_sizes_sysconf() noexcept {
+    cache_sizes out;
+    auto size = [](int name) {
+        long v = ::sysconf(name);
+        return v > 0 ? static_cast<std::size_t>(v) : std::size_t{0};
+    };
+#if defined(_SC_LEVEL1_DCACHE_SIZE) && defined(_SC_LEVEL2_CACHE_SIZE) && \
+    defined(_SC_LEVEL3_CACHE_SIZE)
+    out.l1d = size(_SC_LEVEL1_DCACHE_SIZE);
+    out.l2 = size(_SC_LEVEL2_CACHE_SIZE);
+    out.l3 = size(_SC_LEVEL3_CACHE_SIZE);
+#else
+    (void)size;
+#endif
+    if (out.l1d != 0 || out.l2 != 0 || out.l3 != 0) out.source = "sysconf";
+    return out;
+}
+
 COROCOLL_DECL const cache_sizes& machine_cache_sizes() {
     static const cache_sizes sizes = [] {
         cache_sizes c = read_cache_sizes("/sys/devices/system/cpu/cpu0/cache");
+        // Some virtual machines give no cache folder in sysfs: the C library then asks the
+        // processor (CPUID on x86, with glibc).
+        if (c.l1d == 0 && c.l2 == 0 && c.l3 == 0) c = read_cache_sizes_sysconf();
         if (const char* v = std::getenv("COROCOLL_CACHE_L2"); v != nullptr && *v != '\0') {
             const std::size_t l2 = parse_cache_size(v);
             if (l2 == 0) {
