@@ -246,7 +246,7 @@ def main():
            f"Start-up (startup_probe: the first launcher's start to the last rank's first "
            f"all_reduce done): {startup[0] * 1e3:,.0f} ms; connections per rank, median "
            f"{startup[1]:g}, largest {startup[2]}; shared memory per rank {startup[3]:.1f} MiB "
-           "(COROCOLL_CONNECT as the environment says: eager unless set).", ""]
+           "(COROCOLL_CONNECT as the environment says: on first use unless set).", ""]
     if mpi_note:
         out += [f"Open MPI did not run: {mpi_note}", ""]
     out += ["| op | size | corocoll µs | Open MPI µs | corocoll ÷ Open MPI |",

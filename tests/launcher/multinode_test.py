@@ -137,16 +137,26 @@ def main():
         for i, (code, out, err) in enumerate(results):
             if code != 0:
                 failures.append(f"host {i + 1}: exit code {code}")
-            # The two ranks of a host share memory; ranks on the other host (another network
-            # namespace on this kernel: same boot id) are reached over TCP.
+            # The two ranks of a host share memory (ring neighbours: connected at set-up);
+            # ranks on the other host (another network namespace on this kernel: same boot id)
+            # are reached over TCP, connected at set-up (ring neighbours) or left for first use
+            # and then on TCP. The hierarchical calls' leaders, ranks 0 and 2, do talk.
             for r in (2 * i, 2 * i + 1):
                 same = 2 * i + (1 - r % 2)
                 for other in range(4):
                     if other == r:
                         continue
-                    kind = "shm" if other == same else "tcp"
-                    if not re.search(rf"rank {r} - rank {other}: {kind} \(", out + err):
-                        failures.append(f"host {i + 1}: rank {r} does not log {kind} to rank {other}")
+                    pair = rf"rank {r} - rank {other}: "
+                    if other == same:
+                        if not re.search(pair + r"shm \(", out + err):
+                            failures.append(f"host {i + 1}: rank {r} does not log shm to rank {other}")
+                        continue
+                    if re.search(pair + r"shm", out + err):
+                        failures.append(f"host {i + 1}: rank {r} logs shm to rank {other}, on another host")
+                    if not re.search(pair + r"(tcp|on first use) \(", out + err):
+                        failures.append(f"host {i + 1}: rank {r} logs no channel to rank {other}")
+                    if r % 2 == 0 and other % 2 == 0 and not re.search(pair + r"tcp (on first use )?\(", out + err):
+                        failures.append(f"host {i + 1}: leader {r} does not log tcp to leader {other}")
             for r in (2 * i, 2 * i + 1):
                 # Every rank sees the same two hosts, and all_reduce, broadcast and all_gather
                 # run hierarchically (shm within a host, TCP between the two leaders).

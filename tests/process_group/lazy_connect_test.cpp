@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <set>
@@ -203,7 +204,13 @@ TEST_CASE("a rank that dies on first use is named on every survivor, connected t
 }
 
 TEST_CASE("COROCOLL_CONNECT takes eager or lazy and refuses anything else, naming itself") {
-    CHECK(cc::transport::parse_connect("") == cc::transport::connect_mode::eager);
+    // Unset or empty: connections on first use, the default.
+    const char* was = std::getenv("COROCOLL_CONNECT");
+    std::string saved = was != nullptr ? was : "";
+    ::unsetenv("COROCOLL_CONNECT");
+    CHECK(cc::transport::connect_from_env() == cc::transport::connect_mode::lazy);
+    if (was != nullptr) ::setenv("COROCOLL_CONNECT", saved.c_str(), 1);
+    CHECK(cc::transport::parse_connect("") == cc::transport::connect_mode::lazy);
     CHECK(cc::transport::parse_connect("eager") == cc::transport::connect_mode::eager);
     CHECK(cc::transport::parse_connect("lazy") == cc::transport::connect_mode::lazy);
     try {

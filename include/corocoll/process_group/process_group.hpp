@@ -154,8 +154,9 @@ public:
     /// The reactor the group's operations run on.
     io::reactor& reactor() const noexcept { return reactor_; }
     /// The channel that carries this rank's messages to and from rank `peer`: "shm" (shared
-    /// memory, on this host) or "tcp"; empty for this rank itself or a rank outside the group.
-    /// COROCOLL_DEBUG=INFO logs each pair's choice and the reason at set-up.
+    /// memory, on this host) or "tcp"; empty for this rank itself, a rank outside the group,
+    /// and a rank this one has not talked to yet (connections open on first use unless
+    /// COROCOLL_CONNECT=eager). COROCOLL_DEBUG=INFO logs each pair's choice and the reason.
     const char* channel_to(int peer) const noexcept { return engine_.channel_kind(peer); }
     /// Which ranks of the group share a host (learnt at set-up from each rank's boot id,
     /// network namespace and `engine_options::host_tag`). A group that spans hosts with more

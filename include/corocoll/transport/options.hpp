@@ -57,13 +57,17 @@ private:
     unsigned char size_ = 0;
 };
 
-/// When the TCP connections of a group open.
+/// When the connections of a group open (TCP, and the shared-memory segments of pairs on one
+/// host).
 enum class connect_mode {
-    /// All at set-up, a full mesh: every pair proven before the first call.
+    /// All at set-up, a full mesh: every pair proven before the first call (n - 1 connections
+    /// and, on one host, n - 1 segments of 2 x `shm_ring_bytes` per rank).
     eager,
-    /// On first use: set-up only publishes where each rank listens (pairs that share memory
-    /// still connect there); a rank dials a peer when it first sends to it (a message, a
-    /// status question), so a ring at n ranks opens 2 connections per rank, not n - 1.
+    /// On first use, the default: set-up publishes where each rank listens and connects only
+    /// each rank's two neighbours on the ring of ranks; a rank dials a peer when it first sends
+    /// to it or posts a receive from it (a message, a collective step, a status question), and
+    /// a pair on one host maps its segment then. A ring at n ranks opens 2 connections per
+    /// rank, not n - 1.
     lazy,
 };
 
@@ -85,7 +89,7 @@ struct engine_options {
     /// COROCOLL_TRANSPORT, auto when that is unset too.
     std::optional<transport_choice> transport;
     /// When the connections between ranks open (see `connect_mode`); unset: COROCOLL_CONNECT,
-    /// eager when that is unset too.
+    /// lazy (on first use) when that is unset too.
     std::optional<connect_mode> connect;
     /// Bytes of each direction's ring of a shared-memory channel (a power of two, at least
     /// 64 KiB).
@@ -164,11 +168,11 @@ COROCOLL_DECL transport_choice transport_from_env();
 
 COROCOLL_DECL const char* to_string(transport_choice c) noexcept;
 
-/// A COROCOLL_CONNECT value (`eager` when empty); anything but eager and lazy is an error
+/// A COROCOLL_CONNECT value (`lazy` when empty); anything but eager and lazy is an error
 /// naming the variable.
 COROCOLL_DECL connect_mode parse_connect(std::string_view v);
 
-/// What COROCOLL_CONNECT says (`eager` when unset); see `parse_connect`.
+/// What COROCOLL_CONNECT says (`lazy` when unset); see `parse_connect`.
 COROCOLL_DECL connect_mode connect_from_env();
 
 }  // namespace transport

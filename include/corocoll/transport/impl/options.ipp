@@ -44,15 +44,15 @@ COROCOLL_DECL const char* to_string(transport_choice c) noexcept {
 }
 
 COROCOLL_DECL connect_mode parse_connect(std::string_view v) {
-    if (v.empty() || v == "eager") return connect_mode::eager;
-    if (v == "lazy") return connect_mode::lazy;
+    if (v.empty() || v == "lazy") return connect_mode::lazy;
+    if (v == "eager") return connect_mode::eager;
     throw std::invalid_argument("corocoll: COROCOLL_CONNECT='" + std::string(v) +
                                 "' is not one of eager, lazy");
 }
 
 COROCOLL_DECL connect_mode connect_from_env() {
     const char* text = std::getenv("COROCOLL_CONNECT");
-    return text == nullptr ? connect_mode::eager : parse_connect(text);
+    return text == nullptr ? connect_mode::lazy : parse_connect(text);
 }
 
 }  // namespace transport
