@@ -1,9 +1,11 @@
 #!/usr/bin/python3
 """netns_hosts: ranks on many hosts made of network namespaces on this machine, corocoll (one
-corocollrun per host, hierarchical collectives) beside Open MPI (mpirun across the namespaces).
+corocollrun per host, hierarchical collectives) beside Open MPI and MPICH (mpirun across the
+namespaces).
 
     benchmarks/compare/netns_hosts.py [--hosts 16] [--per-host 4] [-b 8] [-e 1M] [-f 128]
         [--iters 20] [--out-dir docs] [--corocollrun PATH] [--coll-perf PATH] [--probe PATH]
+        [--mpis openmpi,mpich]
 
 Needs root and iproute2. Makes --hosts namespaces ("hosts") and one more holding a bridge (the
 "switch"), each host joined to it by a veth pair, with addresses 198.18.1.1, 198.18.1.2, ...
@@ -17,7 +19,9 @@ Needs root and iproute2. Makes --hosts namespaces ("hosts") and one more holding
     the hosts' leaders);
   - Open MPI: mpi_perf.c (built by run_compare.py's rule) under mpirun.openmpi run in the first
     host, with a host file of the hosts' addresses and a launch agent that starts each host's
-    daemon inside its namespace (btl tcp,vader,self); reported as failed where it does not start.
+    daemon inside its namespace (btl tcp,vader,self); MPICH (ch4:ucx): mpi_perf.c under
+    mpirun.mpich (hydra) with the same agent in place of ssh and the hosts' addresses
+    (UCX_TLS=tcp,sm,self); each reported as failed where it does not start (--mpis picks them).
 
 Written between <!-- netns:begin --> and <!-- netns:end --> in performance.md under --out-dir.
 All ranks share this machine's CPUs: the figures are what oversubscription allows.
@@ -44,6 +48,7 @@ TAG = f"ccn{os.getpid() % 10000}"
 DONE = re.compile(r"startup_done (\d+) (\d+)")
 CONNECTIONS = re.compile(r"connections (\d+) (\d+) (\d+) (\d+) (\d+)")
 OPS = "all_reduce,broadcast,all_gather"
+NAMES = {"openmpi": "Open MPI", "mpich": "MPICH"}
 
 
 def sh(*cmd, check=True):
@@ -138,34 +143,56 @@ def rows_of(text):
     return rows
 
 
-def openmpi_job(a, perf_args, timeout=900):
-    """mpi_perf under mpirun.openmpi across the hosts; its JSON rows."""
-    exe = Path(a.build_dir) / "mpi_perf_openmpi"
+def build_mpi_perf(a, flavour):
+    """mpi_perf.c built with `flavour`'s mpicc (openmpi or mpich); its path."""
+    exe = Path(a.build_dir) / f"mpi_perf_{flavour}"
     if not exe.exists() or exe.stat().st_mtime < (HERE / "mpi_perf.c").stat().st_mtime:
         exe.parent.mkdir(parents=True, exist_ok=True)
-        sh("mpicc.openmpi", "-O2", "-std=c11", "-D_POSIX_C_SOURCE=200809L", "-o", str(exe),
+        sh(f"mpicc.{flavour}", "-O2", "-std=c11", "-D_POSIX_C_SOURCE=200809L", "-o", str(exe),
            str(HERE / "mpi_perf.c"))
+    return exe
+
+
+def launch_agent(a, path):
+    """The launch agent both MPIs call in place of ssh, as `agent [options] HOST COMMAND...`: it
+    runs the command inside that host's network namespace, with a host name of its own (a UTS
+    namespace: both MPIs tell nodes apart by name)."""
+    cases = "".join(f'        {address(i)}) ns={host_ns(i)} ;;\n' for i in range(a.hosts))
+    path.write_text("#!/bin/bash\nwhile [[ $1 == -* ]]; do shift; done\nhost=$1; shift\n"
+                    f"case $host in\n{cases}        *) echo \"no host $host\" >&2; exit 1 ;;\n"
+                    "esac\nexec ip netns exec \"$ns\" unshare --uts /bin/sh -c "
+                    "\"hostname $ns; $*\"\n")
+    path.chmod(0o755)
+
+
+def mpi_job(a, flavour, perf_args, timeout=900):
+    """mpi_perf under mpirun.openmpi or mpirun.mpich across the hosts, started in the first
+    host; its JSON rows."""
+    exe = build_mpi_perf(a, flavour)
     with tempfile.TemporaryDirectory() as tmp:
-        hostfile = Path(tmp) / "hosts"
-        hostfile.write_text("".join(f"{address(i)} slots={a.per_host}\n"
-                                    for i in range(a.hosts)))
-        # The launch agent: Open MPI calls it as `agent [options] HOST COMMAND...`; it runs the
-        # command inside that host's network namespace instead of over ssh, with a host name of
-        # its own (a UTS namespace: Open MPI tells nodes apart by name).
         agent = Path(tmp) / "netns_rsh"
-        cases = "".join(f'        {address(i)}) ns={host_ns(i)} ;;\n' for i in range(a.hosts))
-        agent.write_text("#!/bin/bash\nwhile [[ $1 == -* ]]; do shift; done\nhost=$1; shift\n"
-                         f"case $host in\n{cases}        *) echo \"no host $host\" >&2; exit 1 ;;\n"
-                         "esac\nexec ip netns exec \"$ns\" unshare --uts /bin/sh -c "
-                         "\"hostname $ns; $*\"\n")
-        agent.chmod(0o755)
-        argv = ["ip", "netns", "exec", host_ns(0), "unshare", "--uts", "sh", "-c",
-                f'hostname {TAG}mpirun; exec "$@"', "sh", "mpirun.openmpi", "--allow-run-as-root",
-                "--oversubscribe", "--bind-to", "none", "-np", str(a.hosts * a.per_host),
-                "--hostfile", str(hostfile), "--mca", "plm_rsh_agent", str(agent),
-                "--mca", "pml", "ob1", "--mca", "btl", "tcp,vader,self",
-                "--mca", "btl_tcp_if_include", "198.18.1.0/24",
-                "--mca", "oob_tcp_if_include", "198.18.1.0/24", str(exe), *perf_args]
+        launch_agent(a, agent)
+        first = ["ip", "netns", "exec", host_ns(0), "unshare", "--uts", "sh", "-c",
+                 f'hostname {TAG}mpirun; exec "$@"', "sh"]
+        ranks = str(a.hosts * a.per_host)
+        if flavour == "openmpi":
+            hostfile = Path(tmp) / "hosts"
+            hostfile.write_text("".join(f"{address(i)} slots={a.per_host}\n"
+                                        for i in range(a.hosts)))
+            argv = [*first, "mpirun.openmpi", "--allow-run-as-root", "--oversubscribe",
+                    "--bind-to", "none", "-np", ranks, "--hostfile", str(hostfile),
+                    "--mca", "plm_rsh_agent", str(agent), "--mca", "pml", "ob1",
+                    "--mca", "btl", "tcp,vader,self", "--mca", "btl_tcp_if_include",
+                    "198.18.1.0/24", "--mca", "oob_tcp_if_include", "198.18.1.0/24",
+                    str(exe), *perf_args]
+        else:
+            # Hydra with its ssh launcher run through the agent; the proxies reach mpiexec at
+            # the first host's address; UCX (MPICH's ch4 device here) uses TCP between hosts
+            # (the only device besides loopback in each namespace) and shared memory within.
+            hosts = ",".join(f"{address(i)}:{a.per_host}" for i in range(a.hosts))
+            argv = [*first, "mpirun.mpich", "-launcher", "ssh", "-launcher-exec", str(agent),
+                    "-localhost", address(0), "-hosts", hosts, "-n", ranks,
+                    "-genv", "UCX_TLS", "tcp,sm,self", str(exe), *perf_args]
         # mpi_perf takes one collective at a time.
         found = []
         for op in OPS.split(","):
@@ -175,7 +202,7 @@ def openmpi_job(a, perf_args, timeout=900):
             if r.returncode != 0:
                 said = [x for x in (r.stderr + r.stdout).splitlines()
                         if x.strip() and not x.startswith("---")]
-                raise RuntimeError(f"mpirun.openmpi ({op}) exited {r.returncode}: "
+                raise RuntimeError(f"mpirun.{flavour} ({op}) exited {r.returncode}: "
                                    f"{' / '.join(said[-3:])}")
             found += rows_of(r.stdout)
         return found
@@ -194,6 +221,8 @@ def main():
     p.add_argument("--coll-perf", default=str(REPO / "build-release/benchmarks/coll_perf"))
     p.add_argument("--probe", default=str(REPO / "build-release/benchmarks/startup_probe"))
     p.add_argument("--build-dir", default="/tmp/corocoll-compare")
+    p.add_argument("--mpis", default="openmpi,mpich",
+                   help="the MPIs to run beside corocoll, of openmpi and mpich")
     a = p.parse_args()
     if os.geteuid() != 0:
         print("netns_hosts: making network namespaces needs root", file=sys.stderr)
@@ -217,12 +246,14 @@ def main():
         _, _, outs = corocoll_job(a, [a.coll_perf, "-d", "float", "-o", "sum", "-F", "json",
                                       *perf_args])
         ours = rows_of("".join(outs))
-        try:
-            theirs = openmpi_job(a, [x for x in perf_args if x != OPS and x != "--coll"])
-            mpi_note = ""
-        except (RuntimeError, subprocess.TimeoutExpired, subprocess.CalledProcessError) as e:
-            theirs, mpi_note = [], str(e).splitlines()[0][:200]
-            print(f"Open MPI: {mpi_note}", flush=True)
+        theirs, notes = {}, {}
+        for flavour in a.mpis.split(","):
+            try:
+                theirs[flavour] = mpi_job(a, flavour,
+                                          [x for x in perf_args if x != OPS and x != "--coll"])
+            except (RuntimeError, subprocess.TimeoutExpired, subprocess.CalledProcessError) as e:
+                theirs[flavour], notes[flavour] = [], str(e).splitlines()[0][:200]
+                print(f"{NAMES[flavour]}: {notes[flavour]}", flush=True)
     finally:
         remove_hosts(a.hosts)
 
@@ -241,24 +272,29 @@ def main():
            "per host; within a host ranks share memory, between hosts TCP; the collectives are "
            "chosen automatically (hierarchical across hosts). Open MPI: mpirun.openmpi with a "
            "host file of the hosts' addresses and a launch agent that starts each host's daemon "
-           "in its namespace, btl tcp,vader,self. Times: coll_perf's (mean per iteration, "
+           "in its namespace, btl tcp,vader,self. MPICH (ch4:ucx): mpirun.mpich with the same "
+           "agent as hydra's ssh, the hosts' addresses, UCX_TLS=tcp,sm,self. Times: coll_perf's (mean per iteration, "
            f"largest over the ranks), {a.iters} iterations.", "",
            f"Start-up (startup_probe: the first launcher's start to the last rank's first "
            f"all_reduce done): {startup[0] * 1e3:,.0f} ms; connections per rank, median "
            f"{startup[1]:g}, largest {startup[2]}; shared memory per rank {startup[3]:.1f} MiB "
            "(COROCOLL_CONNECT as the environment says: on first use unless set).", ""]
-    if mpi_note:
-        out += [f"Open MPI did not run: {mpi_note}", ""]
-    out += ["| op | size | corocoll µs | Open MPI µs | corocoll ÷ Open MPI |",
-            "|---|---:|---:|---:|---:|"]
-    peer = {(r["op"], r["size"]): r for r in theirs}
+    for flavour, note in notes.items():
+        out += [f"{NAMES[flavour]} did not run: {note}", ""]
+    flavours = list(theirs)
+    out += ["| op | size | corocoll µs | " +
+            "".join(f"{NAMES[f]} µs | corocoll ÷ {NAMES[f]} | " for f in flavours),
+            "|---|---:|---:|" + "---:|---:|" * len(flavours)]
+    peers = {f: {(r["op"], r["size"]): r for r in rows} for f, rows in theirs.items()}
     for r in ours:
-        q = peer.get((r["op"], r["size"]))
         wrong = "" if r["wrong"] == 0 else f" ({r['wrong']} wrong)"
-        mpi = f"{q['time_us']:,.1f}" if q else "–"
-        ratio = f"{r['time_us'] / q['time_us']:.3g}" if q and q["time_us"] > 0 else "–"
-        out.append(f"| {r['op']} | {r['size']:,} | {r['time_us']:,.1f}{wrong} | {mpi} | "
-                   f"{ratio} |")
+        line = f"| {r['op']} | {r['size']:,} | {r['time_us']:,.1f}{wrong} | "
+        for f in flavours:
+            q = peers[f].get((r["op"], r["size"]))
+            mpi = f"{q['time_us']:,.1f}" if q else "–"
+            ratio = f"{r['time_us'] / q['time_us']:.3g}" if q and q["time_us"] > 0 else "–"
+            line += f"{mpi} | {ratio} | "
+        out.append(line.rstrip())
     out += ["", END_MARK]
     write_markdown(a.out_dir / "performance.md", "\n".join(out), BEGIN_MARK, END_MARK)
     print(f"netns_hosts: wrote {a.out_dir / 'performance.md'}")
