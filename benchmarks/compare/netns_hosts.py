@@ -282,8 +282,8 @@ def main():
     for flavour, note in notes.items():
         out += [f"{NAMES[flavour]} did not run: {note}", ""]
     flavours = list(theirs)
-    out += ["| op | size | corocoll µs | " +
-            "".join(f"{NAMES[f]} µs | corocoll ÷ {NAMES[f]} | " for f in flavours),
+    out += ["| op | size | corocoll µs |" +
+            "".join(f" {NAMES[f]} µs | corocoll ÷ {NAMES[f]} |" for f in flavours),
             "|---|---:|---:|" + "---:|---:|" * len(flavours)]
     peers = {f: {(r["op"], r["size"]): r for r in rows} for f, rows in theirs.items()}
     for r in ours:

@@ -626,6 +626,21 @@ def machine():
             continue
         if kind != "Instruction":
             caches.append(f"L{level}{'d' if kind == 'Data' else ''} {size}")
+    if not caches:
+        # Some virtual machines have no cache folder in sysfs: what the C library reports
+        # (getconf: glibc asks CPUID), as corocoll's machine_cache_sizes does.
+        for name, label in (("LEVEL1_DCACHE_SIZE", "L1d"), ("LEVEL2_CACHE_SIZE", "L2"),
+                            ("LEVEL3_CACHE_SIZE", "L3")):
+            size = command_output(["getconf", name])
+            if size.isdigit() and int(size) > 0:
+                caches.append(f"{label} {int(size) // 1024}K")
+        if caches:
+            caches[-1] += " (getconf)"
+    # The model name alone can be vague in a virtual machine ("AMD EPYC"): family and model too.
+    ids = {k: line.split(":", 1)[1].strip() for line in command_output(["cat", "/proc/cpuinfo"])
+           .splitlines()[:40] for k in ("cpu family", "model") if line.split(":", 1)[0].strip() == k}
+    if "cpu family" in ids and "model" in ids:
+        cpu += f" (family {ids['cpu family']}, model {ids['model']})"
     commit = command_output(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])
     if commit and command_output(["git", "-C", str(REPO), "status", "--porcelain",
                                   "--untracked-files=no"]):
