@@ -637,8 +637,13 @@ def machine():
         if caches:
             caches[-1] += " (getconf)"
     # The model name alone can be vague in a virtual machine ("AMD EPYC"): family and model too.
-    ids = {k: line.split(":", 1)[1].strip() for line in command_output(["cat", "/proc/cpuinfo"])
-           .splitlines()[:40] for k in ("cpu family", "model") if line.split(":", 1)[0].strip() == k}
+    ids = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            ids.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
     if "cpu family" in ids and "model" in ids:
         cpu += f" (family {ids['cpu family']}, model {ids['model']})"
     commit = command_output(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])

@@ -512,10 +512,12 @@ cc::task<> ping_pong(cc::process_group& pg, std::vector<int>& v, int ops) {
 // VM, whose system calls are slower, a round trip on one processor (each side's send through
 // the kernel, its polls and its yield) outlasts the 50 µs busy-poll window: the ranks pass the
 // processor at every message, 1,000-1,550 yields in 400 ping-pongs, and still sleep at 275-690
-// of them, as the scheduler has it. A window that grew by the time given away took that to 20
-// and made the ping-pong slower there, 80 µs against 65. So over TCP the test asks only for the
-// yields, the reactor's own doing, not for the sleeps the machine's speed decides. The two
-// cases run as a test of their own, alone: tests/meson.build.)
+// of them, as the scheduler has it (`taskset -c 0` coll_perf --coll ping_pong -b 4 -e 4 over
+// TCP: 26.7-27.2 µs there, 7.5-7.8 on shm). A window that grew by the time given away was
+// tried and not kept: it took the sleeps to about 20 but made a one-off probe's round trip
+// slower (80 µs against 65). So over TCP the test asks only for the yields, the reactor's own
+// doing, not for the sleeps the machine's speed decides. The two cases run as a test of their
+// own, alone: tests/meson.build.)
 // (Processes, not threads: two reactors of one process count as crowded and yield anyway.)
 cc::spawn_result ping_pong_on_one_cpu(cc::transport::transport_choice choice, int ops,
                                       std::uint64_t max_waits, std::uint64_t min_yields) {

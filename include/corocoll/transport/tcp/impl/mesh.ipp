@@ -289,6 +289,7 @@ COROCOLL_DECL task<std::vector<io::socket>> connect_pairs(io::reactor& r, rendez
             bool said_something =
                 se == nullptr ||
                 (se->code() != std::errc::timed_out && se->code() != std::errc::connection_reset &&
+                 se->code() != std::errc::broken_pipe &&
                  se->code() != std::errc::operation_canceled &&
                  se->code() != corocoll::errc::connection_closed);
             if (said_something || !refusal_said_something) last_refusal = std::move(refusal);
