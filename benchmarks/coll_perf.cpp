@@ -578,11 +578,14 @@ cc::task<> benchmark(cc::process_group& pg, const config& c) {
             report->comment(line);
             const auto& t = pg.size_thresholds();
             std::snprintf(line, sizeof line,
-                          "caches %s; 2-rank arena thresholds: ring from %zu KiB below %zu KiB, "
-                          "single-copy broadcast by tree from %zu KiB",
+                          "caches %s; 2-rank arena thresholds: all_reduce's ring from %zu KiB "
+                          "below %zu KiB, all_gather's from %zu KiB below %zu KiB, single-copy "
+                          "broadcast by tree from %zu KiB, gather and scatter below %zu KiB",
                           cc::describe(cc::machine_cache_sizes()).c_str(),
-                          t.shm_pair_ring_from >> 10, t.shm_pair_ring_below >> 10,
-                          t.shm_pair_single_copy_tree_from >> 10);
+                          t.shm_pair_all_reduce_ring_from >> 10,
+                          t.shm_pair_all_reduce_ring_below >> 10, t.shm_pair_ring_from >> 10,
+                          t.shm_pair_ring_below >> 10, t.shm_pair_single_copy_tree_from >> 10,
+                          t.shm_pair_rooted_below >> 10);
             report->comment(line);
             report->comment("");
             report->table(table_columns());

@@ -80,13 +80,20 @@ struct thresholds {
     std::size_t linear_block_bytes = std::size_t{64} << 10;      ///< gather/scatter, per block
     /// On a group with a shared arena, all_reduce, broadcast and all_gather go through it
     /// (the shm algorithms) at every size but these (measured with coll_perf on 2 and 4 ranks,
-    /// docs/architecture.md, "The shared arena"). On 2 ranks the ring's all_reduce and
-    /// all_gather, which stream both directions in 64 KiB pieces, stay ahead from this size
-    /// ...
+    /// docs/architecture.md, "The shared arena"). On 2 ranks the ring's all_gather, which
+    /// streams both directions in 64 KiB pieces, stays ahead from this size (where the arena
+    /// makes no single copies) ...
     std::size_t shm_pair_ring_from = std::size_t{512} << 10;
     /// ... up to (not including) this one; and a broadcast, one message, goes by the tree
     /// from `shm_pair_ring_from` on.
     std::size_t shm_pair_ring_below = std::size_t{4} << 20;
+    /// On 2 ranks all_reduce goes by the ring from this size ...
+    std::size_t shm_pair_all_reduce_ring_from = std::size_t{128} << 10;
+    /// ... up to (not including) this one, by the arena elsewhere. Neither follows the L2: on
+    /// an Intel Xeon (2 MiB L2) the ring led from 128 KiB to 1 MiB and the arena from 2 MiB, on
+    /// an AMD EPYC (1 MiB L2) the ring from 128 KiB to 32 MiB (docs/performance.md, "Size
+    /// thresholds from the machine's caches").
+    std::size_t shm_pair_all_reduce_ring_below = std::size_t{4} << 20;
     /// On more than 2 ranks a broadcast below this size goes by the binomial tree, whose root
     /// hands its message to two children and returns.
     std::size_t shm_broadcast_tree_below = std::size_t{4} << 10;

@@ -264,7 +264,11 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
         auto single = [&](std::size_t offered) {
             return single_copy_from > 0 && offered >= single_copy_from;
         };
-        if (k == collective_kind::all_reduce) return pair_ring ? algorithm::ring : algorithm::shm;
+        if (k == collective_kind::all_reduce) {
+            const bool ring = n == 2 && bytes >= t.shm_pair_all_reduce_ring_from &&
+                              bytes < t.shm_pair_all_reduce_ring_below;
+            return ring ? algorithm::ring : algorithm::shm;
+        }
         if (k == collective_kind::all_gather) {
             return pair_ring && !single(bytes / static_cast<std::size_t>(n)) ? algorithm::ring
                                                                              : algorithm::shm;
