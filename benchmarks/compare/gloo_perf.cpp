@@ -20,8 +20,8 @@
 // does; only the checked run starts from fresh inputs.
 //
 // Ranks meet through a gloo::rendezvous::FileStore in DIR (empty, one per run) and talk over
-// Gloo's TCP transport on 127.0.0.1. Sizes, element counts, timing (warm-up, barrier, timed
-// loop, mean per iteration, largest over the ranks), checked values and the JSON rows on rank
+// Gloo's TCP transport on 127.0.0.1. Sizes, element counts, timing (barrier, warm-up, barrier,
+// timed loop, mean per iteration, largest over the ranks), checked values and the JSON rows on rank
 // 0's stdout are coll_perf's with -d float -o sum -F json, written by the same code
 // (benchmarks/common/, which is standard C++17 and needs no include path).
 //
@@ -257,9 +257,10 @@ public:
 
     // Mean time per operation on this rank, in microseconds.
     double time(const perf::sweep& c) {
-        for (int i = 0; i < c.warmup; ++i) run_once();
         gloo::BarrierOptions barrier(context_);
         barrier.setTag(bookkeeping_tag);
+        gloo::barrier(barrier);  // as coll_perf does, before the warm-up too
+        for (int i = 0; i < c.warmup; ++i) run_once();
         gloo::barrier(barrier);
         auto t0 = clock_type::now();
         for (int i = 0; i < c.iters; ++i) run_once();

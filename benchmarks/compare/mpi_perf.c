@@ -14,7 +14,7 @@
  * reduce; the whole gathered buffer of all_gather and gather; the whole input of
  * reduce_scatter, scatter and all_to_all (each rank keeps size / n of reduce_scatter's and
  * scatter's, and sends size / n of all_to_all's to each rank).
- * Sizes, element counts, timing (warm-up, barrier, timed loop, mean per iteration, largest
+ * Sizes, element counts, timing (barrier, warm-up, barrier, timed loop, mean per iteration, largest
  * over the ranks), checked values, busbw factors and the JSON rows on rank 0's stdout are
  * coll_perf's with -d float -o sum -F json, so that the runner can put the rows side by side.
  * (C, so it cannot share benchmarks/common/ with the C++ programs; it reads the same flags and
@@ -224,6 +224,7 @@ static double now_us(void) {
 
 /* Mean time per operation on this rank, in microseconds. */
 static double time_op(const struct bench* x, const struct config* c) {
+    MPI_Barrier(MPI_COMM_WORLD); /* as coll_perf: its connections open before the timed loop */
     for (int i = 0; i < c->warmup; ++i) run_once(x);
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = now_us();

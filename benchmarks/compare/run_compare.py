@@ -7,14 +7,14 @@
         [--timeout SECONDS] [--quick] [--section NAME]
 
 Every system runs the same ops at the same sizes with the same iterations, timed the way
-corocoll's coll_perf times them (warm-up, barrier, timed loop, mean per iteration, largest over
-the ranks) and checked once per size (-c 1): coll_perf for corocoll, and for the others the
-programs beside this file (torch_perf.py, gloo_perf.cpp, mpi_perf.c), which print coll_perf's
-JSON rows. Systems run one at a time, each invocation under a time limit; one that fails is
-reported in the tables, and the others go on. corocoll runs twice: corocoll_shm and corocoll_tcp
-are coll_perf with COROCOLL_TRANSPORT=shm and =tcp (--systems corocoll means both). An op that a
-system cannot do (its program prints "<program>: n/a: <why>" on stderr, and exits with 77) shows
-as n/a and is not a failure.
+corocoll's coll_perf times them (barrier, warm-up, barrier, timed loop, mean per iteration,
+largest over the ranks) and checked once per size (-c 1): coll_perf for corocoll, and for the
+others the programs beside this file (torch_perf.py, gloo_perf.cpp, mpi_perf.c), which print
+coll_perf's JSON rows. Systems run one at a time, each invocation under a time limit; one that
+fails is reported in the tables, and the others go on. corocoll runs twice: corocoll_shm and
+corocoll_tcp are coll_perf with COROCOLL_TRANSPORT=shm and =tcp (--systems corocoll means both).
+An op that a system cannot do (its program prints "<program>: n/a: <why>" on stderr, and exits
+with 77) shows as n/a and is not a failure.
 
 Writes, under --out-dir: performance.md (only between <!-- compare:begin --> and
 <!-- compare:end -->; the rest of the file is kept), perf/<op>_<N>ranks.png (latency and busbw
@@ -98,6 +98,10 @@ END_MARK = "<!-- compare:end -->"
 LATENCY_PER_PEER_US = 20.0
 BYTES_PER_US = 1e3
 MIN_ITERS = 5
+# Warm-up iterations at least: the first calls of a fresh group run slower while its ranks settle
+# (4 ranks on 2 CPUs: 20 scatters of 512 KiB after 5 warm-ups took 130-200 us each, after 10
+# or more 20-32).
+MIN_WARMUP = 10
 MAX_ITERS = 10000
 # Iterations are rounded down to 1, 2, 5 times a power of ten, so that neighbouring sizes share
 # a count and one invocation covers them (torch and mpirun take a second or more to start).
@@ -213,7 +217,7 @@ def iterations(a, size, ranks):
         estimate_us = LATENCY_PER_PEER_US * (ranks - 1) * crowding(ranks) + size / BYTES_PER_US
         raw = min(max(a.time_per_size * 1e6 / estimate_us, MIN_ITERS), MAX_ITERS)
         n = max(x for x in NICE_ITERS if x <= raw)
-    return n, max(2, n // 10)
+    return n, max(MIN_WARMUP, n // 10)
 
 
 def segments(a, ranks):
@@ -682,12 +686,13 @@ def markers(a):
 
 def section(a, m, results, plots, summary):
     if a.iters:
-        policy = f"{a.iters} timed iterations at every size, {max(2, a.iters // 10)} warm-up"
+        warmup = max(MIN_WARMUP, a.iters // 10)
+        policy = f"{a.iters} timed iterations at every size, {warmup} warm-up"
     else:
         policy = (f"at each size, n timed iterations: {a.time_per_size} s / estimate, clamped "
                   f"to [{MIN_ITERS}, {MAX_ITERS}] and rounded down to 1, 2 or 5 × 10^k, where "
                   f"the estimate is {LATENCY_PER_PEER_US:g} µs × (ranks − 1) × max(1, ranks / "
-                  "CPUs) + size at 1 GB/s; max(2, n / 10) warm-up iterations")
+                  f"CPUs) + size at 1 GB/s; max({MIN_WARMUP}, n / 10) warm-up iterations")
     ref = reference(a.systems)
     cpus = m["cpus"] or 0
     oversubscribed = " and ".join(f"{n} ranks" for n in a.ranks if n > cpus)
@@ -711,8 +716,8 @@ def section(a, m, results, plots, summary):
         "```",
         "",
         "Every system runs the same sizes with the same iterations, timed as coll_perf times "
-        "them: warm-up iterations, a barrier, the timed iterations; the mean per iteration on "
-        "each rank, then the largest over the ranks. float32. A size is nccl-tests': "
+        "them: a barrier, warm-up iterations, a barrier, the timed iterations; the mean per "
+        "iteration on each rank, then the largest over the ranks. float32. A size is nccl-tests': "
         "all_reduce sums in place and broadcast is from rank 0 in place, on a buffer of that "
         "size; all_gather's size is the whole gathered buffer; reduce_scatter's (a sum) and "
         "all_to_all's is the whole input of each rank, of which each rank keeps, or sends to "

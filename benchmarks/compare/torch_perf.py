@@ -26,9 +26,9 @@ An op the backend cannot do (torch 1.13's Gloo has no reduce_scatter) prints one
 
 Joins with init_method env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE from the launcher:
 corocollrun, torchrun, or run_compare.py itself). Gloo's sockets stay on loopback
-(GLOO_SOCKET_IFNAME=lo unless set). Sizes, element counts, timing (warm-up, barrier, timed loop,
-mean per iteration, largest over the ranks), checked values and the JSON rows on rank 0's stdout
-are coll_perf's with -d float -o sum -F json.
+(GLOO_SOCKET_IFNAME=lo unless set). Sizes, element counts, timing (barrier, warm-up, barrier,
+timed loop, mean per iteration, largest over the ranks), checked values and the JSON rows on rank
+0's stdout are coll_perf's with -d float -o sum -F json.
 """
 
 import argparse
@@ -133,6 +133,7 @@ class Bench:
 
     def time(self, iters, warmup):
         """Mean time per operation on this rank, in microseconds."""
+        dist.barrier()  # as coll_perf does, before the warm-up too
         for _ in range(warmup):
             self.run_once()
         dist.barrier()
