@@ -257,17 +257,20 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
                                const topology* hosts, bool arena, std::size_t single_copy_from) {
     if (algorithm forced = choice.forced(k); forced != algorithm::automatic) return forced;
     if (arena) {
-        const bool pair_ring =
-            n == 2 && bytes >= t.shm_pair_ring_from && bytes < t.shm_pair_ring_below;
+        // Whether a 2-rank call of this size falls in [from, below).
+        auto pair_window = [&](std::size_t from, std::size_t below) {
+            return n == 2 && bytes >= from && bytes < below;
+        };
+        const bool pair_ring = pair_window(t.shm_pair_ring_from, t.shm_pair_ring_below);
         // Whether the arena's call copies straight from the ranks' buffers (the buffer one
         // rank offers: a broadcast's, one all_gather block).
         auto single = [&](std::size_t offered) {
             return single_copy_from > 0 && offered >= single_copy_from;
         };
         if (k == collective_kind::all_reduce) {
-            const bool ring = n == 2 && bytes >= t.shm_pair_all_reduce_ring_from &&
-                              bytes < t.shm_pair_all_reduce_ring_below;
-            return ring ? algorithm::ring : algorithm::shm;
+            return pair_window(t.shm_pair_all_reduce_ring_from, t.shm_pair_all_reduce_ring_below)
+                       ? algorithm::ring
+                       : algorithm::shm;
         }
         if (k == collective_kind::all_gather) {
             return pair_ring && !single(bytes / static_cast<std::size_t>(n)) ? algorithm::ring
