@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <latch>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -201,6 +202,51 @@ TEST_CASE("a rank that dies on first use is named on every survivor, connected t
         CHECK(res.ranks[static_cast<std::size_t>(r)].ok());
     }
     ::munmap(b, sizeof(death_board));
+}
+
+TEST_CASE(
+    "a rank that failed the group and closed it before a first use is reported by the failure, "
+    "not as unreachable") {
+    // Rank 3 revokes the group and closes it; then rank 1, not its ring neighbour, sends to it.
+    // The dial finds nobody listening, while the revoke is still on its way around the ring:
+    // ranks 0 and 2 hold their reactors still until rank 1 sends, and a moment longer. Rank 1
+    // must report the revoke, not that rank 3 cannot be reached.
+    cc::transport::transport_choice transport = cc::transport::transport_choice::tcp;
+    SUBCASE("tcp") {}
+    SUBCASE("shm") { transport = cc::transport::transport_choice::shm; }
+    std::latch started(1), closed(1), sending(1);
+    thread_ranks_options o;
+    o.limits.connect = cc::transport::connect_mode::lazy;
+    o.limits.transport = transport;
+    auto res = run_threads(
+        4,
+        [&](cc::process_group& pg) -> cc::task<> {
+            int r = pg.rank();
+            if (r == 3) {
+                started.wait();
+                pg.revoke("rank 3 gives up");
+                co_await pg.close();
+                closed.count_down();
+            } else if (r == 1) {
+                expect_peers(pg, ring_of(1, 4), "after set-up");
+                started.count_down();
+                closed.wait();
+                sending.count_down();
+                std::vector<int> v{1};
+                co_await pg.send(v, 3);
+            } else {
+                sending.wait();  // blocks this thread: its reactor reads nothing meanwhile
+                std::this_thread::sleep_for(50ms);
+                co_await pg.when_failed();
+            }
+        },
+        o);
+    std::string e1 = what(res[1]);
+    CAPTURE(e1);
+    CHECK(e1.find("rank 3 revoked process group 'default'") != std::string::npos);
+    CHECK(e1.find("rank 3 gives up") != std::string::npos);
+    CHECK(e1.find("cannot be reached") == std::string::npos);
+    for (int r : {0, 2, 3}) CHECK(what(res[static_cast<std::size_t>(r)]) == "");
 }
 
 TEST_CASE("COROCOLL_CONNECT takes eager or lazy and refuses anything else, naming itself") {

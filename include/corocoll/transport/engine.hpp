@@ -378,6 +378,8 @@ private:
     task<> open_link(int p, time_point deadline);
     // Dials `p` for a receive posted for it (unless a connection came meanwhile).
     task<> open_for_recv(int p, time_point deadline);
+    // Returns once the group has failed or closes, or `until` passed.
+    task<> until_failed_or(time_point until);
     // Takes the connections that peers dial, until the engine shuts down.
     task<> accept_links();
     // One dialled connection: its handshake, this rank's verdict, the channel attached.

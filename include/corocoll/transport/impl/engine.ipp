@@ -234,17 +234,24 @@ COROCOLL_DECL task<> engine::open_link(int p, time_point deadline) {
         }
         if (failed) {
             ps.opens = opening::none;
+            // Refused, or cut off in the handshake (a listener closed with this dial queued).
             bool gone = failed == std::errc::connection_refused ||
-                        failed == std::errc::connection_reset ||
-                        failed == corocoll::errc::connection_closed;
+                        cause_of(failed) == failure_cause::rank_failed;
             if (!gone) {
                 fail(p, failed, why);
                 co_return;
             }
             // Nobody listens where the peer has since set-up: it closed its group, or its
-            // process ended. Like a goodbye, this fails only what needs the peer; a death
-            // fails the group through the peer's neighbours on the ring of set-up connections,
-            // which see its connections end without one.
+            // process ended. A peer that failed the group first told the ranks it was
+            // connected to, and their word is on its way here: it names the cause, which
+            // "cannot be reached" would hide. So the group's failure is awaited a moment
+            // first, as a send cut off by a peer waits for its last frame.
+            co_await until_failed_or(
+                std::min(deadline, io::deadline_after(std::chrono::seconds(1))));
+            if (failure_) co_return;
+            // Like a goodbye, this fails only what needs the peer; a death fails the group
+            // through the peer's neighbours on the ring of set-up connections, which see its
+            // connections end without one.
             peer_left(p, "rank " + std::to_string(p) +
                              " cannot be reached where it has listened since set-up: it closed "
                              "its process group, or its process ended (" +
@@ -263,6 +270,15 @@ COROCOLL_DECL task<> engine::open_link(int p, time_point deadline) {
         // Rare (two ranks that dialled each other at once): the peer's handshake with this
         // rank's listener is a round trip from done.
         co_await reactor_.sleep_for(std::chrono::milliseconds(1));
+    }
+}
+
+COROCOLL_DECL task<> engine::until_failed_or(time_point until) {
+    if (failure_) co_return;
+    try {
+        // A failure, or the close, stops `stop_`.
+        co_await reactor_.sleep_until(until, stop_.get_token());
+    } catch (const std::system_error&) {
     }
 }
 
