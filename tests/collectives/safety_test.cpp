@@ -105,6 +105,20 @@ TEST_CASE("a rank with another size, root, type or op makes every rank fail, say
         });
         check_every_rank_failed_with(errors, {"does not match"});
     }
+    SUBCASE("two roots") {
+        // Each of two ranks calls itself the root of a small broadcast: neither waits at its
+        // step. Whichever way the two meet, one sees the other's arrival, and its call, as it
+        // goes on (shm_arena::arrive_and_go), so both fail by the barrier.
+        for (int round = 0; round < 20; ++round) {
+            CAPTURE(round);
+            auto errors = errors_of(2, [](cc::process_group& pg) -> cc::task<> {
+                std::vector<std::int64_t> t(2, pg.rank());
+                co_await pg.broadcast(t, pg.rank());
+                co_await pg.barrier();  // see check_every_rank_failed_with
+            });
+            check_every_rank_failed_with(errors, {"does not match", "root 0", "root 1"});
+        }
+    }
     SUBCASE("type") {
         auto errors = errors_of(2, [](cc::process_group& pg) -> cc::task<> {
             if (pg.rank() == 0) {
