@@ -380,6 +380,11 @@ private:
     task<> open_for_recv(int p, time_point deadline);
     // Returns once the group has failed or closes, or `until` passed.
     task<> until_failed_or(time_point until);
+    // How long a send cut off by a peer waits for that peer's last frame, and a dial that
+    // finds a peer gone for the group's failure: a peer that failed the group sent its cause
+    // (to this rank, or around the ring), and that cause, not the closed socket, is what this
+    // rank reports.
+    static constexpr std::chrono::seconds last_words_grace{1};
     // Takes the connections that peers dial, until the engine shuts down.
     task<> accept_links();
     // One dialled connection: its handshake, this rank's verdict, the channel attached.

@@ -191,8 +191,7 @@ COROCOLL_DECL task<> engine::send_frame(std::span<const std::byte> data, int dst
     if (failed) {
         // A peer that failed the group tells us why in its last frame; a send that hits
         // its closed socket first must not hide that. Let its reader get to it.
-        if (!failure_)
-            co_await ps.reader_exit(reactor_, io::deadline_after(std::chrono::seconds(1)));
+        if (!failure_) co_await ps.reader_exit(reactor_, io::deadline_after(last_words_grace));
         fail(dst, failed, "");
     }
     check_usable(what);
@@ -246,8 +245,7 @@ COROCOLL_DECL task<> engine::open_link(int p, time_point deadline) {
             // connected to, and their word is on its way here: it names the cause, which
             // "cannot be reached" would hide. So the group's failure is awaited a moment
             // first, as a send cut off by a peer waits for its last frame.
-            co_await until_failed_or(
-                std::min(deadline, io::deadline_after(std::chrono::seconds(1))));
+            co_await until_failed_or(std::min(deadline, io::deadline_after(last_words_grace)));
             if (failure_) co_return;
             // Like a goodbye, this fails only what needs the peer; a death fails the group
             // through the peer's neighbours on the ring of set-up connections, which see its
