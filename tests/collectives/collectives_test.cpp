@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <complex>
 #include <cstdint>
 #include <cstdlib>
@@ -843,10 +844,11 @@ TEST_CASE("select: the ring's and the chain's switch points move up with the ran
     CHECK(pick(k::all_reduce, t.all_reduce_ring_bytes, 8) == coll::algorithm::ring);
     CHECK(pick(k::all_reduce, t.all_reduce_ring_bytes - 4, 8) ==
           coll::algorithm::recursive_doubling);
-    CHECK(pick(k::broadcast, t.broadcast_chain_bytes, 8) == coll::algorithm::chain);
     CHECK(pick(k::all_gather, t.all_gather_ring_bytes, 8) == coll::algorithm::ring);
-    // Beyond, growing with n; collectives without a latency-bound rival keep theirs.
-    for (auto kind : {k::all_reduce, k::broadcast, k::all_gather}) {
+    // Beyond, growing with n; collectives without a latency-bound rival keep theirs, and the
+    // broadcast counts its chain's pieces at every n (the test above).
+    CHECK(coll::rank_growth(k::broadcast, 1024) == 1.0);
+    for (auto kind : {k::all_reduce, k::all_gather}) {
         CAPTURE(coll::kind_name(kind));
         double before = 1.0;
         for (int n = 16; n <= 8192; n *= 2) {
@@ -862,9 +864,9 @@ TEST_CASE("select: the ring's and the chain's switch points move up with the ran
     CHECK(pick(k::all_reduce, std::size_t{1} << 20, 1024) == coll::algorithm::recursive_doubling);
     CHECK(pick(k::all_reduce, std::size_t{7} << 20, 1024) == coll::algorithm::recursive_doubling);
     CHECK(pick(k::all_reduce, std::size_t{8} << 20, 1024) == coll::algorithm::ring);
-    // broadcast: 1022 / 9 against 6 / 2, 37.9x: the chain from 19 MiB.
-    CHECK(pick(k::broadcast, std::size_t{16} << 20, 1024) == coll::algorithm::binomial);
-    CHECK(pick(k::broadcast, std::size_t{20} << 20, 1024) == coll::algorithm::chain);
+    // broadcast: more than 1022 / 9 pieces of 1 MiB, the chain from 114 MiB.
+    CHECK(pick(k::broadcast, std::size_t{113} << 20, 1024) == coll::algorithm::binomial);
+    CHECK(pick(k::broadcast, std::size_t{114} << 20, 1024) == coll::algorithm::chain);
     // all_gather: 1013 * 1024 / 1023 against 4 * 8 / 7, 222x: the ring from 55 MiB.
     CHECK(pick(k::all_gather, std::size_t{32} << 20, 1024) == coll::algorithm::bruck);
     CHECK(pick(k::all_gather, std::size_t{64} << 20, 1024) == coll::algorithm::ring);
@@ -874,6 +876,64 @@ TEST_CASE("select: the ring's and the chain's switch points move up with the ran
     CHECK(coll::select(k::all_reduce, 1024, 8, {}, mine) == coll::algorithm::ring);
     CHECK(coll::select(k::all_reduce, 1024, 1024, {}, mine) == coll::algorithm::recursive_doubling);
     CHECK(coll::select(k::all_reduce, 30 * 1024, 1024, {}, mine) == coll::algorithm::ring);
+}
+
+TEST_CASE("select: a broadcast goes by the chain only where its pieces beat the tree's copies") {
+    // The chain, n - 2 + k steps of a k-th of the message, against the tree's log2(n) steps
+    // of the whole: a chain of one 1 MiB piece on 4 ranks is three copies one after another,
+    // where the tree makes two (over TCP on 4 ranks of an AMD EPYC, 2026-11-29: 1,160 us at
+    // 512 KiB by the chain against Open MPI's 307, coll_perf's binomial 270-410).
+    using k = coll::collective_kind;
+    const coll::thresholds t{};
+    constexpr std::size_t MiB = std::size_t{1} << 20;
+    auto pick = [&](std::size_t bytes, int n, const coll::thresholds& th) {
+        return coll::select(k::broadcast, bytes, n, {}, th, nullptr, false);
+    };
+    CHECK(coll::chain_pieces_needed(2) == 0);
+    CHECK(coll::chain_pieces_needed(3) == 2);
+    CHECK(coll::chain_pieces_needed(4) == 3);
+    CHECK(coll::chain_pieces_needed(8) == 4);
+    CHECK(coll::chain_pieces_needed(1024) == 114);  // 1022 / 9 = 113.6
+    for (int n : {3, 4, 5, 8, 16, 64, 1024, 8192}) {
+        CAPTURE(n);
+        const std::size_t need = coll::chain_pieces_needed(n);
+        // (n - 2 + k) / (k log2 n) below 1 from `need` pieces on, not before.
+        const double l = std::ceil(std::log2(static_cast<double>(n)));
+        CHECK(n - 2.0 + static_cast<double>(need) < static_cast<double>(need) * l);
+        CHECK(n - 2.0 + static_cast<double>(need - 1) >= static_cast<double>(need - 1) * l);
+        CHECK(pick(need * MiB, n, t) == coll::algorithm::chain);
+        CHECK(pick((need - 1) * MiB, n, t) == coll::algorithm::binomial);
+        CHECK(pick(t.broadcast_chain_bytes, n, t) == coll::algorithm::binomial);
+    }
+    // Two ranks: the chain is the tree's one hop, at any size.
+    CHECK(pick(std::size_t{1} << 30, 2, t) == coll::algorithm::binomial);
+    // Smaller pieces make the chain's pipeline deeper sooner, down to its floor.
+    coll::thresholds small = t;
+    small.chain_piece_bytes = 64 << 10;
+    CHECK(pick(3 * (64 << 10), 4, small) == coll::algorithm::binomial);  // under the floor
+    CHECK(pick(t.broadcast_chain_bytes, 4, small) == coll::algorithm::chain);
+    CHECK(pick(t.broadcast_chain_bytes, 64, small) == coll::algorithm::binomial);  // 8 of 13
+}
+
+TEST_CASE("broadcast_object_list: the group's chunk size is its chain's piece") {
+    on_every_world([](cc::process_group& pg) -> cc::task<> {
+        CHECK(pg.size_thresholds().chain_piece_bytes == pg.chunk_bytes());
+        pg.set_chunk_bytes(64 << 10);
+        CHECK(pg.size_thresholds().chain_piece_bytes == std::size_t{64} << 10);
+        // 700 KiB in 11 pieces: the chain on 3-8 ranks (they need 2-4), the tree on 2.
+        std::vector<std::string> objects(1);
+        if (pg.rank() == 0) {
+            objects[0].resize(700 << 10);
+            for (std::size_t i = 0; i < objects[0].size(); ++i) objects[0][i] = char('a' + i % 23);
+        }
+        co_await pg.broadcast_object_list(objects, 0);
+        REQUIRE(objects[0].size() == std::size_t{700} << 10);
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < objects[0].size(); ++i)
+            wrong += objects[0][i] != char('a' + i % 23);
+        CHECK(wrong == 0);
+        pg.set_chunk_bytes(std::size_t{1} << 20);
+    });
 }
 
 TEST_CASE("all_to_all: a rank that gives equal split sizes and ranks that give none agree") {

@@ -5,7 +5,8 @@
 // once after the pipeline fills.
 // Cost: (n - 2 + chunks) chunk-steps; each rank sends and receives bytes once (the root only
 // sends, the last only receives): time ~ bytes / bandwidth + (n - 2) * chunk / bandwidth.
-// Chosen: for large buffers (at or above broadcast's large threshold) when n > 2.
+// Chosen: when n > 2 and its chunks outnumber (n - 2) / (log2(n) - 1), where it moves fewer
+// bytes one after another than the binomial tree (`chain_pieces_needed`, select.hpp).
 
 #include <corocoll/collectives/context.hpp>
 #include <corocoll/version.hpp>

@@ -2,8 +2,9 @@
 
 // broadcast_object_list: the root's serialized list goes out in two broadcasts, its length in
 // round 0 (binomial tree) so that every rank can size its buffer, then its bytes from round 1:
-// by the chain (pipelined) when they are large and there are more than two ranks, otherwise by
-// the binomial tree.
+// by the chain (pipelined) where `select` would take it for a broadcast of that many bytes
+// (its pieces of the call's chunk size outnumber what the ranks need), otherwise by the
+// binomial tree.
 // Cost: the length costs ceil(log2 n) rounds of 8 bytes; the bytes cost what
 // broadcast_binomial or broadcast_chain costs for them. Chosen: always for
 // broadcast_object_list.

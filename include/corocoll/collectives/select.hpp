@@ -68,14 +68,21 @@ COROCOLL_DECL const char* algorithm_name(algorithm a) noexcept;
 /// True when collective `k` can run algorithm `a`.
 COROCOLL_DECL bool supports(collective_kind k, algorithm a) noexcept;
 
-/// Sizes at which the automatic choice switches to the bandwidth-bound algorithm. The first
-/// three (`all_reduce_ring_bytes`, `broadcast_chain_bytes`, `all_gather_ring_bytes`) were
-/// measured on 2-8 ranks; on more, `select` moves them up by `rank_growth`.
+/// Sizes at which the automatic choice switches to the bandwidth-bound algorithm. Two
+/// (`all_reduce_ring_bytes`, `all_gather_ring_bytes`) were measured on 2-8 ranks; on more,
+/// `select` moves them up by `rank_growth`. The broadcast's switch follows its pieces.
 struct thresholds {
     /// all_reduce: from this many bytes the ring, below it recursive doubling.
     std::size_t all_reduce_ring_bytes = std::size_t{256} << 10;
-    /// broadcast: from this many bytes the pipelined chain, below it the binomial tree.
+    /// broadcast: the pipelined chain, n - 2 + k steps of a k-th of the message, against the
+    /// binomial tree's log2(n) steps of the whole, from where the k pieces of
+    /// `chain_piece_bytes` outnumber `chain_pieces_needed(n)` = (n - 2) / (log2(n) - 1) (the
+    /// chain then moves fewer bytes one after another than the tree), and never below this
+    /// many bytes (each piece also pays a message's latency).
     std::size_t broadcast_chain_bytes = std::size_t{512} << 10;
+    /// The chain's pieces: the group's `chunk_bytes` (`process_group::set_chunk_bytes` keeps
+    /// the two alike).
+    std::size_t chain_piece_bytes = std::size_t{1} << 20;
     std::size_t all_gather_ring_bytes = std::size_t{256} << 10;  ///< of the gathered total
     std::size_t linear_block_bytes = std::size_t{64} << 10;      ///< gather/scatter, per block
     /// On a group with a shared arena, all_reduce, broadcast and all_gather go through it
@@ -131,16 +138,21 @@ struct thresholds {
 };
 
 /// How much further than on 8 ranks the switch to the algorithm that pays n - 1 latencies
-/// (the ring, the chain) moves on `n` ranks: 1 up to 8 ranks, where the thresholds were
-/// measured; beyond, the ratio of the two algorithms' alpha-beta crossovers on n and on 8
-/// ranks (ring against recursive doubling for all_reduce; chain against the binomial tree for
-/// broadcast, where the chain's n - 2 steps of filling its pipeline must stay the same share of
-/// the tree's log2(n) - 1 extra copies; ring against Bruck for all_gather, where the ring's
-/// n - 1 - log2(n) extra latencies must stay the same share of the transfer). Neither alpha nor
-/// beta is in the ratio, so no machine's figures are. 1 for every other collective.
+/// (the ring) moves on `n` ranks: 1 up to 8 ranks, where the thresholds were measured;
+/// beyond, the ratio of the two algorithms' alpha-beta crossovers on n and on 8 ranks (ring
+/// against recursive doubling for all_reduce; ring against Bruck for all_gather, where the
+/// ring's n - 1 - log2(n) extra latencies must stay the same share of the transfer). Neither
+/// alpha nor beta is in the ratio, so no machine's figures are. 1 for every other collective
+/// (broadcast's switch counts the chain's pieces at every n: `chain_pieces_needed`).
 /// benchmarks/compare/cost_model.py checks the result against the model (docs/performance.md,
 /// "A cost model").
 COROCOLL_DECL double rank_growth(collective_kind k, int n) noexcept;
+
+/// The pieces a broadcast's chain must be cut into on `n` ranks to move fewer bytes one after
+/// another than the binomial tree: the least k with n - 2 + k < k log2(n), i.e. more than
+/// (n - 2) / (log2(n) - 1) (2 on 3 ranks, 3 on 4, 4 on 8, 115 on 1,024); 0 where the chain
+/// is never chosen (n <= 2, where it is the tree's one hop).
+COROCOLL_DECL std::size_t chain_pieces_needed(int n) noexcept;
 
 /// Algorithms forced per collective; `automatic` leaves the choice to size and world size.
 class algorithm_choice {

@@ -319,9 +319,11 @@ public:
     void set_algorithm(collectives::collective_kind k, collectives::algorithm a) {
         algorithms_.force(k, a);
     }
-    /// The size at which large transfers are cut into pieces (default 1 MiB).
+    /// The size at which large transfers are cut into pieces (default 1 MiB). The broadcast's
+    /// choice of the chain counts its pieces of this size (`collectives::thresholds`).
     void set_chunk_bytes(std::size_t bytes) noexcept {
         chunk_bytes_ = std::max<std::size_t>(bytes, 1);
+        thresholds_.chain_piece_bytes = chunk_bytes_;
     }
     /// Bytes per pipelined chunk of the ring and chain algorithms.
     std::size_t chunk_bytes() const noexcept { return chunk_bytes_; }

@@ -14,7 +14,9 @@ COROCOLL_DECL task<> broadcast_object_binomial(context& c, std::string& bytes, i
     co_await broadcast_binomial(c, std::as_writable_bytes(std::span(&len, 1)), root);
     bytes.resize(static_cast<std::size_t>(len));
     auto body = std::as_writable_bytes(std::span(bytes.data(), bytes.size()));
-    if (body.size() >= thresholds{}.broadcast_chain_bytes && c.size() > 2) {
+    thresholds t{};
+    t.chain_piece_bytes = c.chunk_bytes;
+    if (select(collective_kind::broadcast, body.size(), c.size(), {}, t) == algorithm::chain) {
         co_await broadcast_chain(c, body, root, 1);
     } else {
         co_await broadcast_binomial(c, body, root, 1);

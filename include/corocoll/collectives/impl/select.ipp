@@ -240,9 +240,6 @@ COROCOLL_DECL double rank_growth(collective_kind k, int n) noexcept {
         case collective_kind::all_reduce:
             ratio = detail::all_reduce_crossover(n) / detail::all_reduce_crossover(measured);
             break;
-        case collective_kind::broadcast:
-            ratio = detail::broadcast_crossover(n) / detail::broadcast_crossover(measured);
-            break;
         case collective_kind::all_gather:
             ratio = detail::all_gather_crossover(n) / detail::all_gather_crossover(measured);
             break;
@@ -250,6 +247,11 @@ COROCOLL_DECL double rank_growth(collective_kind k, int n) noexcept {
             break;
     }
     return ratio > 1.0 ? ratio : 1.0;
+}
+
+COROCOLL_DECL std::size_t chain_pieces_needed(int n) noexcept {
+    if (n <= 2) return 0;
+    return static_cast<std::size_t>(std::floor(detail::broadcast_crossover(n))) + 1;
 }
 
 COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
@@ -310,10 +312,13 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
             return bytes >= detail::grown(t.all_reduce_ring_bytes, rank_growth(k, n))
                        ? algorithm::ring
                        : algorithm::recursive_doubling;
-        case collective_kind::broadcast:
-            return bytes >= detail::grown(t.broadcast_chain_bytes, rank_growth(k, n)) && n > 2
+        case collective_kind::broadcast: {
+            const std::size_t piece = std::max<std::size_t>(t.chain_piece_bytes, 1);
+            const std::size_t pieces = bytes / piece + (bytes % piece != 0 ? 1 : 0);
+            return n > 2 && bytes >= t.broadcast_chain_bytes && pieces >= chain_pieces_needed(n)
                        ? algorithm::chain
                        : algorithm::binomial;
+        }
         case collective_kind::reduce:
             return algorithm::binomial;
         case collective_kind::all_gather:
