@@ -65,9 +65,15 @@ struct unexpected_msg {
 };
 
 struct peer {
-    /// What one receive from the socket may bring at most: a small message (header and
-    /// payload) and the frames behind it cost one system call.
+    /// What one receive from the socket may bring at most at first: a small message (header
+    /// and payload) and the frames behind it cost one system call.
     static constexpr std::size_t staging_bytes = std::size_t{16} << 10;
+    /// What it may grow to (`fit_staging`) once this peer sends a frame that does not fit but
+    /// would fit this: such a frame otherwise takes a second receive for its last bytes, and a
+    /// stream of them one receive each (over TCP on 2 ranks of an AMD EPYC, a gather of 16 KiB
+    /// blocks took 18-21 µs a call with 16 KiB, 8-11 with 64 KiB; docs/performance.md, "A frame
+    /// that outgrows the staging buffer"). Peers that only send small frames keep 16 KiB.
+    static constexpr std::size_t staging_most = std::size_t{64} << 10;
 
     std::unique_ptr<channel> link;
     // The channel cannot lose its framing: headers to and from this peer carry no checksum.
@@ -111,16 +117,24 @@ struct peer {
     enum class opening : std::uint8_t { none, dialling, answering, awaiting };
     opening opens = opening::none;
 
-    // What the reader has received and not yet consumed.
+    // What the reader has received and not yet consumed, in a buffer of `staging_size`
+    // bytes (allocated at the first receive).
     std::unique_ptr<std::byte[]> staged;
     std::size_t staged_begin = 0;
     std::size_t staged_end = 0;
+    std::size_t staging_size = staging_bytes;
 
     bool has_unexpected(frame_kind kind, std::uint64_t seq, std::int64_t tag) const noexcept;
 
     // Where the next receive from the socket goes: the room after what is staged (moved to
     // the front first). The reader adds what arrived with `staged_end += n`.
     std::span<std::byte> staging_room();
+
+    // Grows the staging buffer to hold `frame_bytes` (a header and its payload) where that
+    // is at most `staging_most`, keeping what is staged: later frames of that size then come
+    // in one receive. Larger frames leave it as it is (their payload goes straight from the
+    // channel into the receive's buffer).
+    void fit_staging(std::uint64_t frame_bytes);
 
     // True when a whole header waits in the staging buffer (no system call needed).
     bool header_staged() const noexcept {

@@ -50,6 +50,7 @@ COROCOLL_DECL task<> engine::read_loop(int p) {
                 corocoll::detail::throw_error(corocoll::errc::protocol_error,
                                               h.problem(options_.max_message_bytes, !ps.framed));
             }
+            ps.fit_staging(sizeof(frame_header) + h.length);
             if (h.kind != frame_kind::p2p && h.kind != frame_kind::collective) {
                 if (co_await take_control_frame(ps, p, h)) continue;
                 co_return;

@@ -4,6 +4,10 @@
 
 #include <corocoll/transport/peer.hpp>
 
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
 COROCOLL_BEGIN_NAMESPACE
 
 namespace transport {
@@ -21,14 +25,27 @@ COROCOLL_DECL bool peer::has_unexpected(frame_kind kind, std::uint64_t seq,
 }
 
 COROCOLL_DECL std::span<std::byte> peer::staging_room() {
-    if (!staged) staged = std::make_unique_for_overwrite<std::byte[]>(staging_bytes);
+    if (!staged) staged = std::make_unique_for_overwrite<std::byte[]>(staging_size);
     std::byte* base = staged.get();
     if (staged_begin > 0) {
         std::memmove(base, base + staged_begin, staged_end - staged_begin);
         staged_end -= staged_begin;
         staged_begin = 0;
     }
-    return {base + staged_end, staging_bytes - staged_end};
+    return {base + staged_end, staging_size - staged_end};
+}
+
+COROCOLL_DECL void peer::fit_staging(std::uint64_t frame_bytes) {
+    if (frame_bytes <= staging_size || frame_bytes > staging_most) return;
+    const std::size_t size =
+        static_cast<std::size_t>(std::min<std::uint64_t>(std::bit_ceil(frame_bytes), staging_most));
+    auto bigger = std::make_unique_for_overwrite<std::byte[]>(size);
+    const std::size_t held = staged_end - staged_begin;
+    if (held > 0) std::memcpy(bigger.get(), staged.get() + staged_begin, held);
+    staged = std::move(bigger);
+    staged_begin = 0;
+    staged_end = held;
+    staging_size = size;
 }
 
 COROCOLL_DECL void peer::take_header(frame_header& h) noexcept {
