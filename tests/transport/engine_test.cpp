@@ -107,6 +107,35 @@ TEST_CASE("frames that outgrow the staging buffer arrive whole, before and after
     }
 }
 
+TEST_CASE("a receive posted while its early message arrives gets all of it") {
+    // Buffered at once (no hold), an 8 MiB message is read into a growing buffer until its
+    // receive is posted, and from then on straight into the receive: posted before, during or
+    // after its arrival, the receive gets every byte, and a message behind it follows.
+    cc::transport::engine_options o;
+    o.hold = std::chrono::microseconds(0);
+    cc::io::reactor r;
+    engine_pair ep(r, o);
+    auto out = pattern(8 << 20, 11);
+    auto tail = pattern(100, 12);
+    for (int wait_us : {0, 200, 1000, 3000, 20000}) {
+        CAPTURE(wait_us);
+        std::vector<std::byte> in(out.size()), in_tail(tail.size());
+        r.run(cc::when_all(
+            [&]() -> cc::task<> {
+                co_await ep.e0->send(out, 1, 5, soon());
+                co_await ep.e0->send(tail, 1, 6, soon());
+            }(),
+            [&]() -> cc::task<> {
+                co_await r.sleep_for(std::chrono::microseconds(wait_us));
+                auto got = co_await ep.e1->recv(in, 0, 5, soon());
+                CHECK(got.length == out.size());
+                co_await ep.e1->recv(in_tail, 0, 6, soon());
+            }()));
+        CHECK(in == out);
+        CHECK(in_tail == tail);
+    }
+}
+
 TEST_CASE("a started receive that is dropped is withdrawn: the message goes to the next one") {
     cc::io::reactor r;
     engine_pair ep(r);

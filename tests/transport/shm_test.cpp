@@ -1,7 +1,8 @@
 // The shared-memory channel through the public API: which pairs get it, what crosses it (small
 // messages through the rings, large ones as one copy from the sender's memory, early ones
-// held or buffered), how a waiting rank sleeps and is woken, and what a rank killed mid-copy
-// leaves behind: every peer fails naming it, and /dev/shm holds nothing of ours.
+// held or buffered, and early large ones over TCP held too), how a waiting rank sleeps and is
+// woken, and what a rank killed mid-copy leaves behind: every peer fails naming it, and /dev/shm
+// holds nothing of ours.
 
 #include "../support/pattern.hpp"
 #include "../support/ranks.hpp"
@@ -203,33 +204,71 @@ TEST_CASE(
     CHECK(counts.expired_with_receive == 0);
 }
 
-TEST_CASE("collectives of 4-64 KiB never leave a posted receive waiting for a held message") {
-    // The loop the hold's race showed in: one rank's next message arrives while the other is
-    // still completing the call before. Whatever the timing, a held message whose receive
-    // was posted is taken by it, never found by the hold's timer.
-    std::vector<cc::transport::engine::hold_counts> counts(2);
+TEST_CASE("over TCP a large message that comes before its receive waits in the socket for it") {
+    // Rank 1 sends 256 KiB and then 8 bytes; rank 0 lets its reactor run (its reader reads
+    // the first header and finds no receive) before it posts the receives. The reader leaves
+    // the payload in the socket (held) and moves it straight into the receive (taken); the
+    // small one behind it follows. The hold is long here, so that a slow machine cannot run it
+    // out.
+    cc::transport::engine::hold_counts counts;
+    thread_ranks_options o = with(cc::transport::transport_choice::tcp);
+    o.limits.hold = std::chrono::seconds(30);
     check_every_rank_ok(run_threads(
         2,
         [&](cc::process_group& pg) -> cc::task<> {
-            for (std::size_t bytes : {std::size_t{4} << 10, std::size_t{8} << 10,
-                                      std::size_t{16} << 10, std::size_t{64} << 10}) {
-                std::size_t n = bytes / sizeof(float);
-                std::vector<float> in(n, 1.0f), all(2 * n), both(2 * n), half(n);
-                for (int i = 0; i < 50; ++i) {
-                    co_await pg.reduce(in, 0);
-                    co_await pg.gather_into(in, all, 0);
-                    co_await pg.scatter_from(half, all, 0);
-                    co_await pg.reduce_scatter_into(half, both);
-                    co_await pg.all_to_all_single(both, all);
-                }
+            std::vector<std::byte> big(256 << 10), small(8);
+            if (pg.rank() == 1) {
+                co_await pg.send(pattern(big.size(), 3), 0);
+                co_await pg.send(pattern(small.size(), 4), 0);
+                co_return;
             }
-            counts[static_cast<std::size_t>(pg.rank())] = pg.engine().holds();
+            for (int i = 0; i < 10000 && pg.engine().holds().held == 0; ++i) {
+                co_await pg.reactor().sleep_for(1ms);
+            }
+            co_await pg.recv(big, 1);
+            co_await pg.recv(small, 1);
+            if (big != pattern(big.size(), 3) || small != pattern(small.size(), 4))
+                throw std::runtime_error("payload differs");
+            counts = pg.engine().holds();
         },
-        with(cc::transport::transport_choice::shm)));
-    for (int r = 0; r < 2; ++r) {
-        INFO("rank " << r << ": held " << counts[r].held << ", taken " << counts[r].taken
-                     << ", expired " << counts[r].expired);
-        CHECK(counts[r].expired_with_receive == 0);
+        o));
+    CHECK(counts.held == 1);
+    CHECK(counts.taken == 1);
+    CHECK(counts.expired == 0);
+}
+
+TEST_CASE("collectives of 4-256 KiB never leave a posted receive waiting for a held message") {
+    // The loop the hold's race showed in: one rank's next message arrives while the other is
+    // still completing the call before. Whatever the timing, a held message whose receive
+    // was posted is taken by it, never found by the hold's timer.
+    for (auto choice :
+         {cc::transport::transport_choice::shm, cc::transport::transport_choice::tcp}) {
+        CAPTURE(choice == cc::transport::transport_choice::tcp ? "tcp" : "shm");
+        std::vector<cc::transport::engine::hold_counts> counts(2);
+        check_every_rank_ok(run_threads(
+            2,
+            [&](cc::process_group& pg) -> cc::task<> {
+                for (std::size_t bytes :
+                     {std::size_t{4} << 10, std::size_t{8} << 10, std::size_t{16} << 10,
+                      std::size_t{64} << 10, std::size_t{256} << 10}) {
+                    std::size_t n = bytes / sizeof(float);
+                    std::vector<float> in(n, 1.0f), all(2 * n), both(2 * n), half(n);
+                    for (int i = 0; i < 50; ++i) {
+                        co_await pg.reduce(in, 0);
+                        co_await pg.gather_into(in, all, 0);
+                        co_await pg.scatter_from(half, all, 0);
+                        co_await pg.reduce_scatter_into(half, both);
+                        co_await pg.all_to_all_single(both, all);
+                    }
+                }
+                counts[static_cast<std::size_t>(pg.rank())] = pg.engine().holds();
+            },
+            with(choice)));
+        for (int r = 0; r < 2; ++r) {
+            INFO("rank " << r << ": held " << counts[r].held << ", taken " << counts[r].taken
+                         << ", expired " << counts[r].expired);
+            CHECK(counts[r].expired_with_receive == 0);
+        }
     }
 }
 

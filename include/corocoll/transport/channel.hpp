@@ -72,9 +72,9 @@ public:
 
     /// True when a payload of `bytes` that no receive wants yet is better left in the channel
     /// for a while than buffered: the receive usually comes soon, and then the payload goes
-    /// straight into it (see `engine_options::hold`). Shared memory says yes for large
-    /// payloads (buffering one costs an allocation, page faults and a second copy); a socket
-    /// says no (its reader keeps draining it, as before).
+    /// straight into it (see `engine_options::hold`). Shared memory and TCP say yes for large
+    /// payloads (buffering one costs an allocation, page faults and a second copy); the base
+    /// says no.
     COROCOLL_DECL virtual bool worth_holding(std::uint64_t bytes) noexcept;
 
     /// Sends, without waiting, a prefix of the buffers of `iov` as long as fits now; returns

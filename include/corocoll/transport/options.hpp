@@ -123,11 +123,12 @@ struct engine_options {
     /// rank it waits for arrives, which wakes it (false, or an older kernel: it pauses
     /// between looks, at most 500 µs; shm_arena::sleep_on_futex).
     bool shm_futex_wait = true;
-    /// How long a large message that arrives before its receive is left in a shared-memory
-    /// channel (the sender waiting for room, or for its single copy) before it is buffered
-    /// like any early message. Held, it goes straight into the receive when that comes; the
-    /// bound keeps a program whose ranks all send before they receive from stalling. 0:
-    /// buffer at once.
+    /// How long a large message that arrives before its receive is left in its channel
+    /// (shared memory from 4 KiB: the sender waiting for room, or for its single copy; TCP
+    /// from 64 KiB: the socket's buffer, flow control holding the sender; see
+    /// `channel::worth_holding`) before it is buffered like any early message. Held, it goes
+    /// straight into the receive when that comes; the bound keeps a program whose ranks all send
+    /// before they receive from stalling. 0: buffer at once.
     std::chrono::microseconds hold{1000};
     /// When the receives of this rank have waited this long without a frame arriving, the
     /// ranks compare notes (see `engine`): a rank that does not answer, or ranks whose calls

@@ -166,11 +166,12 @@ struct peer {
     // then the channel's waits only for what is still missing.
     task<> read_payload(std::span<std::byte> out, io::op_options o);
 
-    // Reads a payload of `length` bytes into `data`, which grows as the bytes arrive (to
-    // 1 MiB at once, then doubling), never by the announced length alone: a header that
-    // announces a terabyte and sends nothing costs a megabyte. Larger messages pay for it
-    // with copies on growth, at most their own size in all.
-    task<> read_growing(message_bytes& data, std::uint64_t length, io::op_options o);
+    // Grows `data`, a message of `length` bytes that arrived before its receive, for the
+    // next of its bytes: to 1 MiB at once, then doubling, never by the announced length alone
+    // (a header that announces a terabyte and sends nothing costs a megabyte; larger
+    // messages pay for it with copies on growth, at most their own size in all). Returns the
+    // room to read them into.
+    std::span<std::byte> grow_early(message_bytes& data, std::uint64_t length);
 };
 
 }  // namespace transport::detail

@@ -132,18 +132,43 @@ COROCOLL_DECL task<> engine::read_loop(int p) {
             }
             detail::unexpected_msg m{h, matching_.next_arrival(), {}};
             if (ps.staged_end - ps.staged_begin < h.length) complete_deferred(ps);
-            co_await ps.read_growing(m.data, h.length, stop_.get_token());
-            // A receive may have been posted while the payload arrived.
-            if (posted_recv* late = matching_.match(p, h)) {
-                if (!verify(*late, p, h)) co_return;
-                matching_.unlink(*late);
-                detail::matcher::fill_from(*late, p, m.data);
-                late->state = posted_recv::receiving;
-                complete_after_staged(ps, *late);
-            } else {
+            // Read into a buffer that grows as the bytes arrive (`peer::grow_early`), until a
+            // receive for it is posted: the rest then goes straight into that receive.
+            posted_recv* late = nullptr;
+            while (m.data.size() < h.length) {
+                std::span<std::byte> more = ps.grow_early(m.data, h.length);
+                co_await ps.read_payload(more, stop_.get_token());
+                if (m.data.size() == h.length) break;
+                late = matching_.match(p, h);
+                if (late != nullptr && h.length <= late->buf.size()) break;
+                late = nullptr;  // too small for it: it gets the whole message, and its error
+            }
+            if (late == nullptr) late = matching_.match(p, h);
+            if (late == nullptr) {
                 ps.unexpected_bytes += m.data.size();
                 ps.unexpected.push_back(std::move(m));
+                continue;
             }
+            if (!verify(*late, p, h)) co_return;
+            matching_.unlink(*late);
+            if (m.data.size() < h.length) {
+                late->state = posted_recv::receiving;
+                late->from = p;
+                late->length = h.length;
+                std::memcpy(late->buf.data(), m.data.data(), m.data.size());
+                std::span<std::byte> rest =
+                    late->buf.subspan(m.data.size(), h.length - m.data.size());
+                m.data = {};
+                complete_deferred(ps);
+                ps.delivering = late;
+                co_await ps.read_payload(rest, io::op_options(late->deadline, stop_.get_token()));
+                late = std::exchange(ps.delivering, nullptr);
+                if (late == nullptr) continue;  // withdrawn
+            } else {
+                detail::matcher::fill_from(*late, p, m.data);
+                late->state = posted_recv::receiving;
+            }
+            complete_after_staged(ps, *late);
         }
     } catch (const std::system_error& e) {
         // Our own protocol errors carry their detail in the text; socket errors say all

@@ -114,16 +114,12 @@ COROCOLL_DECL task<> peer::read_payload(std::span<std::byte> out, io::op_options
     if (!rest.empty()) co_await link->recv(rest, std::move(o));
 }
 
-COROCOLL_DECL task<> peer::read_growing(message_bytes& data, std::uint64_t length,
-                                        io::op_options o) {
+COROCOLL_DECL std::span<std::byte> peer::grow_early(message_bytes& data, std::uint64_t length) {
     constexpr std::uint64_t first = std::uint64_t{1} << 20;
-    data.clear();
-    while (data.size() < length) {
-        std::size_t have = data.size();
-        data.resize(
-            static_cast<std::size_t>(std::min(length, std::max<std::uint64_t>(first, 2 * have))));
-        co_await read_payload(std::span(data).subspan(have), o);
-    }
+    const std::size_t have = data.size();
+    data.resize(
+        static_cast<std::size_t>(std::min(length, std::max<std::uint64_t>(first, 2 * have))));
+    return std::span(data).subspan(have);
 }
 
 }  // namespace detail

@@ -44,6 +44,18 @@ public:
     COROCOLL_DECL task<> send(std::span<iovec> iov, io::op_options o) override;
     COROCOLL_DECL void send_now(std::span<iovec> iov) noexcept override;
 
+    /// Payloads from `hold_bytes` on wait in the socket for their receive
+    /// (`engine_options::hold`): the kernel keeps them at no cost of ours and flow control
+    /// holds the sender, where buffering one costs an allocation and a copy of it (and, while
+    /// it grows, of what came before), and the receive then copies it again. Over TCP on 3-4
+    /// ranks of an AMD EPYC, a gather's root spent most of its time in those copies: 4 MiB
+    /// took 2.3-4.4 ms a call, held 0.4-0.5 (docs/performance.md, "Early messages over
+    /// TCP"). Smaller ones are buffered at once: they cost little, and a held message holds
+    /// up every frame behind it.
+    bool worth_holding(std::uint64_t bytes) noexcept override { return bytes >= hold_bytes; }
+    /// See `worth_holding`.
+    static constexpr std::size_t hold_bytes = std::size_t{64} << 10;
+
     void shutdown() noexcept override { sock_.shutdown(); }
     COROCOLL_DECL task<> close() override;
     /// False after `close`.
