@@ -150,7 +150,7 @@ COROCOLL_DECL double rank_growth(collective_kind k, int n) noexcept;
 
 /// The pieces a broadcast's chain must be cut into on `n` ranks to move fewer bytes one after
 /// another than the binomial tree: the least k with n - 2 + k < k log2(n), i.e. more than
-/// (n - 2) / (log2(n) - 1) (2 on 3 ranks, 3 on 4, 4 on 8, 115 on 1,024); 0 where the chain
+/// (n - 2) / (log2(n) - 1) (2 on 3 ranks, 3 on 4, 4 on 8, 114 on 1,024); 0 where the chain
 /// is never chosen (n <= 2, where it is the tree's one hop).
 COROCOLL_DECL std::size_t chain_pieces_needed(int n) noexcept;
 
