@@ -625,6 +625,9 @@ private:
     // coroutine frame, from the pool).
     static task<> deliver(peer& ps, int p, const frame_header& h, std::span<std::byte> rest,
                           io::op_options o);
+    // Reads the next `bytes` of `ps`'s stream (staged first) and drops them: the rest of a
+    // message too long for its receive, or of one whose receive was dropped.
+    static task<> skip_payload(peer& ps, std::uint64_t bytes, io::op_options o);
 
     io::reactor& reactor_;
     int rank_;

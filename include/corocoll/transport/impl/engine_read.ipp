@@ -120,10 +120,17 @@ COROCOLL_DECL task<> engine::read_loop(int p) {
                 std::span<std::byte> rest;
                 if (h.length <= pr->buf.size()) rest = ps.take_staged(pr->buf.first(h.length));
                 if (!rest.empty() || h.length > pr->buf.size()) {
-                    complete_deferred(ps);
+                    io::op_options o(pr->deadline, stop_.get_token());
+                    const std::uint64_t left = rest.empty() ? h.length : rest.size();
+                    // Delivering before the receives held back complete: a coroutine one of
+                    // them resumes may drop this receive too.
                     ps.delivering = pr;
-                    co_await deliver(ps, p, h, rest,
-                                     io::op_options(pr->deadline, stop_.get_token()));
+                    complete_deferred(ps);
+                    if (ps.delivering == nullptr) {
+                        co_await skip_payload(ps, left, std::move(o));  // withdrawn already
+                        continue;
+                    }
+                    co_await deliver(ps, p, h, rest, std::move(o));
                     pr = std::exchange(ps.delivering, nullptr);
                     if (pr == nullptr) continue;  // withdrawn
                 }
@@ -159,9 +166,15 @@ COROCOLL_DECL task<> engine::read_loop(int p) {
                 std::span<std::byte> rest =
                     late->buf.subspan(m.data.size(), h.length - m.data.size());
                 m.data = {};
-                complete_deferred(ps);
+                io::op_options o(late->deadline, stop_.get_token());
+                // As above: delivering before the receives held back complete.
                 ps.delivering = late;
-                co_await ps.read_payload(rest, io::op_options(late->deadline, stop_.get_token()));
+                complete_deferred(ps);
+                if (ps.delivering == nullptr) {
+                    co_await skip_payload(ps, rest.size(), std::move(o));  // withdrawn already
+                    continue;
+                }
+                co_await ps.read_payload(rest, std::move(o));
                 late = std::exchange(ps.delivering, nullptr);
                 if (late == nullptr) continue;  // withdrawn
             } else {
@@ -261,14 +274,18 @@ COROCOLL_DECL task<> engine::deliver(peer& ps, int p, const frame_header& h,
         co_await ps.read_payload(rest, std::move(o));
         co_return;
     }
-    std::vector<std::byte> scratch(std::min<std::uint64_t>(h.length, 1 << 20));
-    for (std::uint64_t left = h.length; left > 0;) {
+    co_await skip_payload(ps, h.length, std::move(o));
+    if (posted_recv* still = ps.delivering) {
+        still->error = detail::matcher::too_long(p, h.length, still->buf.size());
+    }
+}
+
+COROCOLL_DECL task<> engine::skip_payload(peer& ps, std::uint64_t bytes, io::op_options o) {
+    std::vector<std::byte> scratch(std::min<std::uint64_t>(bytes, 1 << 20));
+    for (std::uint64_t left = bytes; left > 0;) {
         auto n = static_cast<std::size_t>(std::min<std::uint64_t>(left, scratch.size()));
         co_await ps.read_payload(std::span(scratch).first(n), o);
         left -= n;
-    }
-    if (posted_recv* still = ps.delivering) {
-        still->error = detail::matcher::too_long(p, h.length, still->buf.size());
     }
 }
 
