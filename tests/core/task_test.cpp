@@ -403,6 +403,73 @@ TEST_CASE("a task racing to complete on another thread resumes its awaiter exact
     }
 }
 
+namespace {
+
+// Resumes the awaiting coroutine from inside its own await_suspend, then reports it suspended:
+// the coroutine runs on, to its end, before the awaiter's start has returned.
+struct resume_from_inside {
+    bool await_ready() const noexcept { return false; }
+    bool await_suspend(std::coroutine_handle<> h) {
+        h.resume();
+        return true;
+    }
+    void await_resume() const noexcept {}
+};
+
+}  // namespace
+
+TEST_CASE("a task that its own awaitable resumes and ends inside its start goes on once") {
+    int resumed = 0;
+    auto inner = []() -> cc::task<int> {
+        co_await resume_from_inside{};
+        co_return 7;
+    };
+    auto outer = [&]() -> cc::task<int> {
+        int v = co_await inner();
+        ++resumed;
+        co_return v + 1;
+    };
+    CHECK(cc::sync_wait(outer()) == 8);
+    CHECK(resumed == 1);
+}
+
+TEST_CASE("a task resumed inside another task's start hands back to its own awaiter") {
+    // The first task waits on the event; a second, started later, sets it: the first one's end
+    // runs inside the second one's start, on the same thread, and still resumes its own
+    // awaiter (not the second one's), once.
+    manual_event event;
+    std::vector<std::string> order;
+    auto waiter = [&]() -> cc::task<int> {
+        co_await event;
+        order.push_back("waiter ends");
+        co_return 1;
+    };
+    auto first = [&]() -> cc::task<int> {
+        int v = co_await waiter();
+        order.push_back("first goes on");
+        co_return v + 10;
+    };
+    auto setter = [&]() -> cc::task<int> {
+        order.push_back("setter starts");
+        event.set();
+        order.push_back("setter ends");
+        co_return 2;
+    };
+    auto second = [&]() -> cc::task<int> {
+        int v = co_await setter();
+        order.push_back("second goes on");
+        co_return v + 20;
+    };
+    outcome<int> one;
+    run_detached(first(), one);
+    REQUIRE_FALSE(one.done);
+    CHECK(cc::sync_wait(second()) == 22);
+    REQUIRE(one.done);
+    CHECK(one.value == 11);
+    CHECK(order == std::vector<std::string>{"setter starts", "waiter ends", "first goes on",
+                                            "setter ends", "second goes on"});
+}
+
 TEST_CASE("a task completes when a manual event is set after it suspended") {
     manual_event event;
     bool after = false;

@@ -26,7 +26,12 @@ namespace detail {
 // await_suspend return false, and the awaiting coroutine continues with no frame added to the
 // stack. This does not rely on symmetric transfer being a tail call: g++ 12 makes it a plain
 // call at -O0/-O1 and under ASan, so a loop of a million synchronous awaits would overflow the
-// stack there. Cost: one atomic exchange on each side per await.
+// stack there. A task that finishes inside its own start, on the starting thread (the thread
+// notes the start it is in: `innermost_start`), says so with a plain flag instead: no other
+// thread can be at its end then. Only a task that suspended, and may be resumed elsewhere,
+// goes through the atomic exchange on each side. (A locked instruction waits for every store
+// before it, one to a cache line that another core holds too: a collective that has just
+// written for its peers would wait there, at each call.)
 class task_promise_base : public pooled_frame {
 public:
     struct final_awaiter {
@@ -34,6 +39,10 @@ public:
         template <class Promise>
         std::coroutine_handle<> await_suspend(std::coroutine_handle<Promise> h) noexcept {
             task_promise_base& p = h.promise();
+            if (innermost_start() == &p) {
+                p.finished_inline_ = true;
+                return std::noop_coroutine();
+            }
             if (p.ready_.exchange(true, std::memory_order_acq_rel)) return p.continuation_;
             return std::noop_coroutine();
         }
@@ -47,8 +56,12 @@ public:
     bool start(std::coroutine_handle<> self, std::coroutine_handle<> continuation) noexcept;
 
 private:
+    // The task whose `start` this thread is in, innermost (null: none).
+    static task_promise_base*& innermost_start() noexcept;
+
     std::coroutine_handle<> continuation_;
     std::atomic<bool> ready_{false};
+    bool finished_inline_ = false;  // written and read by the starting thread only
 };
 
 template <class T>
@@ -83,7 +96,7 @@ private:
 /// awaited; awaiting it runs it on the awaiting thread until it first suspends. An exception
 /// that escapes the body is rethrown in the awaiter. Move-only; destroying a task that never
 /// ran frees its frame without running it. Cost: one heap-allocated frame per call (the
-/// compiler may elide it) and one atomic exchange on each side of an await.
+/// compiler may elide it); one atomic exchange on each side of an await that suspended.
 template <class T>
 class [[nodiscard]] task {
 public:
