@@ -12,7 +12,8 @@ namespace collectives {
 
 namespace detail {
 
-// A rank that only writes for its step: into its lines, then on without waiting.
+// A rank that only writes for its step (having said so, `will_go_on`, before the call's
+// `declare`): into its lines, then on without waiting.
 inline void rooted_shm_write(context& c, std::span<const std::byte> what) {
     transport::shm_arena& a = *c.arena;
     if (!what.empty()) std::memcpy(a.small(a.rank(), a.next_step()), what.data(), what.size());
@@ -26,6 +27,7 @@ COROCOLL_DECL task<> reduce_shm(context& c, std::span<std::byte> data, const red
     transport::shm_arena& a = *c.arena;
     const int n = a.size(), me = a.rank();
     co_await a.settle_lines(c.net, c.meta, c.deadline);
+    if (me != root) a.will_go_on(c.net, c.meta);
     a.declare(c.meta);
     if (me != root) {
         detail::rooted_shm_write(c, data);
@@ -51,6 +53,7 @@ COROCOLL_DECL task<> gather_shm(context& c, std::span<const std::byte> in, std::
     auto at = [block](int r) { return static_cast<std::size_t>(r) * block; };
     if (rooted_shm_fits(block) && !a.single_copy(block)) {
         co_await a.settle_lines(c.net, c.meta, c.deadline);
+        if (me != root) a.will_go_on(c.net, c.meta);
         a.declare(c.meta);
         if (me != root) {
             detail::rooted_shm_write(c, in);
@@ -120,6 +123,7 @@ COROCOLL_DECL task<> scatter_shm(context& c, std::span<const std::byte> in,
     const bool is_root = me == root;
     if (rooted_shm_fits(block * static_cast<std::size_t>(n)) && !a.single_copy(block)) {
         co_await a.settle_lines(c.net, c.meta, c.deadline);
+        if (is_root) a.will_go_on(c.net, c.meta);
         a.declare(c.meta);
         if (is_root) {
             detail::rooted_shm_write(c, in);

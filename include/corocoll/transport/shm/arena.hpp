@@ -29,8 +29,17 @@
 // data). Before it next writes its lines it waits for every rank at the step after the last
 // one that used the place it writes (`settle_lines`: a root of small broadcasts runs up to
 // `arena_steps - 1` calls ahead of its readers, its writes no longer waiting for each reader's
-// look), and before it next writes a data set or offers a buffer, for every rank at every
-// step it went past (`settle`).
+// look; when it must wait, it waits until they are half as far behind, so that it looks at
+// their lines once every few calls, not at each), and before it next writes a data set or
+// offers a buffer, for every rank at every step it went past (`settle`). A rank remembers the
+// last step it saw each rank reach (`seen_at`): a wait for a step that rank is known to have
+// reached reads nothing of that rank's, whose line it may be writing.
+//
+// Of two ranks that both go on at a step with their calls to compare (two that each believe
+// they are the root), at least one sees the other: each stores the step in its own `went_on`
+// line and then looks at the others' (sequentially consistent), before it writes its step
+// line (`will_go_on`). Stored in the step line after the data, that order would make the store
+// wait, at each call, for the line to come back from the reader who looked at it last.
 //
 // Waiting belongs to the reactor: a step that is not complete watches a `poll_entry` (busy
 // polling, yielding where ranks outnumber processors; then, where the kernel has io_uring
@@ -134,6 +143,11 @@ struct alignas(128) arena_line {
     // Nonzero once another rank sleeps, or is about to, until the owner's next arrival or
     // call, which clears it and wakes every waiter on `wakes`.
     std::atomic<std::uint32_t> sleepers{0};
+    // The last step at which the owner goes on (or went on) without waiting, with its call to
+    // compare (shm_arena::will_go_on, arrive_and_go): in a line of its own, which only ranks
+    // that go on read, so that its sequentially consistent store finds the line in the owner's
+    // cache; stored before the owner writes its step line, which a reader usually holds.
+    alignas(64) std::atomic<std::uint64_t> went_on{0};
 };
 static_assert(sizeof(collective_meta) == 4 * sizeof(std::uint64_t) &&
               std::is_trivially_copyable_v<collective_meta>);
@@ -291,11 +305,18 @@ public:
     /// Publishes this rank's arrival at the next step and goes on without waiting: a rank
     /// that only wrote for the step (a broadcast's root) may run ahead. Whatever it does next
     /// in the arena starts with `settle_lines` (its lines) or `settle` (a data set, an offer).
-    /// With `check`, the calls of the ranks already there are compared now (of two ranks that
-    /// both go on, one sees the other); the ranks that come later compare theirs with this
-    /// rank's as they wait for it, and a full `settle` compares once more: a mismatch fails
-    /// the group through `e`.
+    /// With `check`, the calls of the ranks that also go on at this step are compared now
+    /// (of two such ranks, one sees the other; see `will_go_on`); the ranks that wait for this
+    /// one compare theirs with its call as they wait, and a full `settle` compares once more:
+    /// a mismatch fails the group through `e`.
     COROCOLL_DECL void arrive_and_go(engine& e, const collective_meta& meta, bool check = false);
+    /// Says that this rank will go past the next step without waiting, with `check` (see
+    /// `arrive_and_go`), before it writes its lines for the step: the ranks that also go on
+    /// there compare calls with it now. `arrive_and_go` does the same where it was not said;
+    /// said first, its sequentially consistent store does not wait for the step line, which
+    /// a reader of the last call's data may hold (a loop of small broadcasts: each call).
+    /// A mismatch fails the group through `e`.
+    COROCOLL_DECL void will_go_on(engine& e, const collective_meta& meta);
 
     /// Waits for every rank at the steps this rank went past without waiting for all
     /// (`arrive_and_go`, `arrive` for one rank), if any, as `arrive` would have: every write
@@ -401,6 +422,9 @@ private:
     // Stores this rank's arrival at `step_` (`o`: the store's order) and wakes the ranks
     // asleep until it came.
     COROCOLL_DECL void publish_arrival(std::memory_order o) noexcept;
+    // Stores `went_on` for step `s` and compares this rank's call with those of the ranks
+    // that go on there too (see `will_go_on`).
+    COROCOLL_DECL void compare_going_on(engine& e, const collective_meta& meta, std::uint64_t s);
     // Wakes the ranks asleep until this one comes, if any: raises `wakes`, then FUTEX_WAKE.
     COROCOLL_DECL void wake_sleepers() noexcept;
     // Whether step waits may sleep on a futex on `r`'s reactor (see `sleep_on_futex`).
@@ -423,6 +447,20 @@ private:
     bool reached(int r, std::uint64_t s, std::memory_order o) const noexcept {
         return place(r, s).arrived.load(o) >= s;
     }
+    // Whether rank `r` has reached step `s`, as a step wait asks: from the last step this rank
+    // saw `r` reach, if that is as far, without a look at r's line (which r may be writing).
+    // `latest`: a later step to look at first (its place, then s's): one that r has likely
+    // reached shows it past a few steps to come, and the next few asks need no look at all.
+    bool seen_at(int r, std::uint64_t s, std::uint64_t latest = 0) noexcept {
+        std::uint64_t& seen = seen_steps_[static_cast<std::size_t>(r)];
+        if (seen >= s) return true;
+        if (latest > s) {
+            seen = std::max(seen, place(r, latest).arrived.load(std::memory_order_acquire));
+            if (seen >= s) return true;
+        }
+        seen = std::max(seen, place(r, s).arrived.load(std::memory_order_acquire));
+        return seen >= s;
+    }
 
     std::byte* base_;
     std::size_t bytes_;
@@ -434,10 +472,15 @@ private:
     // The last step this rank went past without waiting for every rank (0: none), and what
     // `settle` checks there.
     std::uint64_t pending_ = 0;
+    // The step `will_go_on` said this rank goes past (0: none since).
+    std::uint64_t going_on_ = 0;
     // The last step every rank is known to have reached.
     std::uint64_t confirmed_ = 0;
     bool pending_check_ = false;
     collective_meta pending_meta_{};
+    // For each rank, the last step this rank saw it reach (`seen_at`): an acquire look at
+    // that rank's counter showed it, so what it wrote before is visible here.
+    std::vector<std::uint64_t> seen_steps_;
     // The ranks a suspended step still waits for (what a status answer lists); sized once.
     std::vector<int> missing_;
     std::size_t single_copy_from_ = 0;

@@ -23,6 +23,7 @@ COROCOLL_DECL shm_arena::shm_arena(void* mapping, std::size_t bytes, int rank)
     line(rank_).pid = static_cast<std::int64_t>(::getpid());
     wakes_ = line(rank_).wakes.load(std::memory_order_relaxed);
     missing_.reserve(static_cast<std::size_t>(size_));
+    seen_steps_.assign(static_cast<std::size_t>(size_), 0);
 }
 
 COROCOLL_DECL shm_arena::~shm_arena() {
@@ -238,15 +239,41 @@ COROCOLL_DECL shm_arena::step_wait shm_arena::arrive(engine& e, const collective
 
 COROCOLL_DECL void shm_arena::arrive_and_go(engine& e, const collective_meta& meta, bool check) {
     ++step_;
-    // Sequentially consistent, as are the looks below: of two ranks that both go on, at
-    // least one sees the other's arrival (and its call).
-    publish_arrival(std::memory_order_seq_cst);
+    publish_arrival(std::memory_order_release);
     pending_ = step_;
     pending_check_ = check;
     pending_meta_ = meta;
-    for (int r = 0; check && r < size_; ++r) {
-        if (r == rank_ || !reached(r, step_, std::memory_order_seq_cst)) continue;
-        if (!e.check_call(r, meta, this->meta(r, step_))) return;
+    if (check && going_on_ != step_) compare_going_on(e, meta, step_);
+    going_on_ = 0;
+}
+
+COROCOLL_DECL void shm_arena::will_go_on(engine& e, const collective_meta& meta) {
+    going_on_ = next_step();
+    compare_going_on(e, meta, going_on_);
+}
+
+COROCOLL_DECL void shm_arena::compare_going_on(engine& e, const collective_meta& meta,
+                                               std::uint64_t s) {
+    // Of two ranks that both go on at this step, at least one sees the other's `went_on`
+    // (sequentially consistent, the store and the looks) and compares their calls. A rank
+    // that waits here compares its call with those it waits for (step_wait::await_resume).
+    line(rank_).went_on.store(s, std::memory_order_seq_cst);
+    for (int r = 0; r < size_; ++r) {
+        if (r == rank_ || line(r).went_on.load(std::memory_order_seq_cst) < s) continue;
+        // r goes on at this step or went on at a later one (then it passed this one). It is
+        // at most arena_steps - 1 steps ahead (settle_lines): once it arrived here, its place
+        // for this step holds its call. Before that it is between its own `will_go_on` and
+        // its arrival, in the call it announced (it announces the next only after arriving:
+        // the second look tells).
+        collective_meta theirs;
+        if (!reached(r, s, std::memory_order_acquire)) {
+            const bool known = announced(r, theirs);
+            if (!reached(r, s, std::memory_order_acquire)) {
+                if (known && !e.check_call(r, meta, theirs)) return;
+                continue;
+            }
+        }
+        if (!e.check_call(r, meta, this->meta(r, s))) return;
     }
 }
 
@@ -269,6 +296,20 @@ COROCOLL_DECL shm_arena::step_wait shm_arena::settle_lines(
     const std::uint64_t next = next_step();
     std::uint64_t s = next > detail::arena_steps ? next - detail::arena_steps + 1 : 0;
     if (s <= confirmed_) s = 0;
+    if (s != 0) {
+        // Nothing to read where every rank was seen that far (the last look at r's place for
+        // this rank's latest step, first, may show r far enough for a few calls more). Where
+        // some rank is not there yet, wait until every rank is at most half the places
+        // behind: the calls that follow then run without a look at the others' lines, where a
+        // wait for the oldest place alone would look again at the very next call.
+        bool all = true;
+        for (int r = 0; r < size_ && all; ++r) all = r == rank_ || seen_at(r, s, step_);
+        if (all) {
+            s = 0;
+        } else {
+            s = std::max(s, next - detail::arena_steps / 2);
+        }
+    }
     return {*this, e, meta, s, deadline, false, -1};
 }
 
@@ -276,10 +317,10 @@ COROCOLL_DECL bool shm_arena::step_wait::complete() noexcept {
     if (e_.failed()) return true;
     // `settle` with nothing pending: no other rank's line to read.
     if (step_ == 0) return true;
-    if (only_ >= 0) return a_.reached(only_, step_, std::memory_order_acquire);
+    if (only_ >= 0) return a_.seen_at(only_, step_);
     for (; seen_ < a_.size_; ++seen_) {
         if (seen_ == a_.rank_) continue;
-        if (!a_.reached(seen_, step_, std::memory_order_acquire)) return false;
+        if (!a_.seen_at(seen_, step_)) return false;
     }
     return true;
 }
