@@ -374,8 +374,10 @@ private:
     // for the peer's own connection where the pair's rule keeps that one, until `deadline`.
     // Throws nothing: the caller finds `p`'s link set, or the group failed (a dial that went
     // wrong), or `p` taken as gone (nobody listens for it: `peer_left`), or none of these (the
-    // deadline came first).
-    task<> open_link(int p, time_point deadline);
+    // deadline came first). `for_status`: a status frame's dial, for which a dial that timed
+    // out fails nothing: no answer comes from `p` then, and the status round judges that (a
+    // failure of its own, at the round's deadline, would race the round's verdict).
+    task<> open_link(int p, time_point deadline, bool for_status = false);
     // Dials `p` for a receive posted for it (unless a connection came meanwhile).
     task<> open_for_recv(int p, time_point deadline);
     // Returns once the group has failed or closes, or `until` passed.

@@ -77,7 +77,7 @@ COROCOLL_DECL task<> engine::send_status_frame(int p, frame_header h, std::strin
     peer& ps = peer_at(p);
     auto guard = co_await ps.send_lock.scoped_lock();
     // Where the connection does not come, no answer does: the round judges that.
-    if (ps.link == nullptr && lazy_ != nullptr && !failure_) co_await open_link(p, until);
+    if (ps.link == nullptr && lazy_ != nullptr && !failure_) co_await open_link(p, until, true);
     if (failure_ || !ps.connected() || ps.said_goodbye || std::chrono::steady_clock::now() > until)
         co_return;
     h.src = static_cast<std::uint32_t>(rank_);
