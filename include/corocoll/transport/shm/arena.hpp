@@ -472,8 +472,6 @@ private:
     // The last step this rank went past without waiting for every rank (0: none), and what
     // `settle` checks there.
     std::uint64_t pending_ = 0;
-    // The step `will_go_on` said this rank goes past (0: none since).
-    std::uint64_t going_on_ = 0;
     // The last step every rank is known to have reached.
     std::uint64_t confirmed_ = 0;
     bool pending_check_ = false;

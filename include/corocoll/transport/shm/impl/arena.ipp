@@ -243,13 +243,14 @@ COROCOLL_DECL void shm_arena::arrive_and_go(engine& e, const collective_meta& me
     pending_ = step_;
     pending_check_ = check;
     pending_meta_ = meta;
-    if (check && going_on_ != step_) compare_going_on(e, meta, step_);
-    going_on_ = 0;
+    // Compared already where `will_go_on` said this step (this rank's own `went_on` shows it).
+    if (check && line(rank_).went_on.load(std::memory_order_relaxed) != step_) {
+        compare_going_on(e, meta, step_);
+    }
 }
 
 COROCOLL_DECL void shm_arena::will_go_on(engine& e, const collective_meta& meta) {
-    going_on_ = next_step();
-    compare_going_on(e, meta, going_on_);
+    compare_going_on(e, meta, next_step());
 }
 
 COROCOLL_DECL void shm_arena::compare_going_on(engine& e, const collective_meta& meta,
