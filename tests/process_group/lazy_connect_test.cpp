@@ -3,6 +3,7 @@
 // other at once end with one connection and lose nothing, and that a rank's death is named on
 // every survivor when only some pairs are connected.
 
+#include "../support/port.hpp"
 #include "../support/process_board.hpp"
 #include "../support/ranks.hpp"
 
@@ -199,6 +200,49 @@ TEST_CASE("a rank that dies on first use is named on every survivor, connected t
         CHECK(b->failed[r].load() == 1);
         CHECK(b->failed_rank[r].load() == 2);
         CHECK(std::string(b->text[r]).find("rank 2") != std::string::npos);
+        CHECK(res.ranks[static_cast<std::size_t>(r)].ok());
+    }
+    ::munmap(b, sizeof(death_board));
+}
+
+TEST_CASE(
+    "the rank that serves the store keeps it up until the ranks it never connected to are done "
+    "with it") {
+    // As mpirun and torchrun without an agent store start a job: MASTER_ADDR and MASTER_PORT,
+    // and rank 0 serves the store. On first use, rank 0 has no connection to rank 2, so its
+    // close cannot hear rank 2 leave as it hears its ring neighbours. Rank 0 closes at once
+    // and its process ends; rank 2 uses the store a moment later (as init's own last steps
+    // may, on a loaded machine) and must find it up.
+    corocoll_test::reserved_port store_port;
+    auto* b = new_shared_board<death_board>();
+    process_job j;
+    j.ranks = 4;
+    j.before = [&store_port] {
+        ::setenv("COROCOLL_CONNECT", "lazy", 1);
+        ::unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+        ::setenv("MASTER_PORT", std::to_string(store_port.port()).c_str(), 1);
+    };
+    auto res = run_process_job(j, [b](std::shared_ptr<cc::process_group> pg) -> cc::task<> {
+        int r = pg->rank();
+        if (r == 2) {
+            expect(connected(*pg).count(0) == 0, "rank 2 connected to rank 0 at set-up");
+            co_await pg->reactor().sleep_for(300ms);
+            try {
+                co_await pg->store().set("late/2", "still here");
+                std::string got = co_await pg->store().get("late/2");
+                note(b->text[r], got.c_str());
+            } catch (const std::system_error& e) {
+                note(b->text[r], e.what());
+                b->failed[r] = 1;
+            }
+        }
+        co_await pg->close();
+    });
+    CAPTURE(std::string(b->text[2]));
+    CHECK(b->failed[2].load() == 0);
+    CHECK(std::string(b->text[2]) == "still here");
+    for (int r = 0; r < 4; ++r) {
+        CAPTURE(r);
         CHECK(res.ranks[static_cast<std::size_t>(r)].ok());
     }
     ::munmap(b, sizeof(death_board));

@@ -36,6 +36,7 @@
 #include <numeric>
 #include <optional>
 #include <ranges>
+#include <set>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -595,7 +596,9 @@ public:
     /// connected has closed its group too (said goodbye) or ended. For a rank about to leave
     /// the job: what the others may still need of its process (a store it serves, which a
     /// peer may be polling in a barrier of its own) stays until they are done with it. The
-    /// rank that serves corocoll's own store always waits so, up to the group's timeout.
+    /// rank that serves corocoll's own store always waits so, up to the group's timeout, and
+    /// also until the other processes' store connections have closed (the ranks it never
+    /// connected to, on first use).
     task<> close_after_peers(std::chrono::milliseconds at_most);
 
     /// True once `close()` has begun (or finished).
@@ -621,6 +624,10 @@ private:
 
     // `close()`, waiting for the peers to close too until `until` (see `close_after_peers`).
     task<> close_lingering(std::chrono::steady_clock::time_point until);
+    // Where this group alone holds the store this process serves: waits, up to `until`,
+    // until the other processes' clients connected to it now have left (the ranks a group
+    // that connects on first use never connected to say no goodbye).
+    task<> keep_store_until_clients_leave(std::chrono::steady_clock::time_point until);
 
     friend task<std::shared_ptr<process_group>> join_process_group(io::reactor&, init_options);
     friend task<std::shared_ptr<process_group>> init_process_group(io::reactor&, init_options);

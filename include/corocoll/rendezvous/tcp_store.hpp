@@ -61,6 +61,8 @@ public:
                                                     std::string job_token = {},
                                                     bool wait_for_server = true);
 
+    COROCOLL_DECL ~tcp_store() override;
+
     /// The server's address.
     const io::endpoint& server() const noexcept { return server_; }
 
@@ -142,6 +144,9 @@ private:
     task<> authenticate(std::chrono::steady_clock::time_point answer_by);
 
     task<> reconnect(duration timeout);
+    // Names the new connection's local end to a server in this process (see
+    // detail::local_store_clients), instead of the last one's.
+    void note_local_end();
 
     static constexpr std::chrono::seconds hello_answer_time{5};
 
@@ -156,6 +161,7 @@ private:
     std::string job_token_;        // proved to a server that asks for it
     bool wait_for_server_ = true;  // see connect
     async_mutex mutex_;
+    std::string local_end_;  // see note_local_end
 };
 
 }  // namespace rendezvous

@@ -27,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <stop_token>
 #include <string>
@@ -173,6 +174,38 @@ struct tcp_store_server_stats {
     std::uint64_t descriptor_limit = 0;
 };
 
+namespace detail {
+
+// The local ends ("address:port") of this process's `tcp_store` connections, so that a server
+// in the same process tells its own clients from other processes' (see
+// `tcp_store_server::clients_elsewhere`). Any thread.
+class local_store_clients {
+public:
+    static local_store_clients& instance() {
+        static local_store_clients clients;
+        return clients;
+    }
+    void add(const std::string& local_end) {
+        std::lock_guard lock(mutex_);
+        ends_.insert(local_end);
+    }
+    void remove(const std::string& local_end) {
+        std::lock_guard lock(mutex_);
+        auto at = ends_.find(local_end);
+        if (at != ends_.end()) ends_.erase(at);
+    }
+    bool has(const std::string& local_end) const {
+        std::lock_guard lock(mutex_);
+        return ends_.count(local_end) != 0;
+    }
+
+private:
+    mutable std::mutex mutex_;
+    std::multiset<std::string> ends_;
+};
+
+}  // namespace detail
+
 /// Tag for `tcp_store_server`'s constructor that binds without starting the server's thread.
 struct deferred_start_t {
     explicit deferred_start_t() = default;
@@ -230,6 +263,11 @@ public:
 
     /// A snapshot of the server's counters (any thread; each value is read on its own).
     tcp_store_server_stats stats() const noexcept;
+
+    /// The clients connected now that are not this process's own `tcp_store` connections
+    /// ("address:port" of each, as the server sees it); any thread. A process that serves the
+    /// store for a job keeps it up until those it saw have left (`process_group::close`).
+    std::vector<std::string> clients_elsewhere() const;
 
     /// Why the last accept failed, naming the limit when it was the descriptors
     /// (RLIMIT_NOFILE); empty when none has. The server also writes it to standard error at
@@ -368,6 +406,9 @@ private:
     bool stopping_ = false;
     detail::store_table table_;
     counters counters_;
+    // The peers of the open connections, for `clients_elsewhere`.
+    mutable std::mutex peers_mutex_;
+    std::multiset<std::string> peers_;
     mutable std::mutex accept_error_mutex_;
     std::string accept_error_;
 };

@@ -112,8 +112,12 @@ COROCOLL_DECL task<> process_group::close_lingering(std::chrono::steady_clock::t
         }
     }
     made_.clear();
-    // The rank that serves the store keeps it up until the others are gone (`until`).
+    // The rank that serves the store keeps it up until the others are gone (`until`): those
+    // it is connected to say goodbye; the others (never connected, on first use) leave the
+    // store.
+    const bool sound = !engine_.failed();
     co_await engine_.close(until);
+    if (hosted_ && sound) co_await keep_store_until_clients_leave(until);
     // A futex wait of the arena's still in the ring must end before the arena goes.
     if (arena_) co_await arena_->close();
     // The last collective's lock release (`unlock_item_`) may still wait in the reactor's
@@ -121,6 +125,32 @@ COROCOLL_DECL task<> process_group::close_lingering(std::chrono::steady_clock::t
     // it): let that batch finish before the caller may destroy the group.
     co_await reactor_.schedule();
     close_finished_ = true;
+}
+
+COROCOLL_DECL task<> process_group::keep_store_until_clients_leave(
+    std::chrono::steady_clock::time_point until) {
+    // A server another group holds too (a shrink's) stays with that group.
+    if (hosted_.use_count() > 1) co_return;
+    // Those connected now; a process that connects later (a job set up again on the same
+    // port) is not waited for.
+    auto elsewhere = hosted_->clients_elsewhere();
+    std::multiset<std::string> waiting(elsewhere.begin(), elsewhere.end());
+    while (!waiting.empty()) {
+        std::multiset<std::string> still;
+        for (auto& c : hosted_->clients_elsewhere()) {
+            if (waiting.count(c) != 0) still.insert(std::move(c));
+        }
+        waiting = std::move(still);
+        if (waiting.empty()) break;
+        if (std::chrono::steady_clock::now() >= until) {
+            COROCOLL_LOG(warn, "P2P", "rank ", rank(), " of group '", name_,
+                         "' stops serving the store with ", waiting.size(),
+                         " client(s) of other processes still connected (", *waiting.begin(),
+                         waiting.size() > 1 ? ", ..." : "", ")");
+            break;
+        }
+        co_await reactor_.sleep_for(std::chrono::milliseconds(2));
+    }
 }
 
 COROCOLL_DECL void process_group::dispose(process_group* g) noexcept {

@@ -309,6 +309,21 @@ COROCOLL_DECL task<> tcp_store::authenticate(std::chrono::steady_clock::time_poi
     }
 }
 
+COROCOLL_DECL tcp_store::~tcp_store() {
+    if (!local_end_.empty()) detail::local_store_clients::instance().remove(local_end_);
+}
+
+COROCOLL_DECL void tcp_store::note_local_end() {
+    auto& own = detail::local_store_clients::instance();
+    if (!local_end_.empty()) own.remove(std::exchange(local_end_, std::string()));
+    try {
+        local_end_ = sock_.local_endpoint().to_string();
+    } catch (const std::system_error&) {
+        return;  // a server in this process counts it as another's: it waits for it longer
+    }
+    own.add(local_end_);
+}
+
 COROCOLL_DECL task<> tcp_store::reconnect(duration timeout) {
     sock_.close();
     auto deadline = io::deadline_after(timeout);
@@ -319,6 +334,7 @@ COROCOLL_DECL task<> tcp_store::reconnect(duration timeout) {
         std::error_code last;
         try {
             sock_ = co_await io::socket::connect(reactor_, server_, deadline);
+            note_local_end();
             if (co_await hello(deadline)) {
                 broken_ = false;
                 co_return;

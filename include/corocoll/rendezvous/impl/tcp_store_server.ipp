@@ -327,8 +327,23 @@ COROCOLL_DECL task<> tcp_store_server::serve(io::acceptor& listener) {
     co_await connections.join();
 }
 
+COROCOLL_DECL std::vector<std::string> tcp_store_server::clients_elsewhere() const {
+    std::vector<std::string> out;
+    std::lock_guard lock(peers_mutex_);
+    auto& own = detail::local_store_clients::instance();
+    for (const auto& p : peers_) {
+        if (!own.has(p)) out.push_back(p);
+    }
+    return out;
+}
+
 COROCOLL_DECL task<> tcp_store_server::handle(io::socket s) {
     counters_.open_connections.fetch_add(1, std::memory_order_relaxed);
+    const std::string peer = s.peer().to_string();
+    {
+        std::lock_guard lock(peers_mutex_);
+        peers_.insert(peer);
+    }
     connection c{std::move(s), {}, {}, detail::request_parser(limits_)};
     try {
         co_await converse(c);
@@ -343,6 +358,10 @@ COROCOLL_DECL task<> tcp_store_server::handle(io::socket s) {
     }
     c.sock.close();
     recharge(c, 0);
+    {
+        std::lock_guard lock(peers_mutex_);
+        peers_.erase(peers_.find(peer));
+    }
     counters_.open_connections.fetch_sub(1, std::memory_order_relaxed);
 }
 
