@@ -301,6 +301,9 @@ public:
         /// a receive that waited for the hold's timer instead of being handed the message.
         /// Never more than 0 unless the hand-off is broken.
         std::uint64_t expired_with_receive = 0;
+        /// Of those, the ones whose hold a receive from their peer that they did not match
+        /// ended (they were then buffered).
+        std::uint64_t released = 0;
     };
     /// See `hold_counts`.
     const hold_counts& holds() const noexcept { return holds_; }
@@ -531,6 +534,14 @@ private:
     // it meanwhile, else whatever matches now (in `pr`). False when the group failed or is
     // closing: a receive handed over meanwhile is in no queue, so it ends here.
     bool unblocked(peer& ps, int p, const frame_header& h, posted_recv*& pr);
+
+    // A receive `pr` just queued ends the holds of the messages it does not match from the
+    // peers it may take from (engine_options::hold): it may need what is behind them.
+    void release_holds(const posted_recv& pr);
+
+    // How long a reader holds message `h` before it buffers it (engine_options::hold,
+    // collective_hold).
+    std::chrono::microseconds hold_for(const frame_header& h) const noexcept;
 
     // ---- status queries: who is stuck, and who to blame ----
 

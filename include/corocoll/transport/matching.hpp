@@ -86,6 +86,10 @@ public:
     /// Fills `pr` from the buffered message `f` and drops the message.
     void take(posted_recv& pr, const found& f);
 
+    /// True while a posted receive may take a frame from rank `p` (one naming it, or one from
+    /// any source).
+    bool waits_for(int p) const noexcept;
+
     /// A reader stopped by the buffer bound may hold exactly the header this receive wants:
     /// it gets `pr` and goes on with the payload.
     bool hand_to_blocked_reader(posted_recv& pr);

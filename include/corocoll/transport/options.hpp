@@ -128,8 +128,18 @@ struct engine_options {
     /// from 64 KiB: the socket's buffer, flow control holding the sender; see
     /// `channel::worth_holding`) before it is buffered like any early message. Held, it goes
     /// straight into the receive when that comes; the bound keeps a program whose ranks all send
-    /// before they receive from stalling. 0: buffer at once.
+    /// before they receive from stalling. A receive from that peer that the held message does
+    /// not match ends the hold at once (and one already waiting keeps it from starting): it
+    /// may need what is behind. 0: buffer at once.
     std::chrono::microseconds hold{1000};
+    /// The same bound for a collective's message. A collective's ranks post their receives
+    /// as they send, so a collective message that comes first is nearly always the next call's
+    /// (or the next step's), sent while this rank still works on the one before, whose
+    /// messages from that peer all came before it: holding it blocks nothing this rank waits
+    /// for, and at 64 MiB the call before takes tens of milliseconds. Well inside the status
+    /// rounds' answer window (at least 1 s; at most a quarter of it is used), which a status
+    /// answer behind a held message waits out. 0: `hold`.
+    std::chrono::microseconds collective_hold{250'000};
     /// When the receives of this rank have waited this long without a frame arriving, the
     /// ranks compare notes (see `engine`): a rank that does not answer, or ranks whose calls
     /// differ, fail the group now; a slow but consistent group is reported at WARN and waits

@@ -93,6 +93,8 @@ struct peer {
     struct hold_timer : io::timer_entry {
         peer* owner = nullptr;
     } hold;
+    // A receive this held message does not match ended the hold (engine::release_holds).
+    bool hold_released = false;
     // The receive whose payload the reader is reading now; its owner clears this when it
     // abandons the receive, and the reader then leaves it alone.
     posted_recv* delivering = nullptr;

@@ -380,6 +380,29 @@ COROCOLL_DECL void engine::post(posted_recv& pr, const op_label& what) {
     }
     if (matching_.hand_to_blocked_reader(pr)) return;
     matching_.enqueue(pr);
+    release_holds(pr);
+}
+
+COROCOLL_DECL void engine::release_holds(const posted_recv& pr) {
+    int first = pr.src == any_source ? 0 : pr.src;
+    int last = pr.src == any_source ? size_ : pr.src + 1;
+    for (int p = first; p < last; ++p) {
+        peer& ps = peer_at(p);
+        if (ps.blocked == nullptr || !ps.hold.armed() || !ps.blocked_reader) continue;
+        // `pr` waits for something other than the held message, perhaps behind it: the reader
+        // buffers the held one and reads on.
+        reactor_.disarm(ps.hold);
+        ps.hold_released = true;
+        std::exchange(ps.blocked_reader, {}).resume();
+    }
+}
+
+COROCOLL_DECL std::chrono::microseconds engine::hold_for(const frame_header& h) const noexcept {
+    if (h.kind == frame_kind::collective && options_.collective_hold.count() > 0) {
+        // A status answer behind the held message waits it out: a quarter of the window at most.
+        return std::min<std::chrono::microseconds>(options_.collective_hold, answer_window() / 4);
+    }
+    return options_.hold;
 }
 
 COROCOLL_DECL void engine::throw_left(int p, const op_label& what) const {

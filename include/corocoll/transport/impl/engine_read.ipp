@@ -63,12 +63,13 @@ COROCOLL_DECL task<> engine::read_loop(int p) {
             if (!check_active(p, h)) co_return;  // the group failed
             posted_recv* pr = matching_.match(p, h);
             if (pr == nullptr && h.length > 0 && options_.hold.count() > 0 &&
-                ps.link->worth_holding(h.length)) {
+                ps.link->worth_holding(h.length) && !matching_.waits_for(p)) {
                 // Copied into a buffer now, it would be copied twice; the receive usually
-                // comes soon.
+                // comes soon. (Not where a receive from this peer waits already: it may need
+                // what is behind.)
                 ps.blocked = &h;
                 ps.hold.owner = &ps;
-                ps.hold.when = std::chrono::steady_clock::now() + options_.hold;
+                ps.hold.when = std::chrono::steady_clock::now() + hold_for(h);
                 ps.hold.fire = [](io::timer_entry& t) noexcept {
                     peer& held = *static_cast<peer::hold_timer&>(t).owner;
                     if (held.blocked_reader) std::exchange(held.blocked_reader, {}).resume();
@@ -81,10 +82,13 @@ COROCOLL_DECL task<> engine::read_loop(int p) {
                 // the hold's timer ended the wait: ~1 ms of every call of a collective that
                 // sends before its peer's next receive, e.g. a 2-rank reduce of 8 KiB.)
                 if (matching_.match(p, h) == nullptr) co_await blocked_awaiter{ps};
-                const bool expired = !ps.hold.armed();
+                const bool released = std::exchange(ps.hold_released, false);
+                const bool expired = !ps.hold.armed() && !released;
                 reactor_.disarm(ps.hold);
                 if (!unblocked(ps, p, h, pr)) co_return;
-                if (expired) {
+                if (released) {
+                    ++holds_.released;
+                } else if (expired) {
                     ++holds_.expired;
                     if (pr != nullptr) ++holds_.expired_with_receive;
                 } else if (pr != nullptr) {

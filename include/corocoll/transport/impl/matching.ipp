@@ -96,6 +96,10 @@ COROCOLL_DECL void matcher::take(posted_recv& pr, const found& f) {
     if (from.blocked_reader) std::exchange(from.blocked_reader, {}).resume();
 }
 
+COROCOLL_DECL bool matcher::waits_for(int p) const noexcept {
+    return !any_.empty() || !peers_[static_cast<std::size_t>(p)].posted.empty();
+}
+
 COROCOLL_DECL bool matcher::hand_to_blocked_reader(posted_recv& pr) {
     int first = pr.src == any_source ? 0 : pr.src;
     int last = pr.src == any_source ? static_cast<int>(peers_.size()) : pr.src + 1;
