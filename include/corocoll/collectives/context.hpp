@@ -31,8 +31,14 @@ namespace collectives {
 /// temporaries. Contents are left as the last user left them.
 class scratch_buffers {
 public:
-    /// Buffers up to this size stay between calls; larger ones go at `trim`.
+    /// Buffers up to this size stay between calls; larger ones go once `idle_calls` calls in
+    /// a row did not use them: a loop of large calls, with a barrier or a small call between
+    /// them, keeps its temporaries (fresh pages at every call cost a 4-rank reduce of 64 MiB
+    /// over TCP 436 ms a call against 42, docs/performance.md, "Large temporaries kept while
+    /// they are used"), and a group whose calls got smaller gives them back.
     static constexpr std::size_t kept_bytes = std::size_t{8} << 20;
+    /// See `kept_bytes`.
+    static constexpr unsigned idle_calls = 16;
 
     scratch_buffers() = default;
     /// Moves the buffers; the source keeps none.
@@ -47,13 +53,19 @@ public:
     /// different slots (see `context::scratch`).
     std::span<std::byte> get(std::size_t slot, std::size_t bytes);
 
-    /// Frees the buffers larger than `kept_bytes`; the group calls it after each collective.
+    /// Ends a call: frees the buffers larger than `kept_bytes` that the last `idle_calls`
+    /// calls did not use (`get`); the group calls it after each collective.
     void trim() noexcept;
+
+    /// Bytes of the buffers held now.
+    std::size_t held_bytes() const noexcept;
 
 private:
     struct buffer {
         std::unique_ptr<std::byte[]> data;
         std::size_t size = 0;
+        bool used = false;  // since the last trim
+        unsigned idle = 0;  // trims in a row without a use
     };
     std::vector<buffer> slots_;
 };

@@ -11,6 +11,7 @@ namespace collectives {
 COROCOLL_DECL std::span<std::byte> scratch_buffers::get(std::size_t slot, std::size_t bytes) {
     if (slots_.size() <= slot) slots_.resize(slot + 1);
     buffer& b = slots_[slot];
+    b.used = true;
     if (b.size < bytes) {
         b.data.reset();
         b.data.reset(new std::byte[bytes]);
@@ -21,11 +22,19 @@ COROCOLL_DECL std::span<std::byte> scratch_buffers::get(std::size_t slot, std::s
 
 COROCOLL_DECL void scratch_buffers::trim() noexcept {
     for (buffer& b : slots_) {
-        if (b.size > kept_bytes) {
+        b.idle = b.used ? 0 : b.idle + 1;
+        b.used = false;
+        if (b.size > kept_bytes && b.idle >= idle_calls) {
             b.data.reset();
             b.size = 0;
         }
     }
+}
+
+COROCOLL_DECL std::size_t scratch_buffers::held_bytes() const noexcept {
+    std::size_t held = 0;
+    for (const buffer& b : slots_) held += b.size;
+    return held;
 }
 
 COROCOLL_DECL std::span<std::byte> context::scratch(std::size_t slot, std::size_t bytes) {
