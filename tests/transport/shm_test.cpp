@@ -204,6 +204,17 @@ TEST_CASE(
     CHECK(counts.expired_with_receive == 0);
 }
 
+namespace {
+
+// Lets the reactor run until this rank's reader holds a message (10 s at most).
+cc::task<> until_held(cc::process_group& pg) {
+    for (int i = 0; i < 10000 && pg.engine().holds().held == 0; ++i) {
+        co_await pg.reactor().sleep_for(1ms);
+    }
+}
+
+}  // namespace
+
 TEST_CASE("over TCP a large message that comes before its receive waits in the socket for it") {
     // Rank 1 sends 256 KiB and then 8 bytes; rank 0 lets its reactor run (its reader reads
     // the first header and finds no receive) before it posts the receives. The reader leaves
@@ -222,9 +233,7 @@ TEST_CASE("over TCP a large message that comes before its receive waits in the s
                 co_await pg.send(pattern(small.size(), 4), 0);
                 co_return;
             }
-            for (int i = 0; i < 10000 && pg.engine().holds().held == 0; ++i) {
-                co_await pg.reactor().sleep_for(1ms);
-            }
+            co_await until_held(pg);
             co_await pg.recv(big, 1);
             co_await pg.recv(small, 1);
             if (big != pattern(big.size(), 3) || small != pattern(small.size(), 4))
@@ -261,9 +270,7 @@ TEST_CASE("a receive for another message from the same peer ends a hold at once"
                     co_await pg.recv(done, 0, 3);  // rank 0 has both: this rank may leave
                     co_return;
                 }
-                for (int i = 0; i < 10000 && pg.engine().holds().held == 0; ++i) {
-                    co_await pg.reactor().sleep_for(1ms);
-                }
+                co_await until_held(pg);
                 co_await pg.recv(small, 1, 2);
                 co_await pg.recv(big, 1, 1);
                 counts = pg.engine().holds();
@@ -281,8 +288,9 @@ TEST_CASE("a receive for another message from the same peer ends a hold at once"
 
 TEST_CASE("no collective waits out the hold of a message that came before its receive") {
     // A collective's message that comes first is held until its receive comes, up to
-    // `collective_hold`: 30 s here, so a collective whose ranks waited on each other's holds
-    // would show as an expiry (and a slow test). Every collective of 64 KiB-1 MiB, 2 and 3
+    // `collective_hold`: 30 s asked here (the engine takes at most a quarter of the status
+    // answer window, seconds), so a collective whose ranks waited on each other's holds would
+    // show as an expiry (and a slow test). Every collective of 64 KiB-1 MiB, 2 and 3
     // ranks, shared memory and TCP, many calls back to back (the next call's messages come
     // while the last one's are still being received).
     for (auto choice :

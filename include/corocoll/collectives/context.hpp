@@ -64,8 +64,7 @@ private:
     struct buffer {
         std::unique_ptr<std::byte[]> data;
         std::size_t size = 0;
-        bool used = false;  // since the last trim
-        unsigned idle = 0;  // trims in a row without a use
+        unsigned idle = 0;  // trims since the last use (`get` sets 0)
     };
     std::vector<buffer> slots_;
 };

@@ -194,9 +194,9 @@ public:
         auto at = ends_.find(local_end);
         if (at != ends_.end()) ends_.erase(at);
     }
-    bool has(const std::string& local_end) const {
+    std::multiset<std::string> snapshot() const {
         std::lock_guard lock(mutex_);
-        return ends_.count(local_end) != 0;
+        return ends_;
     }
 
 private:

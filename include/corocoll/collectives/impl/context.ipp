@@ -11,7 +11,7 @@ namespace collectives {
 COROCOLL_DECL std::span<std::byte> scratch_buffers::get(std::size_t slot, std::size_t bytes) {
     if (slots_.size() <= slot) slots_.resize(slot + 1);
     buffer& b = slots_[slot];
-    b.used = true;
+    b.idle = 0;
     if (b.size < bytes) {
         b.data.reset();
         b.data.reset(new std::byte[bytes]);
@@ -22,9 +22,8 @@ COROCOLL_DECL std::span<std::byte> scratch_buffers::get(std::size_t slot, std::s
 
 COROCOLL_DECL void scratch_buffers::trim() noexcept {
     for (buffer& b : slots_) {
-        b.idle = b.used ? 0 : b.idle + 1;
-        b.used = false;
-        if (b.size > kept_bytes && b.idle >= idle_calls) {
+        // The trim after the call that used it makes 1: freed after `idle_calls` more.
+        if (++b.idle > idle_calls && b.size > kept_bytes) {
             b.data.reset();
             b.size = 0;
         }

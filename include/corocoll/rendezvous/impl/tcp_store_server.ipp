@@ -328,11 +328,12 @@ COROCOLL_DECL task<> tcp_store_server::serve(io::acceptor& listener) {
 }
 
 COROCOLL_DECL std::vector<std::string> tcp_store_server::clients_elsewhere() const {
+    // This process's own are a few (its ranks' clients): taken at once, not per peer.
+    const auto own = detail::local_store_clients::instance().snapshot();
     std::vector<std::string> out;
     std::lock_guard lock(peers_mutex_);
-    auto& own = detail::local_store_clients::instance();
     for (const auto& p : peers_) {
-        if (!own.has(p)) out.push_back(p);
+        if (own.count(p) == 0) out.push_back(p);
     }
     return out;
 }
