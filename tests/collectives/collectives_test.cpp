@@ -411,7 +411,8 @@ TEST_CASE(
 TEST_CASE("reduce_scatter: every type, op, world size and count, with each algorithm") {
     on_every_world([](cc::process_group& pg) -> cc::task<> {
         int n = pg.size(), r = pg.rank();
-        for (auto algo : with_shm(pg, {coll::algorithm::ring})) {
+        for (auto algo :
+             with_shm(pg, {coll::algorithm::ring, coll::algorithm::recursive_doubling})) {
             pg.set_algorithm(coll::collective_kind::reduce_scatter, algo);
             auto per_type = [&](auto tag) -> cc::task<> {
                 using T = decltype(tag);
@@ -508,7 +509,7 @@ TEST_CASE(
     "all_to_all: every type, world size and count, equal and given splits, with each algorithm") {
     on_every_world([](cc::process_group& pg) -> cc::task<> {
         int n = pg.size(), r = pg.rank();
-        for (auto algo : with_shm(pg, {coll::algorithm::pairwise})) {
+        for (auto algo : with_shm(pg, {coll::algorithm::pairwise, coll::algorithm::linear})) {
             pg.set_algorithm(coll::collective_kind::all_to_all, algo);
             auto per_type = [&](auto tag) -> cc::task<> {
                 using T = decltype(tag);
@@ -811,6 +812,30 @@ TEST_CASE(
     CHECK(pick(k::all_to_all, std::size_t{64} << 10, 2) == coll::algorithm::pairwise);
     CHECK(pick(k::all_to_all, 64, 8) == coll::algorithm::shm);
     CHECK(coll::select(k::reduce_scatter, 8, 2, {}, {}, nullptr, false) == coll::algorithm::ring);
+    // Without an arena, small inputs of 4 or more ranks by a whole all_reduce (log2 n steps
+    // against the ring's n - 1), up to the model's crossover; never on 2, 3, 5 or 6 ranks.
+    auto by_messages = [](k kind, std::size_t bytes, int n) {
+        return coll::select(kind, bytes, n, {}, {}, nullptr, false);
+    };
+    CHECK(by_messages(k::reduce_scatter, 64, 4) == coll::algorithm::recursive_doubling);
+    CHECK(by_messages(k::reduce_scatter, std::size_t{16} << 10, 4) ==
+          coll::algorithm::recursive_doubling);
+    CHECK(by_messages(k::reduce_scatter, std::size_t{32} << 10, 4) == coll::algorithm::ring);
+    CHECK(by_messages(k::reduce_scatter, std::size_t{32} << 10, 8) ==
+          coll::algorithm::recursive_doubling);
+    CHECK(by_messages(k::reduce_scatter, std::size_t{64} << 10, 8) == coll::algorithm::ring);
+    for (int n : {2, 3, 5, 6}) {
+        CHECK(coll::reduce_scatter_doubling_below({}, n) == 0);
+        CHECK(by_messages(k::reduce_scatter, 4, n) == coll::algorithm::ring);
+    }
+    CHECK(coll::reduce_scatter_doubling_below({}, 16) > coll::reduce_scatter_doubling_below({}, 8));
+    // all_to_all without an arena: blocks below 8 KiB all at once on more than 2 ranks, larger
+    // ones by the exchange.
+    CHECK(by_messages(k::all_to_all, std::size_t{16} << 10, 4) == coll::algorithm::linear);
+    CHECK(by_messages(k::all_to_all, std::size_t{32} << 10, 4) == coll::algorithm::pairwise);
+    CHECK(by_messages(k::all_to_all, 8, 2) == coll::algorithm::pairwise);  // one exchange
+    // With an arena the arena's exchange keeps small inputs.
+    CHECK(pick(k::reduce_scatter, 64, 4) == coll::algorithm::shm);
     CHECK(coll::select(k::all_reduce, 4, 2, {}, {}, nullptr, false) ==
           coll::algorithm::recursive_doubling);
     // With single copies from 256 KiB (2 ranks by default): all_gather stays on the arena,

@@ -85,6 +85,12 @@ struct thresholds {
     std::size_t chain_piece_bytes = std::size_t{1} << 20;
     std::size_t all_gather_ring_bytes = std::size_t{256} << 10;  ///< of the gathered total
     std::size_t linear_block_bytes = std::size_t{64} << 10;      ///< gather/scatter, per block
+    /// all_to_all of equal blocks on more than 2 ranks without a shared arena: blocks below
+    /// this size go all at once (all_to_all_linear.hpp), larger ones by the pairwise
+    /// exchange. On 4 ranks over TCP (coll_perf, AMD EPYC, docs/performance.md) all at once
+    /// took 61-98 us against the exchange's 102-140 up to 4 KiB blocks; at 16 KiB blocks the
+    /// two took turns.
+    std::size_t all_to_all_linear_block_below = std::size_t{8} << 10;
     /// On a group with a shared arena, all_reduce, broadcast and all_gather go through it
     /// (the shm algorithms) at every size but these (measured with coll_perf on 2 and 4 ranks,
     /// docs/architecture.md, "The shared arena"). On 2 ranks the ring's all_gather, which
@@ -147,6 +153,14 @@ struct thresholds {
 /// benchmarks/compare/cost_model.py checks the result against the model (docs/performance.md,
 /// "A cost model").
 COROCOLL_DECL double rank_growth(collective_kind k, int n) noexcept;
+
+/// reduce_scatter, without a shared arena: below this many bytes (a rank's whole input) a
+/// whole all_reduce by recursive doubling (reduce_scatter_doubling.hpp), from it the ring.
+/// Not a measured size: the alpha-beta crossover of the two on `n` ranks, with alpha / beta
+/// as `t.all_reduce_ring_bytes` implies it on 8 ranks. 0 (the ring always) on 2, 3, 5 and 6
+/// ranks, where doubling takes as many steps or more; with the default thresholds about 23 KiB
+/// on 4 ranks, 7 KiB on 7, 55 KiB on 8 and 104 KiB on 16.
+COROCOLL_DECL std::size_t reduce_scatter_doubling_below(const thresholds& t, int n) noexcept;
 
 /// The pieces a broadcast's chain must be cut into on `n` ranks to move fewer bytes one after
 /// another than the binomial tree: the least k with n - 2 + k < k log2(n), i.e. more than

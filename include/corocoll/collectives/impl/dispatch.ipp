@@ -10,6 +10,7 @@
 #include <corocoll/collectives/all_reduce_recursive_doubling.hpp>
 #include <corocoll/collectives/all_reduce_ring.hpp>
 #include <corocoll/collectives/all_reduce_shm.hpp>
+#include <corocoll/collectives/all_to_all_linear.hpp>
 #include <corocoll/collectives/all_to_all_pairwise.hpp>
 #include <corocoll/collectives/barrier_dissemination.hpp>
 #include <corocoll/collectives/broadcast_binomial.hpp>
@@ -24,6 +25,7 @@
 #include <corocoll/collectives/gather_object_direct.hpp>
 #include <corocoll/collectives/monitored_barrier_star.hpp>
 #include <corocoll/collectives/reduce_binomial.hpp>
+#include <corocoll/collectives/reduce_scatter_doubling.hpp>
 #include <corocoll/collectives/reduce_scatter_ring.hpp>
 #include <corocoll/collectives/rooted_shm.hpp>
 #include <corocoll/collectives/scatter_binomial.hpp>
@@ -113,18 +115,29 @@ COROCOLL_DECL task<> reduce_scatter(context& c, algorithm a, std::span<std::byte
     if (a == algorithm::shm && exchange_shm_fits(*c.arena, in.size(), red.elem())) {
         return reduce_scatter_shm(c, out, in, red);
     }
+    if (a == algorithm::recursive_doubling) return reduce_scatter_doubling(c, out, in, red);
     return reduce_scatter_ring(c, out, in, red);
 }
 
 namespace detail {
 
-// The pairwise exchange of equal blocks, with the offsets the caller did not make.
-COROCOLL_DECL task<> all_to_all_pairwise_even(context& c, std::span<std::byte> out,
-                                              std::span<const std::byte> in) {
+// The offsets of equal blocks, which the caller did not make.
+inline std::vector<std::size_t> even_offsets(const context& c, std::span<std::byte> out) {
     const auto n = static_cast<std::size_t>(c.size());
     std::vector<std::size_t> offsets(n + 1);
     for (std::size_t p = 0; p <= n; ++p) offsets[p] = p * (out.size() / n);
-    co_await all_to_all_pairwise(c, out, offsets, in, offsets);
+    return offsets;
+}
+
+// The pairwise exchange or the linear one of equal blocks, with the offsets made here.
+COROCOLL_DECL task<> all_to_all_even(context& c, algorithm a, std::span<std::byte> out,
+                                     std::span<const std::byte> in) {
+    const std::vector<std::size_t> offsets = even_offsets(c, out);
+    if (a == algorithm::linear) {
+        co_await all_to_all_linear(c, out, offsets, in, offsets);
+    } else {
+        co_await all_to_all_pairwise(c, out, offsets, in, offsets);
+    }
 }
 
 }  // namespace detail
@@ -137,8 +150,9 @@ COROCOLL_DECL task<> all_to_all(context& c, algorithm a, std::span<std::byte> ou
         if (a == algorithm::shm && exchange_shm_fits(*c.arena, in.size(), 1)) {
             return all_to_all_shm(c, out, in);
         }
-        return detail::all_to_all_pairwise_even(c, out, in);
+        return detail::all_to_all_even(c, a, out, in);
     }
+    if (a == algorithm::linear) return all_to_all_linear(c, out, out_offsets, in, in_offsets);
     return all_to_all_pairwise(c, out, out_offsets, in, in_offsets);
 }
 

@@ -93,9 +93,10 @@ COROCOLL_DECL bool supports(collective_kind k, algorithm a) noexcept {
         case collective_kind::scatter:
             return a == algorithm::binomial || a == algorithm::linear || a == algorithm::shm;
         case collective_kind::reduce_scatter:
-            return a == algorithm::ring || a == algorithm::shm;
+            return a == algorithm::ring || a == algorithm::recursive_doubling ||
+                   a == algorithm::shm;
         case collective_kind::all_to_all:
-            return a == algorithm::pairwise || a == algorithm::shm;
+            return a == algorithm::pairwise || a == algorithm::linear || a == algorithm::shm;
         case collective_kind::barrier:
             return a == algorithm::dissemination;
         default:
@@ -211,6 +212,15 @@ inline double all_reduce_crossover(int n) noexcept {
     return steps > ring_share ? (2.0 * (n - 1) - steps) / (steps - ring_share) : 0.0;
 }
 
+// Where, in units of alpha / beta, the ring's reduce_scatter (n - 1 steps of s / n) overtakes a
+// whole all_reduce by recursive doubling (log2 n steps of s, two more where n is no power of
+// two): 0 where doubling never wins in the model (n < 4, 5 and 6: as many steps or more).
+inline double reduce_scatter_crossover(int n) noexcept {
+    const double steps = log2_up(n) + ((n & (n - 1)) == 0 ? 0.0 : 2.0);
+    const double ring_steps = n - 1.0;
+    return steps < ring_steps ? (ring_steps - steps) / (steps - ring_steps / n) : 0.0;
+}
+
 // The chain's n - 2 filling steps against the tree's log2(n) - 1 extra copies of the message.
 inline double broadcast_crossover(int n) noexcept {
     const double l = log2_up(n);
@@ -252,6 +262,15 @@ COROCOLL_DECL double rank_growth(collective_kind k, int n) noexcept {
 COROCOLL_DECL std::size_t chain_pieces_needed(int n) noexcept {
     if (n <= 2) return 0;
     return static_cast<std::size_t>(std::floor(detail::broadcast_crossover(n))) + 1;
+}
+
+COROCOLL_DECL std::size_t reduce_scatter_doubling_below(const thresholds& t, int n) noexcept {
+    // alpha / beta as all_reduce's threshold implies it on 8 ranks (where it was measured),
+    // times reduce_scatter's crossover on n.
+    constexpr int measured = 8;
+    const double alpha_over_beta =
+        static_cast<double>(t.all_reduce_ring_bytes) / detail::all_reduce_crossover(measured);
+    return detail::grown(std::size_t{1}, alpha_over_beta * detail::reduce_scatter_crossover(n));
 }
 
 COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
@@ -329,9 +348,13 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
         case collective_kind::scatter:
             return bytes >= t.linear_block_bytes ? algorithm::linear : algorithm::binomial;
         case collective_kind::reduce_scatter:
-            return algorithm::ring;
+            return bytes < reduce_scatter_doubling_below(t, n) ? algorithm::recursive_doubling
+                                                               : algorithm::ring;
         case collective_kind::all_to_all:
-            return algorithm::pairwise;
+            // On 2 ranks both are one exchange; the pairwise one makes it without a list.
+            return n > 2 && bytes / static_cast<std::size_t>(n) < t.all_to_all_linear_block_below
+                       ? algorithm::linear
+                       : algorithm::pairwise;
         case collective_kind::barrier:
             return algorithm::dissemination;
         default:
