@@ -818,21 +818,21 @@ TEST_CASE(
         return coll::select(kind, bytes, n, {}, {}, nullptr, false);
     };
     CHECK(by_messages(k::reduce_scatter, 64, 4) == coll::algorithm::recursive_doubling);
-    CHECK(by_messages(k::reduce_scatter, std::size_t{16} << 10, 4) ==
+    CHECK(by_messages(k::reduce_scatter, std::size_t{32} << 10, 4) ==
           coll::algorithm::recursive_doubling);
-    CHECK(by_messages(k::reduce_scatter, std::size_t{32} << 10, 4) == coll::algorithm::ring);
-    CHECK(by_messages(k::reduce_scatter, std::size_t{32} << 10, 8) ==
+    CHECK(by_messages(k::reduce_scatter, std::size_t{64} << 10, 4) == coll::algorithm::ring);
+    CHECK(by_messages(k::reduce_scatter, std::size_t{128} << 10, 8) ==
           coll::algorithm::recursive_doubling);
-    CHECK(by_messages(k::reduce_scatter, std::size_t{64} << 10, 8) == coll::algorithm::ring);
+    CHECK(by_messages(k::reduce_scatter, std::size_t{256} << 10, 8) == coll::algorithm::ring);
     for (int n : {2, 3, 5, 6}) {
         CHECK(coll::reduce_scatter_doubling_below({}, n) == 0);
         CHECK(by_messages(k::reduce_scatter, 4, n) == coll::algorithm::ring);
     }
     CHECK(coll::reduce_scatter_doubling_below({}, 16) > coll::reduce_scatter_doubling_below({}, 8));
-    // all_to_all without an arena: blocks below 8 KiB all at once on more than 2 ranks, larger
-    // ones by the exchange.
-    CHECK(by_messages(k::all_to_all, std::size_t{16} << 10, 4) == coll::algorithm::linear);
-    CHECK(by_messages(k::all_to_all, std::size_t{32} << 10, 4) == coll::algorithm::pairwise);
+    // all_to_all without an arena: blocks below 64 KiB all at once on more than 2 ranks,
+    // larger ones by the exchange.
+    CHECK(by_messages(k::all_to_all, std::size_t{128} << 10, 4) == coll::algorithm::linear);
+    CHECK(by_messages(k::all_to_all, std::size_t{256} << 10, 4) == coll::algorithm::pairwise);
     CHECK(by_messages(k::all_to_all, 8, 2) == coll::algorithm::pairwise);  // one exchange
     // With an arena the arena's exchange keeps small inputs.
     CHECK(pick(k::reduce_scatter, 64, 4) == coll::algorithm::shm);

@@ -88,9 +88,15 @@ struct thresholds {
     /// all_to_all of equal blocks on more than 2 ranks without a shared arena: blocks below
     /// this size go all at once (all_to_all_linear.hpp), larger ones by the pairwise
     /// exchange. On 4 ranks over TCP (coll_perf, AMD EPYC, docs/performance.md) all at once
-    /// took 61-98 us against the exchange's 102-140 up to 4 KiB blocks; at 16 KiB blocks the
-    /// two took turns.
-    std::size_t all_to_all_linear_block_below = std::size_t{8} << 10;
+    /// took 61-104 us against the exchange's 102-140 up to 8 KiB blocks and 91-99 against
+    /// 135-157 at 32 KiB blocks; at 64 KiB blocks the two took turns.
+    std::size_t all_to_all_linear_block_below = std::size_t{64} << 10;
+    /// reduce_scatter without a shared arena, on 4 ranks: below this many bytes (a rank's
+    /// whole input) a whole all_reduce by recursive doubling (reduce_scatter_doubling.hpp),
+    /// from it the ring. Measured over TCP (coll_perf, AMD EPYC): doubling took 85-118 us
+    /// against the ring's 129-147 at 32 KiB, and the two took turns at 64 and 128 KiB. On n
+    /// ranks `reduce_scatter_doubling_below` moves it by the model.
+    std::size_t reduce_scatter_doubling_bytes = std::size_t{64} << 10;
     /// On a group with a shared arena, all_reduce, broadcast and all_gather go through it
     /// (the shm algorithms) at every size but these (measured with coll_perf on 2 and 4 ranks,
     /// docs/architecture.md, "The shared arena"). On 2 ranks the ring's all_gather, which
@@ -156,10 +162,11 @@ COROCOLL_DECL double rank_growth(collective_kind k, int n) noexcept;
 
 /// reduce_scatter, without a shared arena: below this many bytes (a rank's whole input) a
 /// whole all_reduce by recursive doubling (reduce_scatter_doubling.hpp), from it the ring.
-/// Not a measured size: the alpha-beta crossover of the two on `n` ranks, with alpha / beta
-/// as `t.all_reduce_ring_bytes` implies it on 8 ranks. 0 (the ring always) on 2, 3, 5 and 6
-/// ranks, where doubling takes as many steps or more; with the default thresholds about 23 KiB
-/// on 4 ranks, 7 KiB on 7, 55 KiB on 8 and 104 KiB on 16.
+/// `t.reduce_scatter_doubling_bytes` (measured on 4 ranks) times the ratio of the two
+/// algorithms' alpha-beta crossovers on `n` and on 4 ranks (neither alpha nor beta is in the
+/// ratio). 0 (the ring always) on 2, 3, 5 and 6 ranks, where doubling takes as many steps or
+/// more; with the default thresholds 64 KiB on 4 ranks, 19 KiB on 7, 150 KiB on 8 and 287 KiB
+/// on 16.
 COROCOLL_DECL std::size_t reduce_scatter_doubling_below(const thresholds& t, int n) noexcept;
 
 /// The pieces a broadcast's chain must be cut into on `n` ranks to move fewer bytes one after

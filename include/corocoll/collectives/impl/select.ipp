@@ -265,12 +265,10 @@ COROCOLL_DECL std::size_t chain_pieces_needed(int n) noexcept {
 }
 
 COROCOLL_DECL std::size_t reduce_scatter_doubling_below(const thresholds& t, int n) noexcept {
-    // alpha / beta as all_reduce's threshold implies it on 8 ranks (where it was measured),
-    // times reduce_scatter's crossover on n.
-    constexpr int measured = 8;
-    const double alpha_over_beta =
-        static_cast<double>(t.all_reduce_ring_bytes) / detail::all_reduce_crossover(measured);
-    return detail::grown(std::size_t{1}, alpha_over_beta * detail::reduce_scatter_crossover(n));
+    constexpr int measured = 4;
+    return detail::grown(
+        t.reduce_scatter_doubling_bytes,
+        detail::reduce_scatter_crossover(n) / detail::reduce_scatter_crossover(measured));
 }
 
 COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
