@@ -8,6 +8,7 @@
 // competing for each rank's link and memory. Chosen: for small blocks without a shared arena
 // (select.hpp).
 
+#include <corocoll/collectives/all_to_all_pairwise.hpp>
 #include <corocoll/collectives/context.hpp>
 #include <corocoll/version.hpp>
 

@@ -7,8 +7,6 @@
 
 #include <corocoll/core/when_all.hpp>
 
-#include <algorithm>
-#include <cstring>
 #include <exception>
 
 COROCOLL_BEGIN_NAMESPACE
@@ -20,28 +18,21 @@ COROCOLL_DECL task<> all_to_all_linear(context& c, std::span<std::byte> out,
                                        std::span<const std::byte> in,
                                        const std::vector<std::size_t>& in_offsets) {
     const int n = c.size(), r = c.rank();
-    auto block = [](auto whole, const std::vector<std::size_t>& at, int p) {
-        const auto i = static_cast<std::size_t>(p);
-        return whole.subspan(at[i], at[i + 1] - at[i]);
-    };
-    auto own_in = block(in, in_offsets, r);
-    auto own_out = block(out, out_offsets, r);
-    if (!own_in.empty())
-        std::memcpy(own_out.data(), own_in.data(), std::min(own_in.size(), own_out.size()));
+    detail::copy_own_block(out, out_offsets, in, in_offsets, r);
     // Reserved whole: a started receive must not move. Rank r - s's block is received, and
     // rank r + s's sent, in the order of the pairwise exchange's rounds.
     std::vector<context::recv_operation> recvs;
     recvs.reserve(static_cast<std::size_t>(n > 0 ? n - 1 : 0));
     for (int s = 1; s < n; ++s) {
         const int src = (r - s + n) % n;
-        recvs.push_back(c.recv(block(out, out_offsets, src), src, 0));
+        recvs.push_back(c.recv(detail::offset_block(out, out_offsets, src), src, 0));
         recvs.back().start();
     }
     std::exception_ptr failed;
     try {
         for (int s = 1; s < n; ++s) {
             const int dst = (r + s) % n;
-            co_await c.send(block(in, in_offsets, dst), dst, 0);
+            co_await c.send(detail::offset_block(in, in_offsets, dst), dst, 0);
         }
     } catch (...) {
         failed = std::current_exception();

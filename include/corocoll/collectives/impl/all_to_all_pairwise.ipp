@@ -14,23 +14,12 @@ COROCOLL_DECL task<> all_to_all_pairwise(context& c, std::span<std::byte> out,
                                          std::span<const std::byte> in,
                                          const std::vector<std::size_t>& in_offsets) {
     int n = c.size(), r = c.rank();
-    auto in_block = [&](int p) {
-        return in.subspan(
-            in_offsets[static_cast<std::size_t>(p)],
-            in_offsets[static_cast<std::size_t>(p) + 1] - in_offsets[static_cast<std::size_t>(p)]);
-    };
-    auto out_block = [&](int p) {
-        return out.subspan(out_offsets[static_cast<std::size_t>(p)],
-                           out_offsets[static_cast<std::size_t>(p) + 1] -
-                               out_offsets[static_cast<std::size_t>(p)]);
-    };
-    auto own_in = in_block(r);
-    auto own_out = out_block(r);
-    if (!own_in.empty())
-        std::memcpy(own_out.data(), own_in.data(), std::min(own_in.size(), own_out.size()));
+    detail::copy_own_block(out, out_offsets, in, in_offsets, r);
     for (int s = 1; s < n; ++s) {
         int dst = (r + s) % n, src = (r - s + n) % n;
-        co_await c.exchange(in_block(dst), dst, out_block(src), src, static_cast<std::uint32_t>(s));
+        co_await c.exchange(detail::offset_block(in, in_offsets, dst), dst,
+                            detail::offset_block(out, out_offsets, src), src,
+                            static_cast<std::uint32_t>(s));
     }
 }
 
