@@ -286,6 +286,51 @@ TEST_CASE("a receive for another message from the same peer ends a hold at once"
     }
 }
 
+TEST_CASE("once a hold runs out, the messages behind it from that peer are not held again") {
+    // Rank 1 sends eight messages of 256 KiB; rank 0 posts no receive until its reader has
+    // either held a second one or buffered all eight. The first is held and its hold runs
+    // out; the seven behind it are read at once. Held one by one, whatever comes behind them
+    // (a status answer, the message a receive waits for) would wait out one hold per
+    // message: 250 ms each for a collective's chunks, past a 1 s answer window at four.
+    for (auto choice :
+         {cc::transport::transport_choice::tcp, cc::transport::transport_choice::shm}) {
+        CAPTURE(choice == cc::transport::transport_choice::tcp ? "tcp" : "shm");
+        cc::transport::engine::hold_counts counts;
+        thread_ranks_options o = with(choice);
+        o.limits.hold = std::chrono::milliseconds(5);
+        constexpr int messages = 8;
+        check_every_rank_ok(run_threads(
+            2,
+            [&](cc::process_group& pg) -> cc::task<> {
+                std::vector<std::byte> big(256 << 10);
+                std::vector<int> done{0};
+                if (pg.rank() == 1) {
+                    for (int k = 0; k < messages; ++k) {
+                        co_await pg.send(pattern(big.size(), static_cast<unsigned>(k)), 0, k);
+                    }
+                    co_await pg.recv(done, 0, messages);  // rank 0 has them: this rank may leave
+                    co_return;
+                }
+                for (int i = 0; i < 10000; ++i) {
+                    const auto& h = pg.engine().holds();
+                    if (h.held >= 2 || h.buffered == messages) break;
+                    co_await pg.reactor().sleep_for(1ms);
+                }
+                counts = pg.engine().holds();
+                for (int k = 0; k < messages; ++k) {
+                    co_await pg.recv(big, 1, k);
+                    if (big != pattern(big.size(), static_cast<unsigned>(k)))
+                        throw std::runtime_error("payload differs");
+                }
+                co_await pg.send(done, 1, messages);
+            },
+            o));
+        CHECK(counts.held == 1);
+        CHECK(counts.expired == 1);
+        CHECK(counts.buffered == messages);
+    }
+}
+
 TEST_CASE("no collective waits out the hold of a message that came before its receive") {
     // A collective's message that comes first is held until its receive comes, up to
     // `collective_hold`: 30 s asked here (the engine takes at most a quarter of the status

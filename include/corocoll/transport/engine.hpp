@@ -304,6 +304,9 @@ public:
         /// Of those, the ones whose hold a receive from their peer that they did not match
         /// ended (they were then buffered).
         std::uint64_t released = 0;
+        /// Messages read whole into a buffer because no receive had come for them (held
+        /// first or not).
+        std::uint64_t buffered = 0;
     };
     /// See `hold_counts`.
     const hold_counts& holds() const noexcept { return holds_; }

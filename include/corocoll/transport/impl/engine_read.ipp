@@ -62,11 +62,12 @@ COROCOLL_DECL task<> engine::read_loop(int p) {
             ++frames_in_;
             if (!check_active(p, h)) co_return;  // the group failed
             posted_recv* pr = matching_.match(p, h);
-            if (pr == nullptr && h.length > 0 && options_.hold.count() > 0 &&
+            if (pr == nullptr && h.length > 0 && options_.hold.count() > 0 && !ps.hold_spent &&
                 ps.link->worth_holding(h.length) && !matching_.waits_for(p)) {
                 // Copied into a buffer now, it would be copied twice; the receive usually
                 // comes soon. (Not where a receive from this peer waits already: it may need
-                // what is behind.)
+                // what is behind; nor once a hold of this peer's ran out and no receive from it
+                // came since: peer::hold_spent.)
                 ps.blocked = &h;
                 ps.hold.owner = &ps;
                 ps.hold.when = std::chrono::steady_clock::now() + hold_for(h);
@@ -90,6 +91,7 @@ COROCOLL_DECL task<> engine::read_loop(int p) {
                     ++holds_.released;
                 } else if (expired) {
                     ++holds_.expired;
+                    ps.hold_spent = true;
                     if (pr != nullptr) ++holds_.expired_with_receive;
                 } else if (pr != nullptr) {
                     ++holds_.taken;
@@ -158,6 +160,7 @@ COROCOLL_DECL task<> engine::read_loop(int p) {
             if (late == nullptr) {
                 ps.unexpected_bytes += m.data.size();
                 ps.unexpected.push_back(std::move(m));
+                ++holds_.buffered;
                 continue;
             }
             if (!verify(*late, p, h)) co_return;
