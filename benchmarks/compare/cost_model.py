@@ -16,9 +16,12 @@ against measurements, used to predict 1,024 and 8,192 ranks and to check what `s
      broadcast chain             (n - 2 + k) (alpha + beta s / k), k = ceil(s / 1 MiB) pieces
      all_gather ring             (n - 1) (alpha + beta s / n)
      all_gather bruck            L alpha + beta s (n - 1) / n
+     reduce_scatter ring         (n - 1) (alpha + beta s / n)          (s: the whole input)
+     reduce_scatter recursive_d. as all_reduce's: a whole all_reduce, each rank keeps its block
    and the hierarchical ones across H hosts of p ranks: within a host by shared memory
    (binomial reduce, binomial broadcast, a gather to the leader), between the H leaders over
-   TCP by the algorithm select picks for H ranks. No term for the reductions' arithmetic.
+   TCP by the algorithm select picks for H ranks (reduce_scatter: flat only, it has no
+   hierarchical algorithm). No term for the reductions' arithmetic.
 3. Checked against coll_perf over TCP with each algorithm forced, at --ranks (on this
    machine's CPUs: more ranks than CPUs share them, which the model does not know).
 4. Predicted at 1,024 ranks (128 hosts of 8) and 8,192 (1,024 hosts of 8), the hosts joined as
@@ -46,7 +49,8 @@ BEGIN_MARK = "<!-- cost:begin -->"
 END_MARK = "<!-- cost:end -->"
 CHUNK = 1 << 20  # collectives::context::chunk_bytes
 ALGOS = {"all_reduce": ["ring", "recursive_doubling"], "broadcast": ["binomial", "chain"],
-         "all_gather": ["ring", "bruck"]}
+         "all_gather": ["ring", "bruck"], "reduce_scatter": ["ring", "recursive_doubling"]}
+HIERARCHICAL = ("all_reduce", "broadcast", "all_gather")
 
 
 def rows(argv, env):
@@ -76,7 +80,7 @@ def flat(kind, algo, n, s, a, b):
     L = log2up(n)
     if kind == "all_reduce" and algo == "ring":
         return 2 * (n - 1) * (a + b * s / n)
-    if kind == "all_reduce" and algo == "recursive_doubling":
+    if kind in ("all_reduce", "reduce_scatter") and algo == "recursive_doubling":
         extra = 0 if n & (n - 1) == 0 else 2
         return (L + extra) * (a + b * s)
     if kind == "broadcast" and algo == "binomial":
@@ -84,7 +88,7 @@ def flat(kind, algo, n, s, a, b):
     if kind == "broadcast" and algo == "chain":
         k = max(1, math.ceil(s / CHUNK))
         return (n - 2 + k) * (a + b * s / k)
-    if kind == "all_gather" and algo == "ring":
+    if kind in ("all_gather", "reduce_scatter") and algo == "ring":
         return (n - 1) * (a + b * s / n)
     if kind == "all_gather" and algo == "bruck":
         return L * a + b * s * (n - 1) / n
@@ -178,7 +182,7 @@ def main():
     sizes = [8, 64 << 10, 1 << 20, 64 << 20]
     preds = []
     for n, hosts, per in scales:
-        for kind in ALGOS:
+        for kind in HIERARCHICAL:
             for s in sizes:
                 preds.append((n, hosts, per, kind, s,
                               hierarchical(kind, hosts, per, s, links["shm"], links["tcp"],
@@ -241,7 +245,8 @@ def main():
         out.append(f"| {n} | {len(errs)} | {statistics.median(errs) * 100:.0f}% | "
                    f"{max(errs) * 100:.0f}% |")
     out += ["", f"What select picks over TCP, set beside the model's best: the same in {agree} "
-            f"of {agree + len(differ)} cells (all_reduce, broadcast, all_gather; 2-8,192 ranks; "
+            f"of {agree + len(differ)} cells (all_reduce, broadcast, all_gather, reduce_scatter; "
+            "2-8,192 ranks; "
             "8 B-256 MiB). Where they differ, by rank count (the sizes, and the model's time "
             "of select's pick over the best's, largest):", "",
             "| collective | ranks | sizes where select differs | select picks | model's best "
