@@ -131,8 +131,8 @@ struct engine_options {
     /// before they receive from stalling. A receive from that peer that the held message does
     /// not match ends the hold at once (and one already waiting keeps it from starting): it
     /// may need what is behind. Once a hold runs out, the messages behind it from that peer
-    /// are buffered at once until this rank posts a receive from it: what comes behind them
-    /// waits out one hold, not one per message. 0: buffer at once.
+    /// are buffered at once until a receive from it has to wait for its message: what comes
+    /// behind them waits out one hold, not one per message. 0: buffer at once.
     std::chrono::microseconds hold{1000};
     /// The same bound for a collective's message. A collective's ranks post their receives
     /// as they send, so a collective message that comes first is nearly always the next call's

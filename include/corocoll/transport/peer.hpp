@@ -95,9 +95,10 @@ struct peer {
     } hold;
     // A receive this held message does not match ended the hold (engine::release_holds).
     bool hold_released = false;
-    // A hold ran out, and this rank has posted no receive from the peer since: the reader
-    // holds nothing more until one is posted (the messages behind would each wait out a hold
-    // of their own, and so would whatever comes behind them: a status answer).
+    // A hold ran out, and no receive from the peer has had to wait since (one that found its
+    // message buffered does not count): the reader holds nothing more until one does (the
+    // messages behind would each wait out a hold of their own, and so would whatever comes
+    // behind them: a status answer).
     bool hold_spent = false;
     // The receive whose payload the reader is reading now; its owner clears this when it
     // abandons the receive, and the reader then leaves it alone.

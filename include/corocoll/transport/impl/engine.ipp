@@ -388,7 +388,7 @@ COROCOLL_DECL void engine::release_holds(const posted_recv& pr) {
     int last = pr.src == any_source ? size_ : pr.src + 1;
     for (int p = first; p < last; ++p) {
         peer& ps = peer_at(p);
-        ps.hold_spent = false;  // this rank takes the peer's messages again: they may wait
+        ps.hold_spent = false;  // a receive from the peer waits: its messages may be held again
         if (ps.blocked == nullptr || !ps.hold.armed() || !ps.blocked_reader) continue;
         // `pr` waits for something other than the held message, perhaps behind it: the reader
         // buffers the held one and reads on.

@@ -67,7 +67,7 @@ COROCOLL_DECL task<> engine::read_loop(int p) {
                 // Copied into a buffer now, it would be copied twice; the receive usually
                 // comes soon. (Not where a receive from this peer waits already: it may need
                 // what is behind; nor once a hold of this peer's ran out and no receive from it
-                // came since: peer::hold_spent.)
+                // has waited since: peer::hold_spent.)
                 ps.blocked = &h;
                 ps.hold.owner = &ps;
                 ps.hold.when = std::chrono::steady_clock::now() + hold_for(h);
