@@ -91,8 +91,11 @@ COROCOLL_DECL task<> engine::read_loop(int p) {
                     ++holds_.released;
                 } else if (expired) {
                     ++holds_.expired;
-                    ps.hold_spent = true;
-                    if (pr != nullptr) ++holds_.expired_with_receive;
+                    if (pr != nullptr) {
+                        ++holds_.expired_with_receive;
+                    } else {
+                        ps.hold_spent = true;  // buffered: nobody takes this peer's messages
+                    }
                 } else if (pr != nullptr) {
                     ++holds_.taken;
                 }
