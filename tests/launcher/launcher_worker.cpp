@@ -54,12 +54,14 @@ cc::task<> all_reduce_check(cc::process_group& pg) {
 }
 
 // After a barrier rank `target` kills itself (SIGKILL); the others all_reduce until that
-// fails them.
+// fails them. The barrier is inside the try: `target` leaves it as soon as its own part is
+// done, and its death fails every op still pending on the group (architecture.md, "Every
+// failure ends the group as a whole"), so a rank still in the barrier then may fail there.
 cc::task<> lose_rank(cc::process_group& pg, int target) {
-    co_await pg.barrier();
-    if (pg.rank() == target) ::raise(SIGKILL);
     std::vector<float> v(4, 1.0f);
     try {
+        co_await pg.barrier();
+        if (pg.rank() == target) ::raise(SIGKILL);
         for (;;) co_await pg.all_reduce(v);
     } catch (const std::system_error&) {
     }
