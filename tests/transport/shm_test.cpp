@@ -821,3 +821,56 @@ TEST_CASE("two ranks left on one processor of several move apart") {
         CHECK(rank.ok());
     }
 }
+
+TEST_CASE(
+    "a first-use segment hand-over whose peer never answers ends when the group stops, not at "
+    "its deadline") {
+    // Rank 0 offers rank 1 a segment on first use and waits for rank 1's answer on the unix
+    // socket. Rank 1 is played here: its unix socket listens and never answers, as a rank's
+    // does once its group has failed mid-hand-over (a launcher test saw a rank wait there for
+    // the whole timeout while its group had failed). The stop that a group's failure requests
+    // must end the wait.
+    namespace td = cc::transport::detail;
+    cc::io::reactor r;
+    std::string name;
+    td::fd_guard silent = td::listen_abstract(4, name);
+    auto tcp = cc::io::acceptor::listen(r, cc::io::endpoint::loopback(0));
+    std::vector<td::shm_peer_info> info(2);
+    info[1].socket_name = name;
+    td::first_use_shm_options o;
+    o.ring_bytes = std::size_t{64} << 10;
+    o.single_copy_bytes = std::size_t{1} << 20;
+    o.group = 1;
+    td::first_use_shm fu(r, 0, o, info, {false, true}, td::fd_guard{});
+    bool verdict_seen = false;
+    bool returned = false;
+    std::error_code code;
+    std::string what;
+    r.run([&]() -> cc::task<> {
+        auto s = co_await cc::io::socket::connect(r, tcp.local_endpoint());
+        auto other = co_await tcp.accept();
+        std::stop_source stop;
+        auto share = [&]() -> cc::task<> {
+            try {
+                co_await fu.share(s, 1, cc::io::deadline_after(5s), stop.get_token());
+                returned = true;
+            } catch (const std::system_error& e) {
+                code = e.code();
+                what = e.what();
+            }
+        };
+        // The verdict comes after the segment went to the unix socket: rank 0 then waits for
+        // the answer alone.
+        auto stop_then = [&]() -> cc::task<> {
+            td::shm_verdict v;
+            co_await other.recv(td::bytes_of(v));
+            verdict_seen = v.offered == td::offered;
+            stop.request_stop();
+        };
+        co_await cc::when_all(share(), stop_then());
+    }());
+    CHECK(verdict_seen);
+    CHECK_FALSE(returned);
+    INFO(what);
+    CHECK(code == std::errc::operation_canceled);
+}

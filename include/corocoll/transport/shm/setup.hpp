@@ -42,6 +42,7 @@
 #include <random>
 #include <sstream>
 #include <stdexcept>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -165,9 +166,12 @@ COROCOLL_DECL task<fd_guard> connect_abstract(io::reactor& r, const std::string&
                                               std::chrono::steady_clock::time_point deadline,
                                               std::string& why);
 
-// Sends or receives exactly `bytes` on a non-blocking unix socket within `deadline`.
+// Sends or receives exactly `bytes` on a non-blocking unix socket within `deadline`; false
+// where the other end closed or failed. A stop (a group that failed meanwhile) or the deadline
+// throws (operation_canceled, timed_out).
 COROCOLL_DECL task<bool> unix_exchange(io::reactor& r, int fd, void* data, std::size_t bytes,
-                                       bool send, std::chrono::steady_clock::time_point deadline);
+                                       bool send, std::chrono::steady_clock::time_point deadline,
+                                       std::stop_token stop = {});
 
 // The lower side's offer to the rank whose unix socket is `name`: a fresh segment of
 // `ring_bytes` with a fresh nonce, its descriptor and intro (`group`, from `rank`) passed on

@@ -44,8 +44,19 @@ COROCOLL_DECL task<std::unique_ptr<channel>> first_use_shm::offer(io::socket& s,
     co_await s.send(bytes_of(v), io::op_options(deadline, stop));
     if (v.offered != offered) co_return stay_on_tcp(p, why);
     shm_reply reply;
-    if (!co_await unix_exchange(reactor_, sock.fd, &reply, sizeof(reply), false, deadline) ||
-        reply.mapped != 1) {
+    bool answered = false;
+    try {
+        // With `stop`: a group that fails while rank p is silent (its own group failed before
+        // it answered, say) ends this wait at once, not at the deadline.
+        answered =
+            co_await unix_exchange(reactor_, sock.fd, &reply, sizeof(reply), false, deadline, stop);
+    } catch (const std::system_error& e) {
+        corocoll::detail::throw_error(e.code(), "corocoll: first use of rank " +
+                                                    std::to_string(rank_) + " - rank " +
+                                                    std::to_string(p) + ": waiting for rank " +
+                                                    std::to_string(p) + " to map the segment");
+    }
+    if (!answered || reply.mapped != 1) {
         co_return stay_on_tcp(p, "rank " + std::to_string(p) + " could not map the segment");
     }
     auto* seg = static_cast<shm_segment*>(map.addr);
@@ -75,7 +86,7 @@ COROCOLL_DECL task<std::unique_ptr<channel>> first_use_shm::take(io::socket& s, 
     std::string why;
     mapping map;
     shm_reply reply = take_offered(a.memfd.fd, a.intro, v.nonce, map, why);
-    if (!co_await unix_exchange(reactor_, a.conn.fd, &reply, sizeof(reply), true, deadline)) {
+    if (!co_await unix_exchange(reactor_, a.conn.fd, &reply, sizeof(reply), true, deadline, stop)) {
         corocoll::detail::throw_error(corocoll::errc::connection_closed,
                                       "corocoll: first use of rank " + std::to_string(rank_) +
                                           " - rank " + std::to_string(p) + ": rank " +

@@ -246,7 +246,8 @@ COROCOLL_DECL shm_reply take_offered(int memfd, const shm_intro& intro, std::uin
 }
 
 COROCOLL_DECL task<bool> unix_exchange(io::reactor& r, int fd, void* data, std::size_t bytes,
-                                       bool send, std::chrono::steady_clock::time_point deadline) {
+                                       bool send, std::chrono::steady_clock::time_point deadline,
+                                       std::stop_token stop) {
     auto* p = static_cast<char*>(data);
     while (bytes > 0) {
         ssize_t n = send ? ::send(fd, p, bytes, MSG_DONTWAIT | MSG_NOSIGNAL)
@@ -257,7 +258,7 @@ COROCOLL_DECL task<bool> unix_exchange(io::reactor& r, int fd, void* data, std::
             continue;
         }
         if (n == 0 || (errno != EAGAIN && errno != EINTR)) co_return false;
-        co_await r.poll(fd, send ? POLLOUT : POLLIN, io::op_options(deadline));
+        co_await r.poll(fd, send ? POLLOUT : POLLIN, io::op_options(deadline, stop));
     }
     co_return true;
 }
