@@ -796,12 +796,14 @@ TEST_CASE(
     CHECK(pick(k::gather, 8192, 4) == coll::algorithm::binomial);
     CHECK(pick(k::scatter, 128, 2) == coll::algorithm::shm);
     CHECK(pick(k::scatter, 1024, 8) == coll::algorithm::binomial);
-    // On 2 ranks gather and scatter through the arena below 2 MiB in all (the gathered or
-    // scattered buffer); a block of 1 MiB goes by messages.
+    // On 2 ranks gather through the arena below 2 MiB in all (the gathered buffer), a block
+    // of 1 MiB by messages; scatter through the arena at every size.
     CHECK(pick(k::gather, std::size_t{512} << 10, 2) == coll::algorithm::shm);
     CHECK(pick(k::scatter, std::size_t{512} << 10, 2) == coll::algorithm::shm);
     CHECK(pick(k::gather, std::size_t{1} << 20, 2) == coll::algorithm::linear);
-    CHECK(pick(k::scatter, std::size_t{1} << 20, 2) == coll::algorithm::linear);
+    CHECK(pick(k::scatter, std::size_t{1} << 20, 2) == coll::algorithm::shm);
+    CHECK(pick(k::scatter, std::size_t{32} << 20, 2) == coll::algorithm::shm);
+    CHECK(pick(k::scatter, std::size_t{1} << 20, 4) == coll::algorithm::linear);
     CHECK(coll::select(k::reduce, 4, 2, {}, {}, nullptr, false) == coll::algorithm::binomial);
     CHECK(pick(k::reduce_scatter, 8, 2) == coll::algorithm::shm);
     CHECK(pick(k::reduce_scatter, std::size_t{32} << 10, 2) == coll::algorithm::shm);

@@ -129,10 +129,12 @@ struct thresholds {
     /// all_to_all through the arena").
     std::size_t shm_exchange_below = std::size_t{512} << 10;
     /// On a group with a shared arena, reduce, gather and scatter whose rank-written part fits
-    /// a step's lines (rooted_shm.hpp) go through it; on 2 ranks gather and scatter also
-    /// through its data sets or single copies below this many bytes (the whole gathered or
-    /// scattered buffer), where a pair's message from 2 MiB gathers faster (coll_perf, docs/
-    /// performance.md, "Gather and scatter through the arena").
+    /// a step's lines (rooted_shm.hpp) go through it; on 2 ranks gather also through its data
+    /// sets or single copies below this many bytes (the whole gathered buffer), where a pair's
+    /// message from 2 MiB gathers faster (coll_perf, docs/performance.md, "Gather and scatter
+    /// through the arena"). Scatter of 2 ranks goes through the arena at every size: measured
+    /// on an Intel Xeon (2 MiB L2) it led linear's messages 1.3-2.4x from 512 KiB to 64 MiB
+    /// ("Scatter of 2 ranks through the arena at every size").
     std::size_t shm_pair_rooted_below = std::size_t{2} << 20;
 
     /// The L2 (per core) of the machine the shared-memory thresholds above were measured on.

@@ -301,15 +301,17 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
                                         : bytes >= t.shm_pair_ring_from;
             return tree ? algorithm::binomial : algorithm::shm;
         }
-        // In the step lines (reduce's buffer, gather's block, scatter's n blocks); gather and
-        // scatter of 2 ranks by the data sets or single copies too, below a size.
+        // In the step lines (reduce's buffer, gather's block, scatter's n blocks); gather of
+        // 2 ranks by the data sets or single copies too, below a size, and scatter of 2 ranks
+        // that way at every size (docs/performance.md, "Scatter of 2 ranks through the arena
+        // at every size").
         const std::size_t whole = bytes * static_cast<std::size_t>(n);
-        const bool pair_rooted = n == 2 && whole < t.shm_pair_rooted_below;
+        const bool pair_gather = n == 2 && whole < t.shm_pair_rooted_below;
         if (k == collective_kind::reduce && rooted_shm_fits(bytes)) return algorithm::shm;
-        if (k == collective_kind::gather && (rooted_shm_fits(bytes) || pair_rooted)) {
+        if (k == collective_kind::gather && (rooted_shm_fits(bytes) || pair_gather)) {
             return algorithm::shm;
         }
-        if (k == collective_kind::scatter && (rooted_shm_fits(whole) || pair_rooted)) {
+        if (k == collective_kind::scatter && (rooted_shm_fits(whole) || n == 2)) {
             return algorithm::shm;
         }
         if (k == collective_kind::all_to_all && single(bytes / static_cast<std::size_t>(n))) {
