@@ -863,7 +863,7 @@ TEST_CASE(
         // the answer alone.
         auto stop_then = [&]() -> cc::task<> {
             td::shm_verdict v;
-            co_await other.recv(td::bytes_of(v));
+            co_await other.recv(td::bytes_of(v), cc::io::deadline_after(10s));
             verdict_seen = v.offered == td::offered;
             stop.request_stop();
         };

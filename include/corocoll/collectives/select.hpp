@@ -133,8 +133,8 @@ struct thresholds {
     /// sets or single copies below this many bytes (the whole gathered buffer), where a pair's
     /// message from 2 MiB gathers faster (coll_perf, docs/performance.md, "Gather and scatter
     /// through the arena"). Scatter of 2 ranks goes through the arena at every size: measured
-    /// on an Intel Xeon (2 MiB L2) it led linear's messages 1.3-2.4x from 512 KiB to 64 MiB
-    /// ("Scatter of 2 ranks through the arena at every size").
+    /// on an Intel Xeon (2 MiB L2) it led linear's messages 1.4-2.6x (medians of two or three
+    /// runs) from 512 KiB to 64 MiB ("Scatter of 2 ranks through the arena at every size").
     std::size_t shm_pair_rooted_below = std::size_t{2} << 20;
 
     /// The L2 (per core) of the machine the shared-memory thresholds above were measured on.

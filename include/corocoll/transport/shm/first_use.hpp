@@ -93,6 +93,11 @@ private:
     // until `deadline` or `stop`.
     COROCOLL_DECL task<arrival> arrival_of(int p, std::uint64_t nonce, time_point deadline,
                                            std::stop_token stop);
+    // Sends (the higher rank) or receives (the lower) the segment's reply on the unix socket
+    // `fd` of the pair with rank `p`: false where that end closed; a stop or the deadline
+    // throws, naming the pair and the step.
+    COROCOLL_DECL task<bool> exchange_reply(int fd, shm_reply& reply, bool send, int p,
+                                            time_point deadline, std::stop_token stop);
     // Accepts what waits on the listener and reads the intros that came.
     COROCOLL_DECL void gather_arrivals();
     // Null, with the reason logged; throws where shared memory was required.

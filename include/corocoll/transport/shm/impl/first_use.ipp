@@ -44,18 +44,9 @@ COROCOLL_DECL task<std::unique_ptr<channel>> first_use_shm::offer(io::socket& s,
     co_await s.send(bytes_of(v), io::op_options(deadline, stop));
     if (v.offered != offered) co_return stay_on_tcp(p, why);
     shm_reply reply;
-    bool answered = false;
-    try {
-        // With `stop`: a group that fails while rank p is silent (its own group failed before
-        // it answered, say) ends this wait at once, not at the deadline.
-        answered =
-            co_await unix_exchange(reactor_, sock.fd, &reply, sizeof(reply), false, deadline, stop);
-    } catch (const std::system_error& e) {
-        corocoll::detail::throw_error(e.code(), "corocoll: first use of rank " +
-                                                    std::to_string(rank_) + " - rank " +
-                                                    std::to_string(p) + ": waiting for rank " +
-                                                    std::to_string(p) + " to map the segment");
-    }
+    // With `stop`: a group that fails while rank p is silent (its own group failed before it
+    // answered, say) ends this wait at once, not at the deadline.
+    bool answered = co_await exchange_reply(sock.fd, reply, false, p, deadline, stop);
     if (!answered || reply.mapped != 1) {
         co_return stay_on_tcp(p, "rank " + std::to_string(p) + " could not map the segment");
     }
@@ -86,7 +77,7 @@ COROCOLL_DECL task<std::unique_ptr<channel>> first_use_shm::take(io::socket& s, 
     std::string why;
     mapping map;
     shm_reply reply = take_offered(a.memfd.fd, a.intro, v.nonce, map, why);
-    if (!co_await unix_exchange(reactor_, a.conn.fd, &reply, sizeof(reply), true, deadline, stop)) {
+    if (!co_await exchange_reply(a.conn.fd, reply, true, p, deadline, stop)) {
         corocoll::detail::throw_error(corocoll::errc::connection_closed,
                                       "corocoll: first use of rank " + std::to_string(rank_) +
                                           " - rank " + std::to_string(p) + ": rank " +
@@ -97,6 +88,21 @@ COROCOLL_DECL task<std::unique_ptr<channel>> first_use_shm::take(io::socket& s, 
                                             options_.single_copy_bytes, options_.futex_wait);
     map.addr = nullptr;  // the channel owns it now
     co_return ch;
+}
+
+COROCOLL_DECL task<bool> first_use_shm::exchange_reply(int fd, shm_reply& reply, bool send, int p,
+                                                       time_point deadline, std::stop_token stop) {
+    try {
+        co_return co_await unix_exchange(reactor_, fd, &reply, sizeof(reply), send, deadline,
+                                         std::move(stop));
+    } catch (const std::system_error& e) {
+        corocoll::detail::throw_error(
+            e.code(),
+            "corocoll: first use of rank " + std::to_string(rank_) + " - rank " +
+                std::to_string(p) +
+                (send ? ": answering rank " + std::to_string(p) + " on its unix socket"
+                      : ": waiting for rank " + std::to_string(p) + " to map the segment"));
+    }
 }
 
 COROCOLL_DECL void first_use_shm::gather_arrivals() {
