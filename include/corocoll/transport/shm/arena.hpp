@@ -419,9 +419,11 @@ private:
     };
     static void prepare_futex(io::detail::io_op* op, io_uring* ring) noexcept;
     static void complete_futex(io::detail::io_op* op, int res) noexcept;
-    // Stores this rank's arrival at `step_` (`o`: the store's order) and wakes the ranks
-    // asleep until it came.
-    COROCOLL_DECL void publish_arrival(std::memory_order o) noexcept;
+    // Stores this rank's arrival at `step_` (release: after what the step carries) and wakes
+    // the ranks asleep until it came. The order is fixed, not a parameter: a store whose order
+    // is only known at run time compiles to the sequentially consistent one (a locked
+    // exchange on x86, which waits for the line to come back from the reader's cache).
+    COROCOLL_DECL void publish_arrival() noexcept;
     // Stores `went_on` for step `s` and compares this rank's call with those of the ranks
     // that go on there too (see `will_go_on`).
     COROCOLL_DECL void compare_going_on(engine& e, const collective_meta& meta, std::uint64_t s);

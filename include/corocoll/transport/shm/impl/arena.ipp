@@ -54,8 +54,8 @@ COROCOLL_DECL task<> shm_arena::close() {
     }
 }
 
-COROCOLL_DECL void shm_arena::publish_arrival(std::memory_order o) noexcept {
-    place(rank_, step_).arrived.store(step_, o);
+COROCOLL_DECL void shm_arena::publish_arrival() noexcept {
+    place(rank_, step_).arrived.store(step_, std::memory_order_release);
     wake_sleepers();
 }
 
@@ -227,7 +227,7 @@ COROCOLL_DECL shm_arena::step_wait shm_arena::arrive(engine& e, const collective
                                                      std::chrono::steady_clock::time_point deadline,
                                                      bool check, int only) {
     ++step_;
-    publish_arrival(std::memory_order_release);
+    publish_arrival();
     if (only >= 0) {
         // Waiting for one rank says nothing of the others: what this rank writes next waits
         // for them first (`settle`).
@@ -239,7 +239,7 @@ COROCOLL_DECL shm_arena::step_wait shm_arena::arrive(engine& e, const collective
 
 COROCOLL_DECL void shm_arena::arrive_and_go(engine& e, const collective_meta& meta, bool check) {
     ++step_;
-    publish_arrival(std::memory_order_release);
+    publish_arrival();
     pending_ = step_;
     pending_check_ = check;
     pending_meta_ = meta;
