@@ -13,10 +13,15 @@ namespace collectives {
 namespace detail {
 
 // A rank that only writes for its step (having said so, `will_go_on`, before the call's
-// `declare`): into its lines, then on without waiting.
-inline void rooted_shm_write(context& c, std::span<const std::byte> what) {
+// `declare`): into its lines, at their start, all of `what` but the `skip` bytes from
+// `skip_at` (a scatter root's own block, which no other rank reads), then on without waiting.
+inline void rooted_shm_write(context& c, std::span<const std::byte> what, std::size_t skip_at = 0,
+                             std::size_t skip = 0) {
     transport::shm_arena& a = *c.arena;
-    if (!what.empty()) std::memcpy(a.small(a.rank(), a.next_step()), what.data(), what.size());
+    std::byte* to = a.small(a.rank(), a.next_step());
+    if (skip_at > 0) std::memcpy(to, what.data(), skip_at);
+    const std::size_t rest = skip_at + skip;
+    if (rest < what.size()) std::memcpy(to + rest, what.data() + rest, what.size() - rest);
     a.arrive_and_go(c.net, c.meta, true);
 }
 
@@ -126,7 +131,7 @@ COROCOLL_DECL task<> scatter_shm(context& c, std::span<const std::byte> in,
         if (is_root) a.will_go_on(c.net, c.meta);
         a.declare(c.meta);
         if (is_root) {
-            detail::rooted_shm_write(c, in);
+            detail::rooted_shm_write(c, in, mine, block);
             if (block > 0) std::memcpy(out.data(), in.data() + mine, block);
             co_return;
         }
