@@ -16,6 +16,14 @@ COROCOLL_DECL task<> gather_linear(context& c, std::span<const std::byte> in,
         co_await c.send(in, root, 0);
         co_return;
     }
+    if (n == 2) {
+        // One other rank: its message straight into place, with no list to wait on.
+        const int other = 1 - root;
+        if (block > 0)
+            std::memcpy(out.data() + block * static_cast<std::size_t>(root), in.data(), block);
+        co_await c.recv(out.subspan(block * static_cast<std::size_t>(other), block), other, 0);
+        co_return;
+    }
     std::vector<context::recv_operation> recvs;
     for (int p = 0; p < n; ++p) {
         auto dest = out.subspan(block * static_cast<std::size_t>(p), block);

@@ -16,6 +16,14 @@ COROCOLL_DECL task<> scatter_linear(context& c, std::span<const std::byte> in,
         co_await c.recv(out, root, 0);
         co_return;
     }
+    if (n == 2) {
+        // One other rank: its block in one message, with no list to wait on.
+        const int other = 1 - root;
+        if (block > 0)
+            std::memcpy(out.data(), in.data() + block * static_cast<std::size_t>(root), block);
+        co_await c.send(in.subspan(block * static_cast<std::size_t>(other), block), other, 0);
+        co_return;
+    }
     std::vector<task<>> sends;
     for (int p = 0; p < n; ++p) {
         auto src = in.subspan(block * static_cast<std::size_t>(p), block);
