@@ -804,6 +804,22 @@ TEST_CASE(
     CHECK(pick(k::scatter, std::size_t{1} << 20, 2) == coll::algorithm::shm);
     CHECK(pick(k::scatter, std::size_t{32} << 20, 2) == coll::algorithm::shm);
     CHECK(pick(k::scatter, std::size_t{1} << 20, 4) == coll::algorithm::linear);
+    // On 2 ranks, broadcast, scatter and gather by one message (the buffer, a block) from
+    // 512 bytes (gather: 2 KiB) up to 32 KiB; the arena on either side, and on 4 ranks.
+    const std::pair<k, std::size_t> message_from[] = {
+        {k::broadcast, 512}, {k::scatter, 512}, {k::gather, 2048}};
+    for (auto [kind, from] : message_from) {
+        CAPTURE(coll::kind_name(kind));
+        const auto message =
+            kind == k::broadcast ? coll::algorithm::binomial : coll::algorithm::linear;
+        CHECK(pick(kind, from / 2, 2) == coll::algorithm::shm);
+        CHECK(pick(kind, from, 2) == message);
+        CHECK(pick(kind, std::size_t{16} << 10, 2) == message);
+        CHECK(pick(kind, (std::size_t{32} << 10) - 4, 2) == message);
+        CHECK(pick(kind, std::size_t{32} << 10, 2) == coll::algorithm::shm);
+    }
+    CHECK(pick(k::gather, 2048, 4) == coll::algorithm::shm);
+    CHECK(pick(k::reduce, 2048, 2) == coll::algorithm::shm);  // reduce stays in the lines
     CHECK(coll::select(k::reduce, 4, 2, {}, {}, nullptr, false) == coll::algorithm::binomial);
     CHECK(pick(k::reduce_scatter, 8, 2) == coll::algorithm::shm);
     CHECK(pick(k::reduce_scatter, std::size_t{32} << 10, 2) == coll::algorithm::shm);

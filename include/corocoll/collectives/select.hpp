@@ -136,6 +136,21 @@ struct thresholds {
     /// on an Intel Xeon (2 MiB L2) it led linear's messages 1.4-2.6x (medians of two or three
     /// runs) from 512 KiB to 64 MiB ("Scatter of 2 ranks through the arena at every size").
     std::size_t shm_pair_rooted_below = std::size_t{2} << 20;
+    /// On 2 ranks, a broadcast or scatter whose one message (the broadcast's buffer, one
+    /// block of the scatter) has from this many bytes ...
+    std::size_t shm_pair_message_from = std::size_t{512};
+    /// ... a gather whose block has from this many ...
+    std::size_t shm_pair_gather_message_from = std::size_t{2} << 10;
+    /// ... up to (not including) this many goes as that message through the pair's channel
+    /// (binomial, linear), not through the arena. Measured with coll_perf on an Intel Xeon
+    /// (2 MiB L2), medians of 7-9 runs, message against arena: broadcast of 512 B 0.31 us
+    /// against 0.39; scatter of 512 B blocks 0.34 against 0.37, of 1 KiB 0.38 against 0.54;
+    /// gather of 2 KiB blocks 0.51 against 0.74. Below these the arena's call, with no header
+    /// and no channel between the two, was as fast or faster (gather of 1 KiB blocks: 0.46
+    /// against the message's 0.49); from 32 KiB its single copies lead (docs/performance.md,
+    /// "Broadcast, scatter and gather of 2 ranks as one message up to 32 KiB"). A cost per
+    /// call, not a cache size: not scaled with the L2.
+    std::size_t shm_pair_message_below = std::size_t{32} << 10;
 
     /// The L2 (per core) of the machine the shared-memory thresholds above were measured on.
     /// Four of them mark where a 2-rank call's working set (its buffers, the arena's slots,

@@ -295,6 +295,15 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
             return pair_ring && !single(bytes / static_cast<std::size_t>(n)) ? algorithm::ring
                                                                              : algorithm::shm;
         }
+        // One message between the two, in a window of sizes (thresholds::shm_pair_message_below).
+        const std::size_t message_from =
+            k == collective_kind::gather ? t.shm_pair_gather_message_from : t.shm_pair_message_from;
+        if (pair_window(message_from, t.shm_pair_message_below)) {
+            if (k == collective_kind::broadcast) return algorithm::binomial;
+            if (k == collective_kind::gather || k == collective_kind::scatter) {
+                return algorithm::linear;
+            }
+        }
         if (k == collective_kind::broadcast) {
             bool tree = n > 2           ? bytes < t.shm_broadcast_tree_below
                         : single(bytes) ? bytes >= t.shm_pair_single_copy_tree_from
