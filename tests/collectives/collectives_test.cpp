@@ -796,9 +796,12 @@ TEST_CASE(
     CHECK(pick(k::gather, 8192, 4) == coll::algorithm::binomial);
     CHECK(pick(k::scatter, 128, 2) == coll::algorithm::shm);
     CHECK(pick(k::scatter, 1024, 8) == coll::algorithm::binomial);
-    // On 2 ranks gather through the arena below 2 MiB in all (the gathered buffer), a block
-    // of 1 MiB by messages; scatter through the arena at every size.
-    CHECK(pick(k::gather, std::size_t{512} << 10, 2) == coll::algorithm::shm);
+    // On 2 ranks gather through the arena below 1 MiB in all (the gathered buffer, half the
+    // 2 MiB L2 of the machine measured), a block of 512 KiB by messages; scatter through the
+    // arena at every size.
+    CHECK(pick(k::gather, std::size_t{256} << 10, 2) == coll::algorithm::shm);
+    CHECK(pick(k::gather, (std::size_t{512} << 10) - 4, 2) == coll::algorithm::shm);
+    CHECK(pick(k::gather, std::size_t{512} << 10, 2) == coll::algorithm::linear);
     CHECK(pick(k::scatter, std::size_t{512} << 10, 2) == coll::algorithm::shm);
     CHECK(pick(k::gather, std::size_t{1} << 20, 2) == coll::algorithm::linear);
     CHECK(pick(k::scatter, std::size_t{1} << 20, 2) == coll::algorithm::shm);

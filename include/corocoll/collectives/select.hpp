@@ -130,12 +130,16 @@ struct thresholds {
     std::size_t shm_exchange_below = std::size_t{512} << 10;
     /// On a group with a shared arena, reduce, gather and scatter whose rank-written part fits
     /// a step's lines (rooted_shm.hpp) go through it; on 2 ranks gather also through its data
-    /// sets or single copies below this many bytes (the whole gathered buffer), where a pair's
-    /// message from 2 MiB gathers faster (coll_perf, docs/performance.md, "Gather and scatter
-    /// through the arena"). Scatter of 2 ranks goes through the arena at every size: measured
-    /// on an Intel Xeon (2 MiB L2) it led linear's messages 1.4-2.6x (medians of two or three
-    /// runs) from 512 KiB to 64 MiB ("Scatter of 2 ranks through the arena at every size").
-    std::size_t shm_pair_rooted_below = std::size_t{2} << 20;
+    /// sets or single copies below this many bytes (the whole gathered buffer: half the L2,
+    /// as the root's working set, its gathered buffer, its own block and the block it reads
+    /// from the other, is twice that), where a pair's message gathers faster from there. On an
+    /// Intel Xeon (2 MiB L2), forced, medians of three runs: the arena 38 us against the message's
+    /// 54 at 768 KiB, 115 against 56 at 1 MiB, 255 against 190 at 2 MiB; on an AMD EPYC (1 MiB L2)
+    /// the arena kept level with MPICH at 512 KiB (docs/performance.md, "Gather of 2 ranks leaves
+    /// the arena at half the L2"). Scatter of 2 ranks goes through the arena at every size:
+    /// measured on the Xeon it led linear's messages 1.4-2.6x (medians of two or three runs)
+    /// from 512 KiB to 64 MiB ("Scatter of 2 ranks through the arena at every size").
+    std::size_t shm_pair_rooted_below = std::size_t{1} << 20;
     /// On 2 ranks, a broadcast or scatter whose one message (the broadcast's buffer, one
     /// block of the scatter) has from this many bytes ...
     std::size_t shm_pair_message_from = std::size_t{512};
@@ -161,7 +165,7 @@ struct thresholds {
 
     /// The thresholds for cores with `l2` bytes of L2: the four above scaled by `l2` over
     /// `measured_l2`, rounded to a power of two and kept between a quarter and four times
-    /// (a 512 KiB L2 moves them to 128 KiB, 1 MiB, 512 KiB and 512 KiB); every other one, and
+    /// (a 512 KiB L2 moves them to 128 KiB, 1 MiB, 512 KiB and 256 KiB); every other one, and
     /// all of them where `l2` is 0 (not known), as measured.
     static thresholds for_l2(std::size_t l2) noexcept;
 };
