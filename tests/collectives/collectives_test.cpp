@@ -811,7 +811,10 @@ TEST_CASE(
     // 512 bytes (gather: 2 KiB) up to 32 KiB; the arena on either side, and on 4 ranks.
     const std::pair<k, std::size_t> message_from[] = {
         {k::broadcast, 512}, {k::scatter, 512}, {k::gather, 2048}};
-    for (auto [kind, from] : message_from) {
+    for (const auto& window : message_from) {
+        // (Not a structured binding: clang 14 cannot name one inside CAPTURE's lambda.)
+        const k kind = window.first;
+        const std::size_t from = window.second;
         CAPTURE(coll::kind_name(kind));
         const auto message =
             kind == k::broadcast ? coll::algorithm::binomial : coll::algorithm::linear;
@@ -822,6 +825,12 @@ TEST_CASE(
         CHECK(pick(kind, std::size_t{32} << 10, 2) == coll::algorithm::shm);
     }
     CHECK(pick(k::gather, 2048, 4) == coll::algorithm::shm);
+    // The window is the thresholds' own: closed, the arena keeps these sizes.
+    coll::thresholds closed;
+    closed.shm_pair_message_below = 0;
+    for (k kind : {k::broadcast, k::gather, k::scatter}) {
+        CHECK(coll::select(kind, 4096, 2, {}, closed, nullptr, true) == coll::algorithm::shm);
+    }
     CHECK(pick(k::reduce, 2048, 2) == coll::algorithm::shm);  // reduce stays in the lines
     CHECK(coll::select(k::reduce, 4, 2, {}, {}, nullptr, false) == coll::algorithm::binomial);
     CHECK(pick(k::reduce_scatter, 8, 2) == coll::algorithm::shm);

@@ -145,6 +145,10 @@ TEST_CASE("the L2-bound thresholds follow the L2, to a power of two, within 4x e
         CHECK(t.shm_pair_all_reduce_ring_from == 128 * kib);
         CHECK(t.shm_pair_all_reduce_ring_below == 4 * mib);
         CHECK(t.shm_broadcast_tree_below == thresholds{}.shm_broadcast_tree_below);
+        // Nor does the 2-rank message window (a cost per call).
+        CHECK(t.shm_pair_message_from == thresholds{}.shm_pair_message_from);
+        CHECK(t.shm_pair_gather_message_from == thresholds{}.shm_pair_gather_message_from);
+        CHECK(t.shm_pair_message_below == thresholds{}.shm_pair_message_below);
     }
 }
 

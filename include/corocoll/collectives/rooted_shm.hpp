@@ -6,10 +6,10 @@
 // and gather: every rank but the root writes its buffer into its lines and goes on without
 // waiting (shm_arena::arrive_and_go); the root waits for every rank at that step and reduces
 // every copy in rank order, or copies each block into place. Scatter: the root writes every
-// block into its lines and goes on; each other rank waits for the root alone and copies its
-// block. The ranks that go on wait for nobody until they are `arena_steps` steps ahead of the
-// slowest (settle_lines): a loop of them runs as a queue, the way an MPI's eager messages do.
-// Larger gathers and scatters: from the group's single-copy size (shm_arena::single_copy) the
+// other rank's block into its lines and goes on; each other rank waits for the root alone and
+// copies its block. The ranks that go on wait for nobody until they are `arena_steps` steps ahead
+// of the slowest (settle_lines): a loop of them runs as a queue, the way an MPI's eager messages
+// do. Larger gathers and scatters: from the group's single-copy size (shm_arena::single_copy) the
 // root copies every block straight from the others' buffers (gather), or the others copy
 // theirs straight from the root's (scatter), and the rank whose buffer was read waits at a
 // second step until that is done; below it, in pieces of a slot of the data sets, the writers

@@ -3,7 +3,8 @@
 // Scatter in one step: the root sends every rank its block at once, each straight from its
 // place in the input (no copies).
 // Cost: 1 round; the root sends (n - 1) blocks over n - 1 connections in parallel.
-// Chosen: for scatter of large blocks (scatter's linear threshold, see select.hpp).
+// Chosen: for scatter of large blocks (scatter's linear threshold, see select.hpp); on 2
+// ranks sharing an arena, for blocks of 512 B to 32 KiB (thresholds::shm_pair_message_from).
 
 #include <corocoll/collectives/context.hpp>
 #include <corocoll/version.hpp>

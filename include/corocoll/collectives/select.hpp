@@ -129,16 +129,14 @@ struct thresholds {
     /// all_to_all through the arena").
     std::size_t shm_exchange_below = std::size_t{512} << 10;
     /// On a group with a shared arena, reduce, gather and scatter whose rank-written part fits
-    /// a step's lines (rooted_shm.hpp) go through it; on 2 ranks gather also through its data
-    /// sets or single copies below this many bytes (the whole gathered buffer: half the L2,
-    /// as the root's working set, its gathered buffer, its own block and the block it reads
-    /// from the other, is twice that), where a pair's message gathers faster from there. On an
-    /// Intel Xeon (2 MiB L2), forced, medians of three runs: the arena 38 us against the message's
-    /// 54 at 768 KiB, 115 against 56 at 1 MiB, 255 against 190 at 2 MiB; on an AMD EPYC (1 MiB L2)
-    /// the arena kept level with MPICH at 512 KiB (docs/performance.md, "Gather of 2 ranks leaves
-    /// the arena at half the L2"). Scatter of 2 ranks goes through the arena at every size:
-    /// measured on the Xeon it led linear's messages 1.4-2.6x (medians of two or three runs)
-    /// from 512 KiB to 64 MiB ("Scatter of 2 ranks through the arena at every size").
+    /// a step's lines (rooted_shm.hpp) go through it, but for 2-rank gathers and scatters in
+    /// the message window below (`shm_pair_message_from`); on 2 ranks gather also goes through
+    /// its data sets or single copies below this many bytes (the whole gathered buffer: half
+    /// the L2, as the root's working set, its gathered buffer, its own block and the block it
+    /// reads from the other, is twice that), where a pair's message gathers faster from there
+    /// (coll_perf on two CPUs, docs/performance.md, "Gather of 2 ranks leaves the arena at
+    /// half the L2"). Scatter of 2 ranks goes through the arena at every size outside that
+    /// window ("Scatter of 2 ranks through the arena at every size").
     std::size_t shm_pair_rooted_below = std::size_t{1} << 20;
     /// On 2 ranks, a broadcast or scatter whose one message (the broadcast's buffer, one
     /// block of the scatter) has from this many bytes ...
@@ -146,14 +144,11 @@ struct thresholds {
     /// ... a gather whose block has from this many ...
     std::size_t shm_pair_gather_message_from = std::size_t{2} << 10;
     /// ... up to (not including) this many goes as that message through the pair's channel
-    /// (binomial, linear), not through the arena. Measured with coll_perf on an Intel Xeon
-    /// (2 MiB L2), medians of 7-9 runs, message against arena: broadcast of 512 B 0.31 us
-    /// against 0.39; scatter of 512 B blocks 0.34 against 0.37, of 1 KiB 0.38 against 0.54;
-    /// gather of 2 KiB blocks 0.51 against 0.74. Below these the arena's call, with no header
-    /// and no channel between the two, was as fast or faster (gather of 1 KiB blocks: 0.46
-    /// against the message's 0.49); from 32 KiB its single copies lead (docs/performance.md,
-    /// "Broadcast, scatter and gather of 2 ranks as one message up to 32 KiB"). A cost per
-    /// call, not a cache size: not scaled with the L2.
+    /// (binomial, linear), not through the arena: measured faster with coll_perf. Below the
+    /// window the arena's call, with no header and no channel between the two, was as fast
+    /// or faster; from 32 KiB its single copies lead (docs/performance.md, "Broadcast, scatter
+    /// and gather of 2 ranks as one message up to 32 KiB"). A cost per call, not a cache
+    /// size: not scaled with the L2.
     std::size_t shm_pair_message_below = std::size_t{32} << 10;
 
     /// The L2 (per core) of the machine the shared-memory thresholds above were measured on.

@@ -17,11 +17,12 @@ COROCOLL_DECL task<> scatter_linear(context& c, std::span<const std::byte> in,
         co_return;
     }
     if (n == 2) {
-        // One other rank: its block in one message, with no list to wait on.
+        // One other rank: its block in one message, with no list to wait on, sent before
+        // this rank copies its own (the other waits for it).
         const int other = 1 - root;
+        co_await c.send(in.subspan(block * static_cast<std::size_t>(other), block), other, 0);
         if (block > 0)
             std::memcpy(out.data(), in.data() + block * static_cast<std::size_t>(root), block);
-        co_await c.send(in.subspan(block * static_cast<std::size_t>(other), block), other, 0);
         co_return;
     }
     std::vector<task<>> sends;

@@ -312,8 +312,8 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
         }
         // In the step lines (reduce's buffer, gather's block, scatter's n blocks); gather of
         // 2 ranks by the data sets or single copies too, below a size, and scatter of 2 ranks
-        // that way at every size (docs/performance.md, "Scatter of 2 ranks through the arena
-        // at every size").
+        // that way at every size outside the message window above (docs/performance.md,
+        // "Scatter of 2 ranks through the arena at every size").
         const std::size_t whole = bytes * static_cast<std::size_t>(n);
         const bool pair_gather = n == 2 && whole < t.shm_pair_rooted_below;
         if (k == collective_kind::reduce && rooted_shm_fits(bytes)) return algorithm::shm;

@@ -420,9 +420,9 @@ private:
     static void prepare_futex(io::detail::io_op* op, io_uring* ring) noexcept;
     static void complete_futex(io::detail::io_op* op, int res) noexcept;
     // Stores this rank's arrival at `step_` (release: after what the step carries) and wakes
-    // the ranks asleep until it came. The order is fixed, not a parameter: a store whose order
-    // is only known at run time compiles to the sequentially consistent one (a locked
-    // exchange on x86, which waits for the line to come back from the reader's cache).
+    // the ranks asleep until it came. The order is fixed, not a parameter: g++ 12 compiles a
+    // store whose order is only known at run time to the sequentially consistent one (a
+    // locked exchange on x86, which waits for the line to come back from the reader's cache).
     COROCOLL_DECL void publish_arrival() noexcept;
     // Stores `went_on` for step `s` and compares this rank's call with those of the ranks
     // that go on there too (see `will_go_on`).
