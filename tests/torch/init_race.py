@@ -2,7 +2,7 @@
 """The torch tutorial's 4-rank point-to-point program, as the tutorial writes it, run many
 times: no rank may fail because another one finished first.
 
-  init_race.py [--runs N] [--start spawn|fork] [--backend corocoll|gloo]
+  init_race.py [--runs N] [--start spawn|fork] [--backend corocoll|gloo] [--late]
 
 Each run starts four torch.multiprocessing.Process (the tutorial's init_process: env://,
 MASTER_ADDR and MASTER_PORT, no barrier at the end); rank 0 sends one tensor to rank 3,
@@ -14,6 +14,12 @@ with "Broken pipe" (8 runs in 20). The port is one the kernel picked, held by th
 the tutorial is (python3 program.py). Exit 0 when every run's four ranks exited 0 and printed
 their lines; 1 with the first failed run's output; 77 (skip) where torch or
 corocoll_torch cannot be imported.
+
+--late makes the race certain: rank 2, which no other rank talks to, waits a second after
+init_process_group and then uses the default group's store that rank 0 serves; rank 0 must
+not have gone. (With connections on first use rank 0 is not connected to rank 2, and its
+group's close waited only for the peers it was connected to: rank 0 ended after 0.08 s while
+rank 2 slept, and rank 2's store.add failed.)
 """
 
 import argparse
@@ -21,6 +27,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 try:
     import torch
@@ -33,6 +40,7 @@ except ImportError as e:
     sys.exit(77)
 
 SIZE = 4
+LATE = os.environ.get("INIT_RACE_LATE") == "1"
 
 
 def say(line):
@@ -57,6 +65,10 @@ def run(rank, size):
     if req is not None:
         req.wait()
     say(f"Rank {rank} has data {int(tensor[0])} after isend/irecv")
+    if LATE and rank == 2:
+        time.sleep(1.0)
+        dist.distributed_c10d._get_default_store().add("init_race/late", 1)
+        say("Rank 2 reached the store late")
 
 
 def init_process(rank, size, fn, backend, port):
@@ -82,7 +94,10 @@ def tutorial_main(start, backend, port):
 def expected(rank):
     first = 1 if rank in (0, SIZE - 1) else 0
     second = 2 if rank in (0, SIZE - 1) else 0
-    return [f"Rank {rank} has data {first}", f"Rank {rank} has data {second} after isend/irecv"]
+    lines = [f"Rank {rank} has data {first}", f"Rank {rank} has data {second} after isend/irecv"]
+    if LATE and rank == 2:
+        lines.append("Rank 2 reached the store late")
+    return lines
 
 
 def one_run(start, backend, timeout):
@@ -114,7 +129,12 @@ def main():
     ap.add_argument("--start", choices=("spawn", "fork"), default="spawn")
     ap.add_argument("--backend", default="corocoll")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds a run may take")
+    ap.add_argument("--late", action="store_true",
+                    help="rank 2 uses rank 0's store a second after the others are done")
     args = ap.parse_args()
+    global LATE
+    LATE = args.late
+    os.environ["INIT_RACE_LATE"] = "1" if args.late else "0"  # for the runs' processes
     failed = 0
     first_failure = None
     for i in range(args.runs):
