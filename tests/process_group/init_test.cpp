@@ -299,6 +299,93 @@ TEST_CASE("set-up that lacks a rank names the missing rank at the deadline") {
     }
 }
 
+// The job's store, with the first request of each rank's connecting (any key outside the roll
+// call's "init/" ones) held back by `hold`: a set-up whose connecting takes that long.
+class slow_after_roll_call final : public cc::rendezvous::store {
+public:
+    slow_after_roll_call(cc::io::reactor& r, std::shared_ptr<cc::rendezvous::store> base,
+                         std::chrono::milliseconds hold)
+        : store(base->timeout()), r_(r), base_(std::move(base)), hold_(hold) {}
+    cc::task<> set(std::string key, std::string value) override {
+        co_await maybe_hold(key);
+        co_await base_->set(std::move(key), std::move(value));
+    }
+    cc::task<std::string> get(std::string key) override {
+        co_await maybe_hold(key);
+        co_return co_await base_->get(std::move(key));
+    }
+    cc::task<std::int64_t> add(std::string key, std::int64_t delta) override {
+        co_await maybe_hold(key);
+        co_return co_await base_->add(std::move(key), delta);
+    }
+    cc::task<std::string> compare_set(std::string key, std::string expected,
+                                      std::string desired) override {
+        co_await maybe_hold(key);
+        co_return co_await base_->compare_set(std::move(key), std::move(expected),
+                                              std::move(desired));
+    }
+    cc::task<> wait(std::vector<std::string> keys, duration timeout) override {
+        co_await base_->wait(std::move(keys), timeout);
+    }
+    using store::wait;
+    cc::task<bool> check(std::vector<std::string> keys) override {
+        co_return co_await base_->check(std::move(keys));
+    }
+    cc::task<bool> delete_key(std::string key) override {
+        co_return co_await base_->delete_key(std::move(key));
+    }
+    cc::task<std::int64_t> num_keys() override { co_return co_await base_->num_keys(); }
+    cc::task<std::vector<std::string>> multi_get(std::vector<std::string> keys,
+                                                 duration timeout) override {
+        std::string first = keys.empty() ? std::string() : keys.front();
+        co_await maybe_hold(first);  // (g++ 12 destroys a ?: temporary in co_await twice)
+        co_return co_await base_->multi_get(std::move(keys), timeout);
+    }
+    using store::multi_get;
+    int held() const noexcept { return held_; }
+
+private:
+    cc::task<> maybe_hold(const std::string& key) {
+        if (held_ > 0 || key.find("/init/") != std::string::npos) co_return;
+        ++held_;
+        co_await r_.sleep_for(hold_);
+    }
+    cc::io::reactor& r_;
+    std::shared_ptr<cc::rendezvous::store> base_;
+    std::chrono::milliseconds hold_;
+    int held_ = 0;
+};
+
+TEST_CASE("a rank that came early has the whole timeout for connecting once every rank came") {
+    // Rank 1 comes 1.2 s after rank 0, and each rank's connecting takes 1.2 s more (its first
+    // store request past the roll call is held back): 2.4 s after rank 0 came, more than the
+    // 2 s timeout, but each wait (for every rank to come, then for the connecting) took less.
+    // The timeout bounds each wait, as torch's does: a rank that came early must not spend
+    // its peers' lateness on connecting. (torch 2.11's spawn, with a 1 s timeout, started
+    // ranks this far apart.)
+    cc::rendezvous::tcp_store_server server(cc::io::endpoint::loopback(0));
+    std::array<int, 2> held{};
+    auto errors = run_ranks(2, [&](int rank, cc::io::reactor& r) -> cc::task<> {
+        if (rank == 1) co_await r.sleep_for(1200ms);
+        cc::init_options o;
+        o.rank = rank;
+        o.world_size = 2;
+        o.timeout = 2s;
+        auto slow = std::make_shared<slow_after_roll_call>(
+            r, co_await cc::rendezvous::tcp_store::connect(r, server.local_endpoint(), 5s),
+            1200ms);
+        o.store = slow;
+        auto pg = co_await cc::init_process_group(r, o);
+        held[static_cast<std::size_t>(rank)] = slow->held();
+        std::vector<int> out{rank}, in{-1};
+        co_await cc::when_all(pg->send(out, 1 - rank), pg->recv(in, 1 - rank));
+        if (in[0] != 1 - rank) throw std::runtime_error("wrong value");
+        co_await pg->close();
+    });
+    check_every_rank_ok(errors);
+    CHECK(held == std::array<int, 2>{1, 1});
+}
+
 TEST_CASE("set-up asks the store as many requests per rank at 8 ranks as at 4") {
     // Each rank reads every other rank's record, and every lower rank's address, in one
     // multi_get each: its store requests do not grow with the group (one get per rank did).

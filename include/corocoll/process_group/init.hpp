@@ -143,6 +143,8 @@ COROCOLL_DECL task<> forget_setup_keys(rendezvous::store& store, int rank, int s
 // `stop` ends the set-up early (a parent group that failed; see `parent_watched_store`).
 // `setup_timeout`, where given, bounds the set-up instead of the group's `timeout` (a
 // shrink, whose members may die meanwhile, must not wait for them for the group's timeout).
+// It bounds each of two waits: for every rank to come (the roll call), then for the
+// connections, which start afresh once every rank came.
 // `world`: the group of init_process_group (see `forget_setup_keys`).
 COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
     io::reactor& r, std::shared_ptr<rendezvous::prefix_store> group_store, int rank, int size,
@@ -167,8 +169,9 @@ COROCOLL_DECL void open_lobby(process_group& g, std::shared_ptr<rendezvous::stor
 /// (explicit, else from the launcher's environment, see `rendezvous::read_launch_env`),
 /// reaches the rendezvous store (given; `env://` at MASTER_ADDR:MASTER_PORT, where rank 0
 /// serves it unless torchrun's agent already does (TORCHELASTIC_USE_AGENT_STORE); `tcp://`;
-/// `file://`), then connects the mesh. Everything is bounded by `o.timeout`; errors name what
-/// was missing or what failed. CUDA buffers: `corocoll::gpu::init_process_group` (the
+/// `file://`), then connects the mesh. Each wait is bounded by `o.timeout`: reaching the
+/// store, every rank's coming, then the connections (which have the whole timeout once every
+/// rank came); errors name what was missing or what failed. CUDA buffers: `corocoll::gpu::init_process_group` (the
 /// include-gpu root) sets up backend "nccl".
 COROCOLL_DECL task<std::shared_ptr<process_group>> init_process_group(io::reactor& r,
                                                                       init_options o = {});

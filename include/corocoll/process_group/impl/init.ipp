@@ -200,7 +200,8 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
     std::string name, std::chrono::milliseconds timeout, transport::engine_options limits,
     io::endpoint listen_on, std::shared_ptr<rendezvous::tcp_store_server> hosted,
     std::stop_token stop, std::chrono::milliseconds setup_timeout, bool world) {
-    auto deadline = io::deadline_after(setup_timeout.count() > 0 ? setup_timeout : timeout);
+    const auto span = setup_timeout.count() > 0 ? setup_timeout : timeout;
+    auto deadline = io::deadline_after(span);
     // A COROCOLL_CACHE_L2 that is not a size stops every rank here, before any connection.
     const cache_sizes& caches = machine_cache_sizes();
     transport::mesh_options mesh;
@@ -210,6 +211,11 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
     mesh.job_token = job_token_from_env();
     mesh.listen_on = listen_on;
     co_await roll_call(*group_store, rank, size, name, deadline, hosted != nullptr);
+    // Every rank came: connecting has the whole span again. The span bounds each wait (for
+    // the ranks to come, then for the connections), as torch's timeout does: a rank that came
+    // early must not spend its peers' lateness on connecting to them.
+    deadline = io::deadline_after(span);
+    mesh.deadline = deadline;
     std::vector<std::string> host_keys;
     std::unique_ptr<transport::shm_arena> arena;
     std::unique_ptr<transport::lazy_mesh> lazy;
