@@ -15,6 +15,8 @@
 #                packages as on the device machine
 #       --out    where the report and the logs go (default $OUT, else ./device-check-out)
 #       --jobs   build jobs (default: every processor)
+#       --torch-only  only the torch backend and the torch programs that need nothing else
+#                built (behaviour, tutorial, init_race, ddp, differential): a short rerun
 #
 # Files under --out: report.txt (what ran and its outcome, the figures), env.log,
 # configure.log, build.log, torch_build.log, tests.log, torch.log, torch_suite.json, perf.log,
@@ -28,12 +30,14 @@ root=$PWD
 
 sim=0
 fetch=0
+torch_only=0
 out=${OUT:-$root/device-check-out}
 jobs=$(nproc)
 build=/tmp/corocoll-device-build
 while (($#)); do
     case $1 in
         --sim) sim=1 ;;
+        --torch-only) torch_only=1 ;;
         --fetch) fetch=1 ;;
         --out) out=$2; shift ;;
         --jobs) jobs=$2; shift ;;
@@ -198,10 +202,12 @@ if [[ -n $torch_version ]]; then
     (build_torch_ext > "$out/torch_build.log" 2>&1; echo $? > "$out/torch_build.rc") &
     torch_build_pid=$!
 fi
-step "build (${#targets[@]} targets, $jobs jobs)" "$out/build.log" ninja -C "$build" -j "$jobs" "${targets[@]}" || {
-    say "build failed: see build.log"
-    exit 1
-}
+if ((!torch_only)); then
+    step "build (${#targets[@]} targets, $jobs jobs)" "$out/build.log" ninja -C "$build" -j "$jobs" "${targets[@]}" || {
+        say "build failed: see build.log"
+        exit 1
+    }
+fi
 if [[ -n $torch_version ]]; then
     t0=$SECONDS
     wait "$torch_build_pid"
@@ -216,6 +222,25 @@ if [[ -n $torch_version ]]; then
 fi
 
 # ---- run ----
+if ((torch_only)); then
+    [[ -n $torch_version ]] || { say "result: no torch backend to run"; exit 1; }
+    for name in behaviour tutorial init_race init_race_late ddp differential; do
+        case $name in
+            tutorial) args=(--launch torchrun) ;;
+            init_race) args=(--runs 5 --start fork) ;;
+            init_race_late) args=(--runs 2 --start fork --late) ;;
+            ddp) args=(--launch spawn --ranks 2 --steps 300) ;;
+            differential) args=(2 3) ;;
+            *) args=() ;;
+        esac
+        echo "=== torch: $name" >> "$out/torch.log"
+        step "torch: $name" "$out/torch.log" env PYTHONPATH="$build/python" OMP_NUM_THREADS=1 \
+            timeout 200 python3 "tests/torch/${name%_late}.py" "${args[@]}"
+    done
+    say ""
+    say "result: $( ((failed)) && echo 'some steps FAILED' || echo 'every step passed')"
+    exit $failed
+fi
 step "gpu_api_test" "$out/tests.log" timeout 120 "$build/tests/gpu_api_test"
 step "gpu_device_test" "$out/tests.log" timeout 300 "$build/tests/gpu_device_test"
 if ((sim)); then
@@ -259,6 +284,8 @@ if [[ -n $torch_version ]]; then
     }
     torch_run "torch: behaviour" 150 tests/torch/behaviour.py
     torch_run "torch: tutorial (torchrun)" 150 tests/torch/tutorial.py --launch torchrun
+    torch_run "torch: init race (fork, 5 runs)" 150 tests/torch/init_race.py --runs 5 --start fork
+    torch_run "torch: init race, late (2 runs)" 150 tests/torch/init_race.py --runs 2 --start fork --late
     torch_run "torch: grow (corocollrun)" 200 tests/torch/grow.py "$build/tools/corocollrun"
     torch_run "torch: ddp (spawn, 2 ranks)" 200 tests/torch/ddp.py --launch spawn --ranks 2 --steps 300
     torch_run "torch: differential (2, 3 ranks)" 200 tests/torch/differential.py 2 3
