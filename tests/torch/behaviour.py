@@ -44,6 +44,12 @@ except ImportError as e:
 
 def init(rank, n, port, timeout_s):
     store = dist.TCPStore("127.0.0.1", port, n, False, timeout=timedelta(seconds=60))
+    # The ranks meet first, as torch's own tests with a short timeout do
+    # (test_barrier_timeout_global): the group's set-up waits for every rank for its timeout,
+    # and torch 2.11's spawn on 16 cores started ranks more than a second apart.
+    if store.add("arrived", 1) == n:
+        store.set("everyone arrived", "1")
+    store.wait(["everyone arrived"])
     dist.init_process_group("corocoll", store=store, rank=rank, world_size=n,
                             timeout=timedelta(seconds=timeout_s))
     return store
