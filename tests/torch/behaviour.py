@@ -278,13 +278,24 @@ if TORCH2:
 
 def main():
     names = sys.argv[1:] or list(CASES)
+    failed = []
+    # Every case runs, whichever failed before it: a run on a machine lent for minutes
+    # learns about all of them at once.
     for name in names:
         fn, n = CASES[name]
         server = dist.TCPStore("127.0.0.1", 0, n, True, timeout=timedelta(seconds=60),
                                wait_for_workers=False)
         print(f"--- {name} ({n} ranks)", flush=True)
-        mp.spawn(fn, args=(n, server.port), nprocs=n, join=True)
+        try:
+            mp.spawn(fn, args=(n, server.port), nprocs=n, join=True)
+        except Exception as e:  # a rank's failure, as torch.multiprocessing reports it
+            last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+            print(f"FAILED: {name}: {last}", flush=True)
+            failed.append(name)
         del server
+    if failed:
+        print(f"failed: {', '.join(failed)} (of {', '.join(names)})")
+        return 1
     print(f"ok: {', '.join(names)}")
     return 0
 
