@@ -372,8 +372,7 @@ TEST_CASE("a rank that came early has the whole timeout for connecting once ever
         o.world_size = 2;
         o.timeout = 2s;
         auto slow = std::make_shared<slow_after_roll_call>(
-            r, co_await cc::rendezvous::tcp_store::connect(r, server.local_endpoint(), 5s),
-            1200ms);
+            r, co_await cc::rendezvous::tcp_store::connect(r, server.local_endpoint(), 5s), 1200ms);
         o.store = slow;
         auto pg = co_await cc::init_process_group(r, o);
         held[static_cast<std::size_t>(rank)] = slow->held();

@@ -7,8 +7,9 @@
 // waiting (shm_arena::arrive_and_go); the root waits for every rank at that step and reduces
 // every copy in rank order, or copies each block into place. Scatter: the root writes every
 // other rank's block into its lines and goes on; each other rank waits for the root alone and
-// copies its block. The ranks that go on wait for nobody until they are `arena_steps` steps ahead
-// of the slowest (settle_lines): a loop of them runs as a queue, the way an MPI's eager messages
+// copies its block. The ranks that go on wait for nobody until they are as many steps ahead as
+// the arena has places (transport::detail::arena_steps_for: 32 up to 8 ranks, 8 beyond) of the
+// slowest (settle_lines): a loop of them runs as a queue, the way an MPI's eager messages
 // do. Larger gathers and scatters: from the group's single-copy size (shm_arena::single_copy) the
 // root copies every block straight from the others' buffers (gather), or the others copy
 // theirs straight from the root's (scatter), and the rank whose buffer was read waits at a

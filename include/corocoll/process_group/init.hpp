@@ -171,8 +171,8 @@ COROCOLL_DECL void open_lobby(process_group& g, std::shared_ptr<rendezvous::stor
 /// serves it unless torchrun's agent already does (TORCHELASTIC_USE_AGENT_STORE); `tcp://`;
 /// `file://`), then connects the mesh. Each wait is bounded by `o.timeout`: reaching the
 /// store, every rank's coming, then the connections (which have the whole timeout once every
-/// rank came); errors name what was missing or what failed. CUDA buffers: `corocoll::gpu::init_process_group` (the
-/// include-gpu root) sets up backend "nccl".
+/// rank came); errors name what was missing or what failed. CUDA buffers:
+/// `corocoll::gpu::init_process_group` (the include-gpu root) sets up backend "nccl".
 COROCOLL_DECL task<std::shared_ptr<process_group>> init_process_group(io::reactor& r,
                                                                       init_options o = {});
 

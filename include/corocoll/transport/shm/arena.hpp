@@ -6,13 +6,13 @@
 // (collectives/*_shm.hpp) put their data and meet.
 //
 // The ranks move through numbered steps together. Each rank has a few steps' worth of lines of
-// its own in the arena (`arena_steps` of them, used in turn: step s uses s's place modulo that
-// count), each with a counter, `arrived`, that only it stores: the last step of that place it
-// reached. A step is a barrier: a rank writes what it brings to the step (its call, and up to
-// `shm_arena::line_bytes` of data: the first 16 in the line with the counter), stores the
-// step's number (release), and goes on once every rank's counter shows it (acquire). What a
-// rank's lines carry for step s is written between every rank passing step s - arena_steps
-// (arriving at s - arena_steps + 1) and this rank arriving at s, and read between passing s and
+// its own in the arena (P = `arena_steps_for(ranks)` of them, used in turn: step s uses s's
+// place modulo P), each with a counter, `arrived`, that only it stores: the last step of that
+// place it reached. A step is a barrier: a rank writes what it brings to the step (its call,
+// and up to `shm_arena::line_bytes` of data: the first 16 in the line with the counter),
+// stores the step's number (release), and goes on once every rank's counter shows it
+// (acquire). What a rank's lines carry for step s is written between every rank passing step
+// s - P (arriving at s - P + 1) and this rank arriving at s, and read between passing s and
 // arriving at s + 1. The two data sets are used by parity: what step s puts there is written
 // after every rank arrived at s - 1, and read before arriving at s + 1. A rank that waited for
 // everyone at each step (`arrive`) keeps both rules without a second barrier.
@@ -28,7 +28,7 @@
 // `arrive_and_go`), or wait there for one rank only (the others, which read only the root's
 // data). Before it next writes its lines it waits for every rank at the step after the last
 // one that used the place it writes (`settle_lines`: a root of small broadcasts runs up to
-// `arena_steps - 1` calls ahead of its readers, its writes no longer waiting for each reader's
+// P - 1 calls ahead of its readers, its writes no longer waiting for each reader's
 // look; when it must wait, it waits until they are half as far behind, so that it looks at
 // their lines once every few calls, not at each), and before it next writes a data set or
 // offers a buffer, for every rank at every step it went past (`settle`). A rank remembers the
@@ -103,17 +103,21 @@ struct arena_header {
     std::uint64_t l2_bytes = 0;
 };
 
-// Steps whose lines a rank keeps at once (see the top of this file): step s uses place
-// s % arena_steps. A power of two.
-inline constexpr std::uint64_t arena_steps = 8;
+// Steps whose lines a rank keeps at once (see the top of this file) in an arena of `ranks`
+// ranks: step s uses place s % that count. A power of two, the same on every rank. More
+// places let a rank that goes on without waiting (a root of broadcasts, scatters; a sender of
+// gathers) run further ahead of its readers and wait for them less often; each place is 4 KiB
+// of every rank's memory, so large groups keep few (docs/performance.md, "Deeper arena steps
+// for small groups").
+constexpr std::uint64_t arena_steps_for(int ranks) noexcept { return ranks <= 8 ? 32 : 8; }
 
 // What one rank brings to one step (see `arena_line`): its first cache line holds the counter,
 // the call and 16 bytes of data, so that a peer that sees the rank arrive has its call and its
 // small data in the same transfer; 64 more lines hold up to 4,080 bytes more.
 struct alignas(64) arena_step_line {
-    // The last step of this place the rank reached: it reached step s once
-    // `steps[s % arena_steps].arrived >= s`. Only the owner stores it (release, after what the
-    // step carries); the others load it (acquire) before they read the rest of the lines.
+    // The last step of this place the rank reached: it reached step s once its place for s
+    // (shm_arena::place) shows `arrived >= s`. Only the owner stores it (release, after what
+    // the step carries); the others load it (acquire) before they read the rest of the lines.
     std::atomic<std::uint64_t> arrived{0};
     collective_meta meta;  // the call declared with this place's step
     // 16-byte aligned (offset 48), as the widest element type needs.
@@ -121,10 +125,10 @@ struct alignas(64) arena_step_line {
 };
 static_assert(sizeof(arena_step_line) == 4160 && offsetof(arena_step_line, small) == 48);
 
-// One rank's lines: one place per step (`arena_steps` of them, used in turn), then the
-// collective it runs now, whatever its algorithm, and what others need to copy from its memory.
+// One rank's lines: one place per step (`arena_steps_for(ranks)` of them, used in turn; see
+// shm_arena::place), then this: the collective it runs now, whatever its algorithm, and what
+// others need to copy from its memory.
 struct alignas(128) arena_line {
-    arena_step_line steps[arena_steps];
     // A sequence lock around `current` (a collective_meta, word by word): odd while its owner
     // writes it. Atomic words with release stores and acquire loads, not fences: TSan does
     // not take fences (g++ -Werror=tsan refuses them).
@@ -151,7 +155,7 @@ struct alignas(128) arena_line {
 };
 static_assert(sizeof(collective_meta) == 4 * sizeof(std::uint64_t) &&
               std::is_trivially_copyable_v<collective_meta>);
-static_assert(sizeof(arena_line) == arena_steps * sizeof(arena_step_line) + 128);
+static_assert(sizeof(arena_line) == 128 && sizeof(arena_step_line) % 128 == 64);
 static_assert(sizeof(arena_header) <= 128);
 
 }  // namespace detail
@@ -167,9 +171,15 @@ public:
     /// past steps without waiting may write again sooner than the data sets; `settle_lines`).
     static constexpr std::size_t line_bytes = sizeof(detail::arena_step_line::small);
 
+    /// Bytes of one rank's lines in an arena of `ranks` ranks: its step places, then its
+    /// `arena_line` (an even count of places keeps that 128-byte aligned).
+    static constexpr std::size_t rank_bytes(int ranks) noexcept {
+        return detail::arena_steps_for(ranks) * sizeof(detail::arena_step_line) +
+               sizeof(detail::arena_line);
+    }
     /// Where the data sets start in an arena of `ranks` ranks.
     static constexpr std::size_t data_offset(int ranks) noexcept {
-        return (128 + sizeof(detail::arena_line) * static_cast<std::size_t>(ranks) + 4095) &
+        return (128 + rank_bytes(ranks) * static_cast<std::size_t>(ranks) + 4095) &
                ~std::size_t{4095};
     }
     /// Bytes of an arena of `ranks` ranks whose data sets are `set_bytes` each.
@@ -324,9 +334,9 @@ public:
     COROCOLL_DECL step_wait settle(engine& e, std::chrono::steady_clock::time_point deadline);
     /// Waits, if needed, until this rank may write its lines for the next step (`declare`,
     /// `small`): for every rank at the step after the one that last used the same place
-    /// (`arena_steps` steps back). A rank that only goes past steps does not wait at all
-    /// until it is that far ahead. `meta` is the call about to begin: what a wait that runs out
-    /// names, and what it compares with the calls the ranks it waits for announced.
+    /// (as many steps back as the arena has places per rank). A rank that only goes past steps does
+    /// not wait at all until it is that far ahead. `meta` is the call about to begin: what a wait
+    /// that runs out names, and what it compares with the calls the ranks it waits for announced.
     COROCOLL_DECL step_wait settle_lines(engine& e, const collective_meta& meta,
                                          std::chrono::steady_clock::time_point deadline);
 
@@ -438,12 +448,17 @@ private:
     COROCOLL_DECL bool prepare_futex_sleep(io::reactor& r, int m, std::uint64_t s,
                                            bool& fresh) noexcept;
 
+    // Rank `r`'s lines start here: its places, then its `arena_line`.
+    std::byte* lines_of(int r) const noexcept {
+        return base_ + 128 + static_cast<std::size_t>(r) * rank_bytes_;
+    }
     detail::arena_line& line(int r) const noexcept {
-        return reinterpret_cast<detail::arena_line*>(base_ + 128)[r];
+        return *reinterpret_cast<detail::arena_line*>(lines_of(r) +
+                                                      steps_ * sizeof(detail::arena_step_line));
     }
     // Rank `r`'s place for step `s`.
     detail::arena_step_line& place(int r, std::uint64_t s) const noexcept {
-        return line(r).steps[s % detail::arena_steps];
+        return reinterpret_cast<detail::arena_step_line*>(lines_of(r))[s & (steps_ - 1)];
     }
     // Whether rank `r` has reached step `s`.
     bool reached(int r, std::uint64_t s, std::memory_order o) const noexcept {
@@ -468,6 +483,9 @@ private:
     std::size_t bytes_;
     int rank_;
     int size_;
+    // Places per rank (`detail::arena_steps_for(size_)`) and bytes of a rank's lines.
+    std::uint64_t steps_;
+    std::size_t rank_bytes_;
     std::size_t set_bytes_;
     std::byte* data_;
     std::uint64_t step_;

@@ -13,12 +13,14 @@ COROCOLL_DECL shm_arena::shm_arena(void* mapping, std::size_t bytes, int rank)
     const auto* h = reinterpret_cast<const detail::arena_header*>(base_);
     size_ = static_cast<int>(h->ranks);
     set_bytes_ = static_cast<std::size_t>(h->set_bytes);
+    steps_ = detail::arena_steps_for(size_);
+    rank_bytes_ = rank_bytes(size_);
     data_ = base_ + data_offset(size_);
     single_copy_from_ = static_cast<std::size_t>(h->single_copy_from);
     l2_bytes_ = static_cast<std::size_t>(h->l2_bytes);
     step_ = 0;
-    for (const auto& p : line(rank_).steps) {
-        step_ = std::max(step_, p.arrived.load(std::memory_order_relaxed));
+    for (std::uint64_t k = 0; k < steps_; ++k) {
+        step_ = std::max(step_, place(rank_, k).arrived.load(std::memory_order_relaxed));
     }
     line(rank_).pid = static_cast<std::int64_t>(::getpid());
     wakes_ = line(rank_).wakes.load(std::memory_order_relaxed);
@@ -262,7 +264,7 @@ COROCOLL_DECL void shm_arena::compare_going_on(engine& e, const collective_meta&
     for (int r = 0; r < size_; ++r) {
         if (r == rank_ || line(r).went_on.load(std::memory_order_seq_cst) < s) continue;
         // r goes on at this step or went on at a later one (then it passed this one). It is
-        // at most arena_steps - 1 steps ahead (settle_lines): once it arrived here, its place
+        // at most steps_ - 1 steps ahead (settle_lines): once it arrived here, its place
         // for this step holds its call. Before that it is between its own `will_go_on` and
         // its arrival, in the call it announced (it announces the next only after arriving:
         // the second look tells).
@@ -290,12 +292,12 @@ COROCOLL_DECL shm_arena::step_wait shm_arena::settle(
 
 COROCOLL_DECL shm_arena::step_wait shm_arena::settle_lines(
     engine& e, const collective_meta& meta, std::chrono::steady_clock::time_point deadline) {
-    // The next step's place was last used by step next - arena_steps, which every rank is
+    // The next step's place was last used by step next - steps_, which every rank is
     // done with once it arrived at the step after. The calls of the steps gone past are not
     // compared again here: whoever arrived at them after this rank compared its call with this
     // rank's then (of two that went on, one saw the other).
     const std::uint64_t next = next_step();
-    std::uint64_t s = next > detail::arena_steps ? next - detail::arena_steps + 1 : 0;
+    std::uint64_t s = next > steps_ ? next - steps_ + 1 : 0;
     if (s <= confirmed_) s = 0;
     if (s != 0) {
         // Nothing to read where every rank was seen that far (the last look at r's place for
@@ -308,7 +310,7 @@ COROCOLL_DECL shm_arena::step_wait shm_arena::settle_lines(
         if (all) {
             s = 0;
         } else {
-            s = std::max(s, next - detail::arena_steps / 2);
+            s = std::max(s, next - steps_ / 2);
         }
     }
     return {*this, e, meta, s, deadline, false, -1};

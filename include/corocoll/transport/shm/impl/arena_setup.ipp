@@ -20,8 +20,14 @@ COROCOLL_DECL mapping create_arena(int ranks, std::size_t set_bytes, std::uint64
     h->set_bytes = set_bytes;
     h->single_copy_from = single_copy_from;
     h->l2_bytes = l2_bytes;
-    auto* lines = reinterpret_cast<arena_line*>(static_cast<std::byte*>(m.addr) + 128);
-    for (int k = 0; k < ranks; ++k) new (&lines[k]) arena_line;
+    const std::uint64_t steps = arena_steps_for(ranks);
+    for (int k = 0; k < ranks; ++k) {
+        std::byte* at = static_cast<std::byte*>(m.addr) + 128 +
+                        static_cast<std::size_t>(k) * shm_arena::rank_bytes(ranks);
+        auto* places = reinterpret_cast<arena_step_line*>(at);
+        for (std::uint64_t j = 0; j < steps; ++j) new (&places[j]) arena_step_line;
+        new (at + steps * sizeof(arena_step_line)) arena_line;
+    }
     return m;
 }
 
