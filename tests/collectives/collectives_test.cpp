@@ -1128,46 +1128,49 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "shm arena: a root of small broadcasts runs 24 calls ahead of a reader that has not "
+    "shm arena: a root of small broadcasts runs 24 calls ahead of readers that have not "
     "come yet without waiting once, on up to 8 ranks") {
     // Groups of up to 8 ranks keep 32 step places per rank (transport::detail::arena_steps_for):
-    // the root writes its next 24 calls' lines while the other rank is still asleep, each call
+    // the root writes its next 24 calls' lines while the others are still asleep, each call
     // done at once, its reactor not turning once. With 8 places it waited at the 8th call.
     thread_ranks_options o;
     o.limits.shm_arena_bytes = matrix_arena_bytes;
     CHECK(cc::transport::detail::arena_steps_for(2) == 32);
     CHECK(cc::transport::detail::arena_steps_for(8) == 32);
     CHECK(cc::transport::detail::arena_steps_for(9) == 8);
-    std::uint64_t turns_ahead = 1;
-    check_every_rank_ok(run_threads(
-        2,
-        [&turns_ahead](cc::process_group& pg) -> cc::task<> {
-            pg.set_algorithm(coll::collective_kind::broadcast, coll::algorithm::shm);
-            std::vector<std::int32_t> b(4);
-            co_await pg.barrier();
-            if (pg.rank() == 1) {
-                // Asleep, its reactor stopped: the root's calls cannot find it at any step.
-                std::this_thread::sleep_for(std::chrono::milliseconds(100));
-            } else {
-                const std::uint64_t before = pg.reactor().stats().turns;
+    for (int n : {2, 8}) {
+        CAPTURE(n);
+        std::uint64_t turns_ahead = 1;
+        check_every_rank_ok(run_threads(
+            n,
+            [&turns_ahead](cc::process_group& pg) -> cc::task<> {
+                pg.set_algorithm(coll::collective_kind::broadcast, coll::algorithm::shm);
+                std::vector<std::int32_t> b(4);
+                co_await pg.barrier();
+                if (pg.rank() != 0) {
+                    // Asleep, its reactor stopped: the root's calls cannot find it at any step.
+                    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                } else {
+                    const std::uint64_t before = pg.reactor().stats().turns;
+                    for (int it = 0; it < 24; ++it) {
+                        b.assign(4, it);
+                        co_await pg.broadcast(b, 0);
+                    }
+                    turns_ahead = pg.reactor().stats().turns - before;
+                }
                 for (int it = 0; it < 24; ++it) {
-                    b.assign(4, it);
-                    co_await pg.broadcast(b, 0);
+                    if (pg.rank() != 0) {
+                        b.assign(4, -1);
+                        co_await pg.broadcast(b, 0);
+                        if (b != std::vector<std::int32_t>(4, it))
+                            throw std::runtime_error("call " + std::to_string(it) + " read wrong");
+                    }
                 }
-                turns_ahead = pg.reactor().stats().turns - before;
-            }
-            for (int it = 0; it < 24; ++it) {
-                if (pg.rank() == 1) {
-                    b.assign(4, -1);
-                    co_await pg.broadcast(b, 0);
-                    if (b != std::vector<std::int32_t>(4, it))
-                        throw std::runtime_error("call " + std::to_string(it) + " read wrong");
-                }
-            }
-            co_await pg.barrier();
-        },
-        o));
-    CHECK(turns_ahead == 0);
+                co_await pg.barrier();
+            },
+            o));
+        CHECK(turns_ahead == 0);
+    }
 }
 
 TEST_CASE(

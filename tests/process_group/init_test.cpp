@@ -357,22 +357,23 @@ private:
 };
 
 TEST_CASE("a rank that came early has the whole timeout for connecting once every rank came") {
-    // Rank 1 comes 1.2 s after rank 0, and each rank's connecting takes 1.2 s more (its first
-    // store request past the roll call is held back): 2.4 s after rank 0 came, more than the
-    // 2 s timeout, but each wait (for every rank to come, then for the connecting) took less.
+    // Rank 1 comes 2.7 s after rank 0, and each rank's connecting takes 2.7 s more (its first
+    // store request past the roll call is held back): 5.4 s after rank 0 came, more than the
+    // 4 s timeout, but each wait (for every rank to come, then for the connecting) took less,
+    // with 1.3 s to spare.
     // The timeout bounds each wait, as torch's does: a rank that came early must not spend
     // its peers' lateness on connecting. (torch 2.11's spawn, with a 1 s timeout, started
     // ranks this far apart.)
     cc::rendezvous::tcp_store_server server(cc::io::endpoint::loopback(0));
     std::array<int, 2> held{};
     auto errors = run_ranks(2, [&](int rank, cc::io::reactor& r) -> cc::task<> {
-        if (rank == 1) co_await r.sleep_for(1200ms);
+        if (rank == 1) co_await r.sleep_for(2700ms);
         cc::init_options o;
         o.rank = rank;
         o.world_size = 2;
-        o.timeout = 2s;
+        o.timeout = 4s;
         auto slow = std::make_shared<slow_after_roll_call>(
-            r, co_await cc::rendezvous::tcp_store::connect(r, server.local_endpoint(), 5s), 1200ms);
+            r, co_await cc::rendezvous::tcp_store::connect(r, server.local_endpoint(), 5s), 2700ms);
         o.store = slow;
         auto pg = co_await cc::init_process_group(r, o);
         held[static_cast<std::size_t>(rank)] = slow->held();

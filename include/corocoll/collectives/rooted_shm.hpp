@@ -7,15 +7,15 @@
 // waiting (shm_arena::arrive_and_go); the root waits for every rank at that step and reduces
 // every copy in rank order, or copies each block into place. Scatter: the root writes every
 // other rank's block into its lines and goes on; each other rank waits for the root alone and
-// copies its block. The ranks that go on wait for nobody until they are as many steps ahead as
-// the arena has places (transport::detail::arena_steps_for: 32 up to 8 ranks, 8 beyond) of the
-// slowest (settle_lines): a loop of them runs as a queue, the way an MPI's eager messages
-// do. Larger gathers and scatters: from the group's single-copy size (shm_arena::single_copy) the
-// root copies every block straight from the others' buffers (gather), or the others copy
-// theirs straight from the root's (scatter), and the rank whose buffer was read waits at a
-// second step until that is done; below it, in pieces of a slot of the data sets, the writers
-// (gather's others, scatter's root) going on at each piece. Reduce stays in the lines (above
-// them: reduce_binomial).
+// copies its block. The ranks that go on wait for nobody until they are one step fewer ahead
+// of the slowest than the arena has places per rank (transport::detail::arena_steps_for: 32 up
+// to 8 ranks, 8 beyond; settle_lines): a loop of them runs as a queue, the way an MPI's eager
+// messages do. Larger gathers and scatters: from the group's single-copy size
+// (shm_arena::single_copy) the root copies every block straight from the others' buffers
+// (gather), or the others copy theirs straight from the root's (scatter), and the rank whose
+// buffer was read waits at a second step until that is done; below it, in pieces of a slot of
+// the data sets, the writers (gather's others, scatter's root) going on at each piece. Reduce
+// stays in the lines (above them: reduce_binomial).
 // Cost: one step (two with single copies) per piece, no message: each block is copied into the
 // arena and out of it once (by a single copy: once in all), where gather_linear and
 // scatter_linear move it through a pair channel's ring (two copies).

@@ -250,7 +250,8 @@ public:
     /// dies). A rank that comes later than `join_window` after the first ones decided, or that
     /// the others took for failed, gets an error saying so. A member that dies while the new
     /// group is set up fails that set-up everywhere; the survivors then agree again without it
-    /// (each such try costs up to twice `join_window`), so a failure during shrink is survived
+    /// (each such try costs up to three times `join_window`: the decision, then the set-up's
+    /// two waits, for every member and for the connections), so a failure during shrink is survived
     /// and nothing waits past its deadline.
     task<std::shared_ptr<process_group>> shrink(
         std::chrono::milliseconds join_window = std::chrono::seconds(10));

@@ -102,7 +102,8 @@ struct engine_options {
     std::size_t shm_single_copy_bytes = 0;
     /// Bytes of each of the two data sets of the arena that a group whose ranks all share
     /// one host maps (transport/shm/arena.hpp), where its shared-memory collectives put their
-    /// data; the arena maps twice this plus a page or two. 0: no arena (no shared-memory
+    /// data; the arena maps twice this plus each rank's step lines (130 KiB a rank in groups of
+    /// up to 8 ranks, 33 KiB beyond: `shm_arena::rank_bytes`). 0: no arena (no shared-memory
     /// collectives).
     std::size_t shm_arena_bytes = std::size_t{1} << 20;
     /// `shm_arena_single_copy_bytes`' default: 16 KiB in a group of 2 ranks, never in a

@@ -67,6 +67,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <climits>
 #include <coroutine>
@@ -110,6 +111,10 @@ struct arena_header {
 // of every rank's memory, so large groups keep few (docs/performance.md, "Deeper arena steps
 // for small groups").
 constexpr std::uint64_t arena_steps_for(int ranks) noexcept { return ranks <= 8 ? 32 : 8; }
+// shm_arena::place takes s modulo the count with a mask, and an even count keeps each rank's
+// `arena_line` 128-byte aligned after its places.
+static_assert(std::has_single_bit(arena_steps_for(1)) && std::has_single_bit(arena_steps_for(9)) &&
+              arena_steps_for(9) >= 2);
 
 // What one rank brings to one step (see `arena_line`): its first cache line holds the counter,
 // the call and 16 bytes of data, so that a peer that sees the rank arrive has its call and its
