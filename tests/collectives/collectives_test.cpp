@@ -784,7 +784,13 @@ TEST_CASE(
     CHECK(pick(k::broadcast, 4, 2) == coll::algorithm::shm);
     CHECK(pick(k::broadcast, std::size_t{1} << 20, 2) == coll::algorithm::binomial);
     CHECK(pick(k::all_gather, std::size_t{1} << 20, 2) == coll::algorithm::ring);
-    CHECK(pick(k::broadcast, 4, 4) == coll::algorithm::binomial);
+    // Small broadcasts: the arena's queue where it keeps 32 step places (up to 8 ranks), the
+    // tree below 4 KiB where it keeps 8.
+    CHECK(pick(k::broadcast, 4, 4) == coll::algorithm::shm);
+    CHECK(pick(k::broadcast, 2048, 8) == coll::algorithm::shm);
+    CHECK(pick(k::broadcast, 4, 9) == coll::algorithm::binomial);
+    CHECK(pick(k::broadcast, 4095, 16) == coll::algorithm::binomial);
+    CHECK(pick(k::broadcast, 4096, 16) == coll::algorithm::shm);
     CHECK(pick(k::broadcast, std::size_t{1} << 20, 4) == coll::algorithm::shm);
     CHECK(pick(k::all_gather, 4, 8) == coll::algorithm::shm);
     // reduce, gather and scatter in the step lines (4 KiB: reduce's buffer, gather's block,

@@ -113,8 +113,11 @@ struct thresholds {
     /// an AMD EPYC (1 MiB L2) the ring from 128 KiB to 32 MiB (docs/performance.md, "Size
     /// thresholds from the machine's caches").
     std::size_t shm_pair_all_reduce_ring_below = std::size_t{4} << 20;
-    /// On more than 2 ranks a broadcast below this size goes by the binomial tree, whose root
-    /// hands its message to two children and returns.
+    /// On more than 8 ranks (where the arena keeps 8 step places per rank:
+    /// transport::detail::arena_steps_for) a broadcast below this size goes by the binomial
+    /// tree, whose root hands its message to two children and returns. With 32 places (up to
+    /// 8 ranks) the arena's queue of small broadcasts wins at every size (docs/performance.md,
+    /// "Deeper arena steps for small groups").
     std::size_t shm_broadcast_tree_below = std::size_t{4} << 10;
     /// Where the arena copies straight from the ranks' buffers (2 ranks from 16 KiB by
     /// default: `engine_options::shm_arena_single_copy_bytes`), its

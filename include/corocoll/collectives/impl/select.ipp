@@ -5,6 +5,7 @@
 #include <corocoll/collectives/select.hpp>
 
 #include <corocoll/collectives/rooted_shm.hpp>
+#include <corocoll/transport/shm/arena.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -305,7 +306,10 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
             }
         }
         if (k == collective_kind::broadcast) {
-            bool tree = n > 2           ? bytes < t.shm_broadcast_tree_below
+            // Where the arena keeps 32 step places (up to 8 ranks), its queue of small
+            // broadcasts beats the tree; with 8 (more ranks) the tree leads below a size.
+            bool tree = n > 2 ? bytes < t.shm_broadcast_tree_below &&
+                                    transport::detail::arena_steps_for(n) < 32
                         : single(bytes) ? bytes >= t.shm_pair_single_copy_tree_from
                                         : bytes >= t.shm_pair_ring_from;
             return tree ? algorithm::binomial : algorithm::shm;
