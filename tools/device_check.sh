@@ -222,50 +222,38 @@ if [[ -n $torch_version ]]; then
 fi
 
 # ---- run ----
-if ((torch_only)); then
-    [[ -n $torch_version ]] || { say "result: no torch backend to run"; exit 1; }
-    for name in behaviour tutorial init_race init_race_late ddp differential; do
-        case $name in
-            tutorial) args=(--launch torchrun) ;;
-            init_race) args=(--runs 5 --start fork) ;;
-            init_race_late) args=(--runs 2 --start fork --late) ;;
-            ddp) args=(--launch spawn --ranks 2 --steps 300) ;;
-            differential) args=(2 3) ;;
-            *) args=() ;;
-        esac
-        echo "=== torch: $name" >> "$out/torch.log"
-        step "torch: $name" "$out/torch.log" env PYTHONPATH="$build/python" OMP_NUM_THREADS=1 \
-            timeout 200 python3 "tests/torch/${name%_late}.py" "${args[@]}"
+if ((torch_only)) && [[ -z $torch_version ]]; then
+    say "result: no torch backend to run"
+    exit 1
+fi
+# The GPU and store steps (not with --torch-only, which builds none of their programs).
+if ((!torch_only)); then
+    step "gpu_api_test" "$out/tests.log" timeout 120 "$build/tests/gpu_api_test"
+    step "gpu_device_test" "$out/tests.log" timeout 300 "$build/tests/gpu_device_test"
+    if ((sim)); then
+        step "gpu_device_test (1 device)" "$out/tests.log" env COROCOLL_SIM_DEVICES=1 timeout 300 "$build/tests/gpu_device_test"
+        step "gpu_sim_test" "$out/tests.log" timeout 120 "$build/tests/gpu_sim_test"
+        step "nccl_group_test" "$out/tests.log" timeout 300 "$build/tests/nccl_group_test"
+    fi
+    # torch's TCPStore (the machine's torch, 2.x) against corocoll's store server and client, both
+    # ways, and with torch's libuv and legacy servers where torch has both (issue 36, item 3).
+    step "torch_interop_test (torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null))" \
+        "$out/tests.log" timeout 120 python3 tests/rendezvous/torch_interop_test.py "$build/tests/store_tool"
+    # A torchrun job of the machine's torch whose ranks (p2p_blocking, 4 ranks) rendezvous on the
+    # agent's store (TORCHELASTIC_USE_AGENT_STORE; a libuv TCPStore from torch 2.4 on).
+    step "torchrun --no_python p2p_blocking" "$out/tests.log" timeout 150 \
+        python3 tests/process_group/launchers_test.py "$build/examples/p2p_blocking" torchrun
+    # The awaitable layer beside plain NCCL, world of one: the last two columns are the difference
+    # per op and the ratio.
+    for coll in all_reduce broadcast all_gather reduce_scatter; do
+        step "gpu_coll_perf --coll $coll" "$out/perf.log" timeout 120 "$build/benchmarks/gpu_coll_perf" \
+            --coll "$coll" -b 8 -e 64M -f 8 -n 50 -w 5 -c 1
     done
-    say ""
-    say "result: $( ((failed)) && echo 'some steps FAILED' || echo 'every step passed')"
-    exit $failed
-fi
-step "gpu_api_test" "$out/tests.log" timeout 120 "$build/tests/gpu_api_test"
-step "gpu_device_test" "$out/tests.log" timeout 300 "$build/tests/gpu_device_test"
-if ((sim)); then
-    step "gpu_device_test (1 device)" "$out/tests.log" env COROCOLL_SIM_DEVICES=1 timeout 300 "$build/tests/gpu_device_test"
-    step "gpu_sim_test" "$out/tests.log" timeout 120 "$build/tests/gpu_sim_test"
-    step "nccl_group_test" "$out/tests.log" timeout 300 "$build/tests/nccl_group_test"
-fi
-# torch's TCPStore (the machine's torch, 2.x) against corocoll's store server and client, both
-# ways, and with torch's libuv and legacy servers where torch has both (issue 36, item 3).
-step "torch_interop_test (torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null))" \
-    "$out/tests.log" timeout 120 python3 tests/rendezvous/torch_interop_test.py "$build/tests/store_tool"
-# A torchrun job of the machine's torch whose ranks (p2p_blocking, 4 ranks) rendezvous on the
-# agent's store (TORCHELASTIC_USE_AGENT_STORE; a libuv TCPStore from torch 2.4 on).
-step "torchrun --no_python p2p_blocking" "$out/tests.log" timeout 150 \
-    python3 tests/process_group/launchers_test.py "$build/examples/p2p_blocking" torchrun
-# The awaitable layer beside plain NCCL, world of one: the last two columns are the difference
-# per op and the ratio.
-for coll in all_reduce broadcast all_gather reduce_scatter; do
-    step "gpu_coll_perf --coll $coll" "$out/perf.log" timeout 120 "$build/benchmarks/gpu_coll_perf" \
-        --coll "$coll" -b 8 -e 64M -f 8 -n 50 -w 5 -c 1
-done
-if ((sim)); then
-    step "gpu_overlap" "$out/overlap.log" timeout 120 "$build/examples/gpu_overlap" --mib 4
-else
-    step "gpu_overlap --check" "$out/overlap.log" timeout 120 "$build/examples/gpu_overlap" --check
+    if ((sim)); then
+        step "gpu_overlap" "$out/overlap.log" timeout 120 "$build/examples/gpu_overlap" --mib 4
+    else
+        step "gpu_overlap --check" "$out/overlap.log" timeout 120 "$build/examples/gpu_overlap" --check
+    fi
 fi
 
 # The torch backend "corocoll" under the machine's torch: the project's torch programs, and a
@@ -286,20 +274,26 @@ if [[ -n $torch_version ]]; then
     torch_run "torch: tutorial (torchrun)" 150 tests/torch/tutorial.py --launch torchrun
     torch_run "torch: init race (fork, 5 runs)" 150 tests/torch/init_race.py --runs 5 --start fork
     torch_run "torch: init race, late (2 runs)" 150 tests/torch/init_race.py --runs 2 --start fork --late
-    torch_run "torch: grow (corocollrun)" 200 tests/torch/grow.py "$build/tools/corocollrun"
+    # grow needs corocollrun, which --torch-only does not build.
+    ((torch_only)) ||
+        torch_run "torch: grow (corocollrun)" 200 tests/torch/grow.py "$build/tools/corocollrun"
     torch_run "torch: ddp (spawn, 2 ranks)" 200 tests/torch/ddp.py --launch spawn --ranks 2 --steps 300
     torch_run "torch: differential (2, 3 ranks)" 200 tests/torch/differential.py 2 3
     # CPU tensors: with a GPU visible, torch 2.x's suite skips every test for want of one GPU
-    # per rank ("Need at least 3 CUDA devices").
-    CUDA_VISIBLE_DEVICES= torch_run "torch: suite subset" 200 tests/torch/distributed_suite.py \
-        --backend corocoll --only "$suite_subset" --skip-unknown --report "$out/torch_suite.json"
-    grep -a '^{"backend"' "$out/torch.log" | tail -n 1 >> "$report"
+    # per rank ("Need at least 3 CUDA devices"). Not with --torch-only (a short run).
+    if ((!torch_only)); then
+        CUDA_VISIBLE_DEVICES= torch_run "torch: suite subset" 200 tests/torch/distributed_suite.py \
+            --backend corocoll --only "$suite_subset" --skip-unknown --report "$out/torch_suite.json"
+        grep -a '^{"backend"' "$out/torch.log" | tail -n 1 >> "$report"
+    fi
 fi
-say ""
-say "== gpu_coll_perf (size, corocoll and NCCL time, difference, ratio: see perf.log's header)"
-grep -E '^# gpu_coll_perf|^ *[0-9]' "$out/perf.log" | head -n 48 >> "$report"
-say "== gpu_overlap"
-grep -vE '^(pid|corocoll\[)' "$out/overlap.log" | tail -n 8 >> "$report"
+if ((!torch_only)); then
+    say ""
+    say "== gpu_coll_perf (size, corocoll and NCCL time, difference, ratio: see perf.log's header)"
+    grep -E '^# gpu_coll_perf|^ *[0-9]' "$out/perf.log" | head -n 48 >> "$report"
+    say "== gpu_overlap"
+    grep -vE '^(pid|corocoll\[)' "$out/overlap.log" | tail -n 8 >> "$report"
+fi
 say ""
 say "result: $( ((failed)) && echo 'some steps FAILED' || echo 'every step passed')"
 exit $failed
