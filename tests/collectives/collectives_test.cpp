@@ -814,9 +814,10 @@ TEST_CASE(
     CHECK(pick(k::scatter, std::size_t{32} << 20, 2) == coll::algorithm::shm);
     CHECK(pick(k::scatter, std::size_t{1} << 20, 4) == coll::algorithm::linear);
     // On 2 ranks, broadcast, scatter and gather by one message (the buffer, a block) from
-    // 512 bytes (gather: 2 KiB) up to 32 KiB; the arena on either side, and on 4 ranks.
+    // 512 bytes (gather: beyond the 4 KiB of a step's lines) up to 32 KiB; the arena on
+    // either side, and on 4 ranks.
     const std::pair<k, std::size_t> message_from[] = {
-        {k::broadcast, 512}, {k::scatter, 512}, {k::gather, 2048}};
+        {k::broadcast, 512}, {k::scatter, 512}, {k::gather, 4100}};
     for (const auto& window : message_from) {
         // (Not a structured binding: clang 14 cannot name one inside CAPTURE's lambda.)
         const k kind = window.first;
@@ -831,6 +832,7 @@ TEST_CASE(
         CHECK(pick(kind, std::size_t{32} << 10, 2) == coll::algorithm::shm);
     }
     CHECK(pick(k::gather, 2048, 4) == coll::algorithm::shm);
+    CHECK(pick(k::gather, 4096, 2) == coll::algorithm::shm);  // the whole of a step's lines
     // The window is the thresholds' own: closed, the arena keeps these sizes.
     coll::thresholds closed;
     closed.shm_pair_message_below = 0;

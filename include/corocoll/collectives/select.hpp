@@ -144,8 +144,11 @@ struct thresholds {
     /// On 2 ranks, a broadcast or scatter whose one message (the broadcast's buffer, one
     /// block of the scatter) has from this many bytes ...
     std::size_t shm_pair_message_from = std::size_t{512};
-    /// ... a gather whose block has from this many ...
-    std::size_t shm_pair_gather_message_from = std::size_t{2} << 10;
+    /// ... a gather whose block has from this many (the first block that leaves a step's
+    /// lines, `transport::shm_arena::line_bytes`, 4 KiB: through the lines the arena's gather
+    /// led, 4 KiB blocks 0.47 against 0.54 µs; through its data sets it trailed, 5 KiB 0.87
+    /// against 0.73; docs/performance.md, "Gather of 2 ranks in the lines up to 4 KiB") ...
+    std::size_t shm_pair_gather_message_from = (std::size_t{4} << 10) + 1;
     /// ... up to (not including) this many goes as that message through the pair's channel
     /// (binomial, linear), not through the arena: measured faster with coll_perf. Below the
     /// window the arena's call, with no header and no channel between the two, was as fast

@@ -272,6 +272,9 @@ COROCOLL_DECL std::size_t reduce_scatter_doubling_below(const thresholds& t, int
         detail::reduce_scatter_crossover(n) / detail::reduce_scatter_crossover(measured));
 }
 
+// A 2-rank gather leaves the arena for one message where its block leaves the step lines.
+static_assert(thresholds{}.shm_pair_gather_message_from == transport::shm_arena::line_bytes + 1);
+
 COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
                                const algorithm_choice& choice, const thresholds& t,
                                const topology* hosts, bool arena, std::size_t single_copy_from) {
