@@ -1051,7 +1051,8 @@ TEST_CASE(
     "scatter, reduce_scatter and all_to_all, in a loop") {
     // The root goes on without waiting and the others wait for the root alone (broadcast_shm):
     // what any rank writes next must still wait for every rank. Sizes cross the small lines
-    // (16 bytes), a slot and the 16 KiB data set; with single copies from 16 KiB, the larger
+    // (16 bytes), the step lines (1 and 4 KiB: all_gather's blocks go there, gather's and
+    // scatter's too), a slot and the 16 KiB data set; with single copies from 16 KiB, the larger
     // ones copy straight from the ranks' buffers, between calls that go through the arena.
     thread_ranks_options o;
     o.limits.shm_arena_bytes = matrix_arena_bytes;
@@ -1077,7 +1078,7 @@ TEST_CASE(
                     }
                     // 40000 elements: 160,000 bytes, two whole pieces of a backward sweep
                     // and a shorter one (shm_arena::sweep_piece_bytes).
-                    const std::size_t sizes[] = {1, 6, 7, 100, 4096, 5000, 40000};
+                    const std::size_t sizes[] = {1, 6, 7, 100, 256, 1024, 4096, 5000, 40000};
                     for (int it = 0; it < 60; ++it) {
                         std::size_t count = sizes[static_cast<std::size_t>(it) % std::size(sizes)];
                         int root = (it * 7) % n;

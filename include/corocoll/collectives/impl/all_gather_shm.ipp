@@ -21,7 +21,10 @@ COROCOLL_DECL task<> all_gather_shm(context& c, std::span<std::byte> out,
         co_await gather_single_copies(c, in, 0, in, out);
         co_return;
     }
-    if (block <= transport::shm_arena::small_bytes) {
+    if (block <= transport::shm_arena::small_bytes ||
+        (block >= all_gather_shm_lines_from && block <= transport::shm_arena::line_bytes)) {
+        // In this rank's lines for the step: every rank waits there for all, so no rank
+        // writes a place again before every other is done with it.
         const std::uint64_t s = a.next_step();
         if (block > 0) std::memcpy(a.small(me, s), in.data(), block);
         co_await a.arrive(c.net, c.meta, c.deadline, true);
