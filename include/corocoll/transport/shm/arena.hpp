@@ -111,6 +111,10 @@ struct arena_header {
 // of every rank's memory, so large groups keep few (docs/performance.md, "Deeper arena steps
 // for small groups").
 constexpr std::uint64_t arena_steps_for(int ranks) noexcept { return ranks <= 8 ? 32 : 8; }
+// Whether an arena of `ranks` ranks keeps the deep queue of step places (32, up to 8 ranks),
+// where a loop of small rooted calls runs far ahead of its readers (`select` sends small
+// broadcasts through the arena there, by the tree where the queue is short).
+constexpr bool arena_queue_is_deep(int ranks) noexcept { return arena_steps_for(ranks) >= 32; }
 // shm_arena::place takes s modulo the count with a mask, and an even count keeps each rank's
 // `arena_line` 128-byte aligned after its places.
 static_assert(std::has_single_bit(arena_steps_for(1)) && std::has_single_bit(arena_steps_for(9)) &&
@@ -179,13 +183,19 @@ public:
     /// Bytes of one rank's lines in an arena of `ranks` ranks: its step places, then its
     /// `arena_line` (an even count of places keeps that 128-byte aligned).
     static constexpr std::size_t rank_bytes(int ranks) noexcept {
-        return detail::arena_steps_for(ranks) * sizeof(detail::arena_step_line) +
-               sizeof(detail::arena_line);
+        return places_bytes(ranks) + sizeof(detail::arena_line);
+    }
+    /// Bytes of one rank's step places in an arena of `ranks` ranks (its `arena_line` follows).
+    static constexpr std::size_t places_bytes(int ranks) noexcept {
+        return detail::arena_steps_for(ranks) * sizeof(detail::arena_step_line);
+    }
+    /// Where rank `r`'s lines start in an arena of `ranks` ranks (after the 128-byte header).
+    static constexpr std::size_t lines_offset(int ranks, int r) noexcept {
+        return 128 + rank_bytes(ranks) * static_cast<std::size_t>(r);
     }
     /// Where the data sets start in an arena of `ranks` ranks.
     static constexpr std::size_t data_offset(int ranks) noexcept {
-        return (128 + rank_bytes(ranks) * static_cast<std::size_t>(ranks) + 4095) &
-               ~std::size_t{4095};
+        return (lines_offset(ranks, ranks) + 4095) & ~std::size_t{4095};
     }
     /// Bytes of an arena of `ranks` ranks whose data sets are `set_bytes` each.
     static constexpr std::size_t bytes_for(int ranks, std::size_t set_bytes) noexcept {
@@ -453,13 +463,13 @@ private:
     COROCOLL_DECL bool prepare_futex_sleep(io::reactor& r, int m, std::uint64_t s,
                                            bool& fresh) noexcept;
 
-    // Rank `r`'s lines start here: its places, then its `arena_line`.
+    // Rank `r`'s lines start here: its places, then its `arena_line` (`lines_offset` and
+    // `places_bytes`, from the counts kept at construction).
     std::byte* lines_of(int r) const noexcept {
         return base_ + 128 + static_cast<std::size_t>(r) * rank_bytes_;
     }
     detail::arena_line& line(int r) const noexcept {
-        return *reinterpret_cast<detail::arena_line*>(lines_of(r) +
-                                                      steps_ * sizeof(detail::arena_step_line));
+        return *reinterpret_cast<detail::arena_line*>(lines_of(r) + places_bytes_);
     }
     // Rank `r`'s place for step `s`.
     detail::arena_step_line& place(int r, std::uint64_t s) const noexcept {
@@ -488,9 +498,11 @@ private:
     std::size_t bytes_;
     int rank_;
     int size_;
-    // Places per rank (`detail::arena_steps_for(size_)`) and bytes of a rank's lines.
+    // Places per rank (`detail::arena_steps_for(size_)`), bytes of a rank's lines and of its
+    // places (`rank_bytes`, `places_bytes`).
     std::uint64_t steps_;
     std::size_t rank_bytes_;
+    std::size_t places_bytes_;
     std::size_t set_bytes_;
     std::byte* data_;
     std::uint64_t step_;

@@ -22,11 +22,10 @@ COROCOLL_DECL mapping create_arena(int ranks, std::size_t set_bytes, std::uint64
     h->l2_bytes = l2_bytes;
     const std::uint64_t steps = arena_steps_for(ranks);
     for (int k = 0; k < ranks; ++k) {
-        std::byte* at = static_cast<std::byte*>(m.addr) + 128 +
-                        static_cast<std::size_t>(k) * shm_arena::rank_bytes(ranks);
+        std::byte* at = static_cast<std::byte*>(m.addr) + shm_arena::lines_offset(ranks, k);
         auto* places = reinterpret_cast<arena_step_line*>(at);
         for (std::uint64_t j = 0; j < steps; ++j) new (&places[j]) arena_step_line;
-        new (at + steps * sizeof(arena_step_line)) arena_line;
+        new (at + shm_arena::places_bytes(ranks)) arena_line;
     }
     return m;
 }
