@@ -14,15 +14,24 @@ namespace detail {
 
 // A rank that only writes for its step (having said so, `will_go_on`, before the call's
 // `declare`): into its lines, at their start, all of `what` but the `skip` bytes from
-// `skip_at` (a scatter root's own block, which no other rank reads), then on without waiting.
+// `skip_at` (a scatter root's own block, which no other rank reads), what follows them moved
+// down into their place (`scatter_shm_offset`), then on without waiting. Packed so, what a
+// reader copies out starts as early in the lines as it can: on 2 ranks the other's block
+// starts in the line with the root's counter, which the reader reads anyway.
 inline void rooted_shm_write(context& c, std::span<const std::byte> what, std::size_t skip_at = 0,
                              std::size_t skip = 0) {
     transport::shm_arena& a = *c.arena;
     std::byte* to = a.small(a.rank(), a.next_step());
     if (skip_at > 0) std::memcpy(to, what.data(), skip_at);
     const std::size_t rest = skip_at + skip;
-    if (rest < what.size()) std::memcpy(to + rest, what.data() + rest, what.size() - rest);
+    if (rest < what.size()) std::memcpy(to + skip_at, what.data() + rest, what.size() - rest);
     a.arrive_and_go(c.net, c.meta, true);
+}
+
+// Where rank `r`'s block of `block` bytes starts in the lines of a scatter's root `root`
+// (`rooted_shm_write` leaves the root's own block out).
+inline std::size_t scatter_shm_offset(int r, int root, std::size_t block) {
+    return static_cast<std::size_t>(r < root ? r : r - 1) * block;
 }
 
 }  // namespace detail
@@ -137,7 +146,10 @@ COROCOLL_DECL task<> scatter_shm(context& c, std::span<const std::byte> in,
         }
         const std::uint64_t s = a.next_step();
         co_await a.arrive(c.net, c.meta, c.deadline, true, root);
-        if (block > 0) std::memcpy(out.data(), a.small(root, s) + mine, block);
+        if (block > 0) {
+            std::memcpy(out.data(), a.small(root, s) + detail::scatter_shm_offset(me, root, block),
+                        block);
+        }
         co_return;
     }
     co_await a.settle(c.net, c.deadline);
