@@ -590,13 +590,15 @@ cc::task<> benchmark(cc::process_group& pg, const config& c) {
                           "caches %s; 2-rank arena thresholds: all_reduce's ring from %zu KiB "
                           "below %zu KiB, all_gather's from %zu KiB below %zu KiB, single-copy "
                           "broadcast by tree from %zu KiB, gather below %zu KiB; broadcast and "
-                          "scatter by one message from %zu B (gather: %zu B) below %zu KiB",
+                          "scatter by one message from %zu B (gather: %zu B) below %zu KiB; "
+                          "3-8 ranks: gather and scatter through the arena below %zu KiB",
                           cc::describe(cc::machine_cache_sizes()).c_str(),
                           t.shm_pair_all_reduce_ring_from >> 10,
                           t.shm_pair_all_reduce_ring_below >> 10, t.shm_pair_ring_from >> 10,
                           t.shm_pair_ring_below >> 10, t.shm_pair_single_copy_tree_from >> 10,
                           t.shm_pair_rooted_below >> 10, t.shm_pair_message_from,
-                          t.shm_pair_gather_message_from, t.shm_pair_message_below >> 10);
+                          t.shm_pair_gather_message_from, t.shm_pair_message_below >> 10,
+                          t.shm_rooted_below >> 10);
             report->comment(line);
             report->comment("");
             report->table(table_columns());

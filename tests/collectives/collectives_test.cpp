@@ -799,9 +799,19 @@ TEST_CASE(
     CHECK(pick(k::reduce, 4096, 8) == coll::algorithm::shm);
     CHECK(pick(k::reduce, 4112, 2) == coll::algorithm::binomial);
     CHECK(pick(k::gather, 256, 8) == coll::algorithm::shm);
-    CHECK(pick(k::gather, 8192, 4) == coll::algorithm::binomial);
     CHECK(pick(k::scatter, 128, 2) == coll::algorithm::shm);
-    CHECK(pick(k::scatter, 1024, 8) == coll::algorithm::binomial);
+    // On 3 to 8 ranks gather and scatter beyond the lines through the arena too, below 1 MiB
+    // in all (as on 2 ranks, half the L2 of the machine measured); by messages from there,
+    // and on more ranks.
+    CHECK(pick(k::gather, 8192, 4) == coll::algorithm::shm);
+    CHECK(pick(k::scatter, 1024, 8) == coll::algorithm::shm);
+    CHECK(pick(k::gather, (std::size_t{128} << 10) - 4, 8) == coll::algorithm::shm);
+    CHECK(pick(k::scatter, (std::size_t{256} << 10) - 4, 4) == coll::algorithm::shm);
+    CHECK(pick(k::gather, (std::size_t{256} << 10) - 4, 3) == coll::algorithm::shm);
+    CHECK(pick(k::gather, std::size_t{256} << 10, 4) == coll::algorithm::linear);
+    CHECK(pick(k::scatter, std::size_t{128} << 10, 8) == coll::algorithm::linear);
+    CHECK(pick(k::gather, 8192, 9) == coll::algorithm::binomial);
+    CHECK(pick(k::scatter, 1024, 9) == coll::algorithm::binomial);
     // On 2 ranks gather through the arena below 1 MiB in all (the gathered buffer, half the
     // 2 MiB L2 of the machine measured), a block of 512 KiB by messages; scatter through the
     // arena at every size.

@@ -139,6 +139,7 @@ TEST_CASE("the L2-bound thresholds follow the L2, to a power of two, within 4x e
         CHECK(t.shm_pair_ring_below == r.ring_below);
         CHECK(t.shm_pair_single_copy_tree_from == r.tree_from);
         CHECK(t.shm_pair_rooted_below == r.tree_from / 2);  // half the L2, scaled alike
+        CHECK(t.shm_rooted_below == r.tree_from / 2);       // on 3 to 8 ranks too
         // Thresholds of TCP and of more than 2 ranks do not depend on a core's L2, nor does
         // the 2-rank all_reduce's window (measured on two CPUs whose L2 differs).
         CHECK(t.all_reduce_ring_bytes == thresholds{}.all_reduce_ring_bytes);

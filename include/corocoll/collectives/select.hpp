@@ -141,6 +141,13 @@ struct thresholds {
     /// half the L2"). Scatter of 2 ranks goes through the arena at every size outside that
     /// window ("Scatter of 2 ranks through the arena at every size").
     std::size_t shm_pair_rooted_below = std::size_t{1} << 20;
+    /// On 3 to 8 ranks gather and scatter beyond the lines go through the arena too (its data
+    /// sets or single copies) below this many bytes in all (the gathered or scattered buffer),
+    /// by messages from there: measured with coll_perf, forced, on 3, 4 and 8 ranks against the
+    /// binomial tree and the linear gather and scatter (docs/performance.md, "Gather and scatter
+    /// of 3 to 8 ranks through the arena below 1 MiB"). Half the L2, as on 2 ranks, and scaled
+    /// with it alike; on more ranks nothing was measured, and messages stay.
+    std::size_t shm_rooted_below = std::size_t{1} << 20;
     /// On 2 ranks, a broadcast or scatter whose one message (the broadcast's buffer, one
     /// block of the scatter) has from this many bytes ...
     std::size_t shm_pair_message_from = std::size_t{512};
@@ -158,13 +165,13 @@ struct thresholds {
     std::size_t shm_pair_message_below = std::size_t{32} << 10;
 
     /// The L2 (per core) of the machine the shared-memory thresholds above were measured on.
-    /// Four of them mark where a 2-rank call's working set (its buffers, the arena's slots,
-    /// the other rank's buffer read through the kernel) outgrows a core's L2:
-    /// `shm_pair_ring_from`, `shm_pair_ring_below`, `shm_pair_single_copy_tree_from` and
-    /// `shm_pair_rooted_below`.
+    /// Five of them mark where a call's working set (its buffers, the arena's slots, the
+    /// other ranks' buffers read through the kernel) outgrows a core's L2:
+    /// `shm_pair_ring_from`, `shm_pair_ring_below`, `shm_pair_single_copy_tree_from`,
+    /// `shm_pair_rooted_below` and `shm_rooted_below`.
     static constexpr std::size_t measured_l2 = std::size_t{2} << 20;
 
-    /// The thresholds for cores with `l2` bytes of L2: the four above scaled by `l2` over
+    /// The thresholds for cores with `l2` bytes of L2: the five above scaled by `l2` over
     /// `measured_l2`, rounded to a power of two and kept between a quarter and four times
     /// (a 512 KiB L2 moves them to 128 KiB, 1 MiB, 512 KiB and 256 KiB); every other one, and
     /// all of them where `l2` is 0 (not known), as measured.

@@ -194,6 +194,7 @@ COROCOLL_DECL thresholds thresholds::for_l2(std::size_t l2) noexcept {
     t.shm_pair_ring_below = scaled(t.shm_pair_ring_below);
     t.shm_pair_single_copy_tree_from = scaled(t.shm_pair_single_copy_tree_from);
     t.shm_pair_rooted_below = scaled(t.shm_pair_rooted_below);
+    t.shm_rooted_below = scaled(t.shm_rooted_below);
     return t;
 }
 
@@ -323,11 +324,14 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
         // "Scatter of 2 ranks through the arena at every size").
         const std::size_t whole = bytes * static_cast<std::size_t>(n);
         const bool pair_gather = n == 2 && whole < t.shm_pair_rooted_below;
+        // On 3 to 8 ranks, gather and scatter by the data sets or single copies below a size.
+        const bool group_rooted = n > 2 && n <= 8 && whole < t.shm_rooted_below;
         if (k == collective_kind::reduce && rooted_shm_fits(bytes)) return algorithm::shm;
-        if (k == collective_kind::gather && (rooted_shm_fits(bytes) || pair_gather)) {
+        if (k == collective_kind::gather &&
+            (rooted_shm_fits(bytes) || pair_gather || group_rooted)) {
             return algorithm::shm;
         }
-        if (k == collective_kind::scatter && (rooted_shm_fits(whole) || n == 2)) {
+        if (k == collective_kind::scatter && (rooted_shm_fits(whole) || n == 2 || group_rooted)) {
             return algorithm::shm;
         }
         if (k == collective_kind::all_to_all && single(bytes / static_cast<std::size_t>(n))) {
