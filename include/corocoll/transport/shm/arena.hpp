@@ -463,13 +463,14 @@ private:
     COROCOLL_DECL bool prepare_futex_sleep(io::reactor& r, int m, std::uint64_t s,
                                            bool& fresh) noexcept;
 
-    // Rank `r`'s lines start here: its places, then its `arena_line` (`lines_offset` and
-    // `places_bytes`, from the counts kept at construction).
+    // Rank `r`'s lines start here (`lines_offset`, from `rank_bytes_`): its places, then its
+    // `arena_line`, the last of its `rank_bytes`.
     std::byte* lines_of(int r) const noexcept {
         return base_ + 128 + static_cast<std::size_t>(r) * rank_bytes_;
     }
     detail::arena_line& line(int r) const noexcept {
-        return *reinterpret_cast<detail::arena_line*>(lines_of(r) + places_bytes_);
+        return *reinterpret_cast<detail::arena_line*>(lines_of(r) + rank_bytes_ -
+                                                      sizeof(detail::arena_line));
     }
     // Rank `r`'s place for step `s`.
     detail::arena_step_line& place(int r, std::uint64_t s) const noexcept {
@@ -498,11 +499,9 @@ private:
     std::size_t bytes_;
     int rank_;
     int size_;
-    // Places per rank (`detail::arena_steps_for(size_)`), bytes of a rank's lines and of its
-    // places (`rank_bytes`, `places_bytes`).
+    // Places per rank (`detail::arena_steps_for(size_)`) and bytes of a rank's lines.
     std::uint64_t steps_;
     std::size_t rank_bytes_;
-    std::size_t places_bytes_;
     std::size_t set_bytes_;
     std::byte* data_;
     std::uint64_t step_;

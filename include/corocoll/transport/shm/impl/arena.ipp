@@ -15,7 +15,6 @@ COROCOLL_DECL shm_arena::shm_arena(void* mapping, std::size_t bytes, int rank)
     set_bytes_ = static_cast<std::size_t>(h->set_bytes);
     steps_ = detail::arena_steps_for(size_);
     rank_bytes_ = rank_bytes(size_);
-    places_bytes_ = places_bytes(size_);
     data_ = base_ + data_offset(size_);
     single_copy_from_ = static_cast<std::size_t>(h->single_copy_from);
     l2_bytes_ = static_cast<std::size_t>(h->l2_bytes);
