@@ -900,6 +900,26 @@ TEST_CASE(
     CHECK(pick_single(k::all_to_all, std::size_t{512} << 10, 2) == coll::algorithm::shm);
     CHECK(pick_single(k::all_to_all, std::size_t{64} << 20, 2) == coll::algorithm::shm);
     CHECK(pick_single(k::all_to_all, std::size_t{256} << 10, 2) == coll::algorithm::pairwise);
+    // On 3 to 8 ranks (scatter's single copies from blocks of 64 KiB, all_to_all's from 24 KiB
+    // by default): scatter through the arena at every size from a block of that size, where
+    // it would go by messages without; all_to_all likewise, where it would take the exchange.
+    auto pick_from = [](k kind, std::size_t bytes, int n, std::size_t from) {
+        return coll::select(kind, bytes, n, {}, {}, nullptr, true, from);
+    };
+    const std::size_t scatter_from = std::size_t{64} << 10, exchange_from = std::size_t{24} << 10;
+    CHECK(pick_from(k::scatter, std::size_t{1} << 20, 4, scatter_from) == coll::algorithm::shm);
+    CHECK(pick_from(k::scatter, std::size_t{1} << 20, 4, 0) == coll::algorithm::linear);
+    CHECK(pick_from(k::scatter, std::size_t{16} << 20, 8, scatter_from) == coll::algorithm::shm);
+    CHECK(pick_from(k::scatter, std::size_t{512} << 10, 3, scatter_from) == coll::algorithm::shm);
+    CHECK(pick_from(k::scatter, std::size_t{32} << 10, 4, scatter_from) == coll::algorithm::shm);
+    CHECK(pick_from(k::scatter, std::size_t{512} << 10, 4, std::size_t{1} << 20) ==
+          coll::algorithm::linear);
+    CHECK(pick_from(k::all_to_all, std::size_t{1} << 20, 4, exchange_from) == coll::algorithm::shm);
+    CHECK(pick_from(k::all_to_all, std::size_t{64} << 20, 3, exchange_from) ==
+          coll::algorithm::shm);
+    CHECK(pick_from(k::all_to_all, std::size_t{1} << 20, 4, 0) == coll::algorithm::pairwise);
+    CHECK(pick_from(k::all_to_all, std::size_t{4} << 20, 8, std::size_t{1} << 20) ==
+          coll::algorithm::pairwise);
 }
 
 TEST_CASE("select: the ring's and the chain's switch points move up with the ranks beyond 8") {
@@ -1066,7 +1086,10 @@ TEST_CASE(
     // ones copy straight from the ranks' buffers, between calls that go through the arena.
     thread_ranks_options o;
     o.limits.shm_arena_bytes = matrix_arena_bytes;
-    for (std::size_t single : {std::size_t{0}, std::size_t{16} << 10})
+    // By default (`automatic_single_copy`) groups of 3 and 5 ranks mix the two: scatter's and
+    // all_to_all's larger blocks by single copies, the other calls through the arena.
+    constexpr std::size_t automatic = cc::transport::engine_options::automatic_single_copy;
+    for (std::size_t single : {std::size_t{0}, std::size_t{16} << 10, automatic})
         for (int n : {2, 3, 5}) {
             CAPTURE(n);
             CAPTURE(single);
@@ -1074,9 +1097,15 @@ TEST_CASE(
             check_every_rank_ok(run_threads(
                 n,
                 [single](cc::process_group& pg) -> cc::task<> {
-                    if (pg.arena_single_copy_from() != single) {
-                        throw std::runtime_error("single copies from " +
-                                                 std::to_string(pg.arena_single_copy_from()));
+                    for (auto k :
+                         {coll::collective_kind::broadcast, coll::collective_kind::all_gather,
+                          coll::collective_kind::gather, coll::collective_kind::scatter,
+                          coll::collective_kind::all_to_all}) {
+                        if (single != automatic && pg.arena_single_copy_from(k) != single) {
+                            throw std::runtime_error(std::string(coll::kind_name(k)) +
+                                                     ": single copies from " +
+                                                     std::to_string(pg.arena_single_copy_from(k)));
+                        }
                     }
                     int n = pg.size(), r = pg.rank();
                     for (auto k :
@@ -1144,6 +1173,50 @@ TEST_CASE(
                 },
                 o));
         }
+}
+
+TEST_CASE(
+    "shm arena: single copies by default: every call from 16 KiB on 2 ranks; scatter from "
+    "64 KiB and all_to_all from 24 KiB blocks on 3 to 8 ranks; none beyond") {
+    // Measured (docs/performance.md, "Single copies of scatter and all_to_all on 3 to 8
+    // ranks"): on more than 2 ranks broadcast, gather and all_gather were slower by single
+    // copies, scatter and all_to_all faster from those blocks. Groups of 2 ranks made none of
+    // either before.
+    using k = coll::collective_kind;
+    const std::size_t kib = 1024;
+    struct expected {
+        int n;
+        std::size_t broadcast, all_gather, gather, scatter, all_to_all;
+    };
+    for (const expected& e :
+         {expected{2, 16 * kib, 16 * kib, 16 * kib, 16 * kib, 16 * kib},
+          expected{3, 0, 0, 0, 64 * kib, 24 * kib}, expected{4, 0, 0, 0, 64 * kib, 24 * kib},
+          expected{8, 0, 0, 0, 64 * kib, 24 * kib}, expected{9, 0, 0, 0, 0, 0}}) {
+        CAPTURE(e.n);
+        thread_ranks_options o;
+        o.limits.shm_arena_bytes = matrix_arena_bytes;
+        std::vector<std::size_t> got(6, 1);
+        check_every_rank_ok(run_threads(
+            e.n,
+            [&got](cc::process_group& pg) -> cc::task<> {
+                if (pg.rank() == pg.size() - 1) {
+                    if (!pg.has_arena()) throw std::runtime_error("no arena");
+                    int i = 0;
+                    for (k kind : {k::broadcast, k::all_gather, k::gather, k::scatter,
+                                   k::all_to_all, k::all_reduce}) {
+                        got[static_cast<std::size_t>(i++)] = pg.arena_single_copy_from(kind);
+                    }
+                }
+                co_return;
+            },
+            o));
+        CHECK(got[0] == e.broadcast);
+        CHECK(got[1] == e.all_gather);
+        CHECK(got[2] == e.gather);
+        CHECK(got[3] == e.scatter);
+        CHECK(got[4] == e.all_to_all);
+        CHECK(got[5] == 0);  // all_reduce makes none
+    }
 }
 
 TEST_CASE(

@@ -630,8 +630,9 @@ TEST_CASE(
     // others find its process gone in the middle of a copy, or its channel closed.
     kill_rank_2_during(
         [](cc::process_group& pg, std::vector<float>& v) -> cc::task<> {
-            if (pg.arena_single_copy_from() == 0 ||
-                pg.arena_single_copy_from() > v.size() * sizeof(float)) {
+            const auto from =
+                pg.arena_single_copy_from(cc::collectives::collective_kind::broadcast);
+            if (from == 0 || from > v.size() * sizeof(float)) {
                 throw std::logic_error("the broadcast would not copy straight from the root");
             }
             co_await pg.broadcast(v, 2);

@@ -36,12 +36,13 @@ constexpr bool rooted_shm_fits(std::size_t bytes) noexcept {
     return bytes <= transport::shm_arena::line_bytes;
 }
 
-/// Whether gather_shm and scatter_shm carry blocks of `block` bytes (`lines`: what one rank
-/// writes for a step's lines): in the lines, by single copies, or in pieces of a slot (none
-/// where a slot is empty: many thousands of ranks on a small arena; the callers go by messages).
-inline bool rooted_shm_carries(const transport::shm_arena& a, std::size_t lines,
-                               std::size_t block) noexcept {
-    return rooted_shm_fits(lines) || a.single_copy(block) || a.slot_bytes() > 0;
+/// Whether gather_shm and scatter_shm (`u`) carry blocks of `block` bytes (`lines`: what one
+/// rank writes for a step's lines): in the lines, by single copies, or in pieces of a slot
+/// (none where a slot is empty: many thousands of ranks on a small arena; the callers go by
+/// messages).
+inline bool rooted_shm_carries(const transport::shm_arena& a, transport::single_copy_use u,
+                               std::size_t lines, std::size_t block) noexcept {
+    return rooted_shm_fits(lines) || a.single_copy(u, block) || a.slot_bytes() > 0;
 }
 
 /// `data` of rank `root` gets the reduction over every rank's `data`, in rank order; the

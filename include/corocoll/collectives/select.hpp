@@ -239,7 +239,7 @@ private:
 /// hierarchical algorithm wherever the collective has one, at every size. A group with a
 /// shared arena (`arena`: all its ranks share one host's memory) gets the shared-memory
 /// algorithms, but where `thresholds` says otherwise; `single_copy_from` is the arena's
-/// (`process_group::arena_single_copy_from`, 0: none), which changes where they win.
+/// (`process_group::arena_single_copy_from` of the kind, 0: none), which changes where they win.
 COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
                                const algorithm_choice& choice, const thresholds& t = {},
                                const topology* hosts = nullptr, bool arena = false,

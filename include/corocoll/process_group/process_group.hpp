@@ -168,13 +168,12 @@ public:
     /// pair talks through shared memory, so all_reduce, broadcast and all_gather may run the
     /// shared-memory algorithms (`collectives::algorithm::shm`; see transport/shm/arena.hpp).
     bool has_arena() const noexcept { return arena_ != nullptr; }
-    /// From how many bytes (a broadcast's buffer, an all_gather's block) this group's arena
-    /// copies straight between the ranks' buffers (process_vm_readv); 0: never (no arena,
-    /// single copies off, or some rank may not read another's memory). See
-    /// `transport::engine_options::shm_arena_single_copy_bytes`.
-    std::size_t arena_single_copy_from() const noexcept {
-        return arena_ && arena_->single_copies() ? arena_->single_copy_from() : 0;
-    }
+    /// From how many bytes of the buffer one rank brings (a broadcast's; one block of an
+    /// all_gather, gather, scatter or all_to_all) this group's arena makes calls of kind `k`
+    /// copy straight between the ranks' buffers (process_vm_readv); 0: never (no arena, a
+    /// kind that makes none, single copies off for it, or some rank may not read another's
+    /// memory). See `transport::engine_options::shm_arena_single_copy_bytes`.
+    COROCOLL_DECL std::size_t arena_single_copy_from(collectives::collective_kind k) const noexcept;
     /// The sizes at which this group's choice of algorithm changes: those that depend on a
     /// core's L2 follow the L2 of rank 0's machine where the group has an arena, of this one
     /// elsewhere (`collectives::thresholds::for_l2`, `machine_cache_sizes`).

@@ -106,15 +106,17 @@ struct engine_options {
     /// up to 8 ranks, 33 KiB beyond: `shm_arena::rank_bytes`). 0: no arena (no shared-memory
     /// collectives).
     std::size_t shm_arena_bytes = std::size_t{1} << 20;
-    /// `shm_arena_single_copy_bytes`' default: 16 KiB in a group of 2 ranks, never in a
-    /// larger one, where single copies measured slower (docs/performance.md, "Why the
-    /// defaults").
+    /// `shm_arena_single_copy_bytes`' default, by the group's size and the call: every call
+    /// from 16 KiB in a group of 2 ranks; in groups of 3 to 8, scatter from blocks of 64 KiB
+    /// and all_to_all from blocks of 24 KiB, the others never (measured slower there); none
+    /// beyond 8 ranks (docs/performance.md, "Why the defaults" and "Single copies of scatter
+    /// and all_to_all on 3 to 8 ranks"; transport::detail::single_copy_from_for).
     static constexpr std::size_t automatic_single_copy = ~std::size_t{0};
-    /// From this many bytes (of the buffer a rank brings: a broadcast's, one all_gather
-    /// block) the arena's broadcast and all_gather copy straight from the other ranks' buffers
-    /// (process_vm_readv, one copy instead of two through the arena), where every rank may
-    /// read every other's memory (probed at set-up). Rank 0's value holds for the group.
-    /// 0: never; `automatic_single_copy`: by the group's size.
+    /// From this many bytes (of the buffer a rank brings: a broadcast's, one block of an
+    /// all_gather, gather, scatter or all_to_all) the arena's calls copy straight from the
+    /// other ranks' buffers (process_vm_readv, one copy instead of two through the arena),
+    /// where every rank may read every other's memory (probed at set-up). Rank 0's value holds
+    /// for the group. 0: never; `automatic_single_copy`: by the group's size and the call.
     std::size_t shm_arena_single_copy_bytes = automatic_single_copy;
     /// A rank that waits on a shared-memory channel and has polled for its busy-poll time
     /// sleeps in its ring on an io_uring futex wait, which the peer ends with one FUTEX_WAKE,

@@ -17,7 +17,7 @@ COROCOLL_DECL task<> all_gather_shm(context& c, std::span<std::byte> out,
     co_await a.settle(c.net, c.deadline);
     a.declare(c.meta);
     auto at = [](int r) { return static_cast<std::size_t>(r); };
-    if (a.single_copy(block)) {
+    if (a.single_copy(transport::single_copy_use::all_gather, block)) {
         co_await gather_single_copies(c, in, 0, in, out);
         co_return;
     }

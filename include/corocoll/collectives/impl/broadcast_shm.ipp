@@ -11,7 +11,8 @@ namespace collectives {
 COROCOLL_DECL task<> broadcast_shm(context& c, std::span<std::byte> data, int root) {
     transport::shm_arena& a = *c.arena;
     const bool is_root = a.rank() == root;
-    if (data.size() <= transport::shm_arena::line_bytes && !a.single_copy(data.size())) {
+    if (data.size() <= transport::shm_arena::line_bytes &&
+        !a.single_copy(transport::single_copy_use::broadcast, data.size())) {
         // In the root's lines, which it may write again before every reader is done with
         // the last call's (settle_lines): a loop of small broadcasts runs as a queue.
         co_await a.settle_lines(c.net, c.meta, c.deadline);
@@ -29,7 +30,7 @@ COROCOLL_DECL task<> broadcast_shm(context& c, std::span<std::byte> data, int ro
     }
     co_await a.settle(c.net, c.deadline);
     a.declare(c.meta);
-    if (a.single_copy(data.size())) {
+    if (a.single_copy(transport::single_copy_use::broadcast, data.size())) {
         const std::uint64_t s = a.next_step();
         if (!is_root) {
             co_await a.arrive(c.net, c.meta, c.deadline, true, root);

@@ -93,7 +93,8 @@ COROCOLL_DECL task<> all_gather(context& c, algorithm a, const topology& hosts,
 
 COROCOLL_DECL task<> gather(context& c, algorithm a, std::span<const std::byte> in,
                             std::span<std::byte> out, int root) {
-    if (a == algorithm::shm && rooted_shm_carries(*c.arena, in.size(), in.size())) {
+    if (a == algorithm::shm &&
+        rooted_shm_carries(*c.arena, transport::single_copy_use::gather, in.size(), in.size())) {
         return gather_shm(c, in, out, root);
     }
     if (a == algorithm::linear) return gather_linear(c, in, out, root);
@@ -103,7 +104,8 @@ COROCOLL_DECL task<> gather(context& c, algorithm a, std::span<const std::byte> 
 COROCOLL_DECL task<> scatter(context& c, algorithm a, std::span<const std::byte> in,
                              std::span<std::byte> out, int root) {
     if (a == algorithm::shm &&
-        rooted_shm_carries(*c.arena, out.size() * static_cast<std::size_t>(c.size()), out.size())) {
+        rooted_shm_carries(*c.arena, transport::single_copy_use::scatter,
+                           out.size() * static_cast<std::size_t>(c.size()), out.size())) {
         return scatter_shm(c, in, out, root);
     }
     if (a == algorithm::linear) return scatter_linear(c, in, out, root);

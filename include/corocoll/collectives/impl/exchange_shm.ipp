@@ -75,7 +75,7 @@ COROCOLL_DECL task<> all_to_all_shm(context& c, std::span<std::byte> out,
     const int n = a.size(), me = a.rank();
     const auto at = [](int r) { return static_cast<std::size_t>(r); };
     const std::size_t block = out.size() / at(n);
-    if (block == 0 || !a.single_copy(block)) {
+    if (block == 0 || !a.single_copy(transport::single_copy_use::all_to_all, block)) {
         co_await detail::exchange_shm(
             c, in, block, 1, [out, n, block](std::size_t off, std::size_t len, auto from) {
                 for (int r = 0; r < n; ++r) {

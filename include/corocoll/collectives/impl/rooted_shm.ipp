@@ -65,7 +65,7 @@ COROCOLL_DECL task<> gather_shm(context& c, std::span<const std::byte> in, std::
     const int n = a.size(), me = a.rank();
     const std::size_t block = in.size();
     auto at = [block](int r) { return static_cast<std::size_t>(r) * block; };
-    if (rooted_shm_fits(block) && !a.single_copy(block)) {
+    if (rooted_shm_fits(block) && !a.single_copy(transport::single_copy_use::gather, block)) {
         co_await a.settle_lines(c.net, c.meta, c.deadline);
         if (me != root) a.will_go_on(c.net, c.meta);
         a.declare(c.meta);
@@ -82,7 +82,7 @@ COROCOLL_DECL task<> gather_shm(context& c, std::span<const std::byte> in, std::
     }
     co_await a.settle(c.net, c.deadline);
     a.declare(c.meta);
-    if (a.single_copy(block)) {
+    if (a.single_copy(transport::single_copy_use::gather, block)) {
         // The others offer their blocks and wait for the root alone at a second step, which
         // it reaches once it has copied every block straight from their buffers.
         const std::uint64_t s = a.next_step();
@@ -135,7 +135,8 @@ COROCOLL_DECL task<> scatter_shm(context& c, std::span<const std::byte> in,
     const std::size_t block = out.size();
     const std::size_t mine = static_cast<std::size_t>(me) * block;
     const bool is_root = me == root;
-    if (rooted_shm_fits(block * static_cast<std::size_t>(n)) && !a.single_copy(block)) {
+    if (rooted_shm_fits(block * static_cast<std::size_t>(n)) &&
+        !a.single_copy(transport::single_copy_use::scatter, block)) {
         co_await a.settle_lines(c.net, c.meta, c.deadline);
         if (is_root) a.will_go_on(c.net, c.meta);
         a.declare(c.meta);
@@ -154,7 +155,7 @@ COROCOLL_DECL task<> scatter_shm(context& c, std::span<const std::byte> in,
     }
     co_await a.settle(c.net, c.deadline);
     a.declare(c.meta);
-    if (a.single_copy(block)) {
+    if (a.single_copy(transport::single_copy_use::scatter, block)) {
         // The root offers its buffer; every other rank copies its block straight from it,
         // then arrives at a second step, at which the root waits for all.
         const std::uint64_t s = a.next_step();

@@ -287,7 +287,8 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
         };
         const bool pair_ring = pair_window(t.shm_pair_ring_from, t.shm_pair_ring_below);
         // Whether the arena's call copies straight from the ranks' buffers (the buffer one
-        // rank offers: a broadcast's, one all_gather block).
+        // rank offers: a broadcast's, one block of the others; `single_copy_from` is this
+        // kind's).
         auto single = [&](std::size_t offered) {
             return single_copy_from > 0 && offered >= single_copy_from;
         };
@@ -324,14 +325,17 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
         // "Scatter of 2 ranks through the arena at every size").
         const std::size_t whole = bytes * static_cast<std::size_t>(n);
         const bool pair_gather = n == 2 && whole < t.shm_pair_rooted_below;
-        // On 3 to 8 ranks, gather and scatter by the data sets or single copies below a size.
+        // On 3 to 8 ranks, gather and scatter by the data sets or single copies below a size;
+        // scatter by single copies at every size from their block (docs/performance.md,
+        // "Single copies of scatter and all_to_all on 3 to 8 ranks").
         const bool group_rooted = n > 2 && n <= 8 && whole < t.shm_rooted_below;
         if (k == collective_kind::reduce && rooted_shm_fits(bytes)) return algorithm::shm;
         if (k == collective_kind::gather &&
             (rooted_shm_fits(bytes) || pair_gather || group_rooted)) {
             return algorithm::shm;
         }
-        if (k == collective_kind::scatter && (rooted_shm_fits(whole) || n == 2 || group_rooted)) {
+        if (k == collective_kind::scatter &&
+            (rooted_shm_fits(whole) || n == 2 || group_rooted || single(bytes))) {
             return algorithm::shm;
         }
         if (k == collective_kind::all_to_all && single(bytes / static_cast<std::size_t>(n))) {

@@ -58,10 +58,31 @@ COROCOLL_DECL std::vector<work<int>> process_group::batch_isend_irecv(
     return out;
 }
 
+COROCOLL_DECL std::size_t process_group::arena_single_copy_from(
+    collectives::collective_kind k) const noexcept {
+    if (!arena_ || !arena_->single_copies()) return 0;
+    using collectives::collective_kind;
+    using transport::single_copy_use;
+    switch (k) {
+        case collective_kind::broadcast:
+            return arena_->single_copy_from(single_copy_use::broadcast);
+        case collective_kind::all_gather:
+            return arena_->single_copy_from(single_copy_use::all_gather);
+        case collective_kind::gather:
+            return arena_->single_copy_from(single_copy_use::gather);
+        case collective_kind::scatter:
+            return arena_->single_copy_from(single_copy_use::scatter);
+        case collective_kind::all_to_all:
+            return arena_->single_copy_from(single_copy_use::all_to_all);
+        default:
+            return 0;
+    }
+}
+
 COROCOLL_DECL collectives::algorithm process_group::choose(collectives::collective_kind k,
                                                            std::size_t bytes) const {
     auto a = collectives::select(k, bytes, size(), algorithms_, thresholds_, &topology_,
-                                 has_arena(), arena_single_copy_from());
+                                 has_arena(), arena_single_copy_from(k));
     if (a == collectives::algorithm::shm && !has_arena()) {
         throw std::invalid_argument(
             prefix(collectives::kind_name(k)) +

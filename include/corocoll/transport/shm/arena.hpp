@@ -86,6 +86,13 @@ COROCOLL_BEGIN_NAMESPACE
 
 namespace transport {
 
+/// The calls whose single copies (shm_arena::single_copy) start at a size of their own: a
+/// broadcast copies the root's buffer, all_gather every rank's block, gather the others'
+/// blocks at the root, scatter each rank's block from the root, all_to_all each rank's block
+/// from every other.
+enum class single_copy_use : std::uint8_t { broadcast, all_gather, gather, scatter, all_to_all };
+inline constexpr std::size_t single_copy_uses = 5;
+
 namespace detail {
 
 /// "CCARENA1": the first word of an arena.
@@ -97,8 +104,9 @@ struct arena_header {
     std::uint64_t probe = 0;  // the creator's nonce: proves that a rank maps this memory
     std::uint64_t ranks = 0;
     std::uint64_t set_bytes = 0;  // bytes of each of the two data sets
-    // The creator's `single_copy_from` (see shm_arena::single_copy): one value for the group.
-    std::uint64_t single_copy_from = 0;
+    // The creator's sizes from which each use copies straight from the ranks' buffers (see
+    // shm_arena::single_copy; by single_copy_use, 0: never): one set for the group.
+    std::uint64_t single_copy_from[single_copy_uses] = {};
     // The creator's L2 in bytes (machine_cache_sizes; 0: not known), from which every rank
     // derives the group's size thresholds alike (collectives::thresholds::for_l2).
     std::uint64_t l2_bytes = 0;
@@ -224,22 +232,30 @@ public:
         return set_bytes_ / static_cast<std::size_t>(size_) / 64 * 64;
     }
 
-    /// Whether a call of `bytes` bytes (of the buffer one rank offers) copies straight from
-    /// the ranks' own buffers (process_vm_readv: one copy, none through the arena): when every
-    /// rank found at set-up that it may read every other's memory (`allow_single_copy`) and
-    /// `bytes` is at least the group's `single_copy_from` (rank 0's
-    /// `engine_options::shm_arena_single_copy_bytes`, kept in the arena, so that every rank
-    /// decides alike; 0: never).
-    bool single_copy(std::size_t bytes) const noexcept {
-        return single_copies() && bytes >= single_copy_from_;
+    /// Whether a call of `bytes` bytes (of the buffer one rank offers) of use `u` copies
+    /// straight from the ranks' own buffers (process_vm_readv: one copy, none through the
+    /// arena): when every rank found at set-up that it may read every other's memory
+    /// (`allow_single_copy`) and `bytes` is at least the group's `single_copy_from(u)` (rank
+    /// 0's, derived from `engine_options::shm_arena_single_copy_bytes` and the group's size
+    /// by `detail::single_copy_from_for`, kept in the arena, so that every rank decides alike;
+    /// 0: never).
+    bool single_copy(single_copy_use u, std::size_t bytes) const noexcept {
+        const std::size_t from = single_copy_from(u);
+        return single_copy_allowed_ && from > 0 && bytes >= from;
     }
-    /// Whether calls of some size copy straight between the ranks' buffers (`single_copy`).
-    bool single_copies() const noexcept { return single_copy_allowed_ && single_copy_from_ > 0; }
+    /// Whether calls of some use and size copy straight between the ranks' buffers.
+    bool single_copies() const noexcept {
+        bool any = false;
+        for (std::size_t from : single_copy_from_) any = any || from > 0;
+        return single_copy_allowed_ && any;
+    }
     /// Every rank may read every other's memory (found at set-up): see `single_copy`.
     void allow_single_copy() noexcept { single_copy_allowed_ = true; }
-    /// The group's size from which calls copy straight between the ranks' buffers, when
-    /// allowed (0: never).
-    std::size_t single_copy_from() const noexcept { return single_copy_from_; }
+    /// The group's size from which calls of use `u` copy straight between the ranks'
+    /// buffers, when allowed (0: never).
+    std::size_t single_copy_from(single_copy_use u) const noexcept {
+        return single_copy_from_[static_cast<std::size_t>(u)];
+    }
     /// The L2 of rank 0's cores (bytes, 0: not known), kept in the arena so that every rank
     /// derives the same size thresholds from it.
     std::size_t l2_bytes() const noexcept { return l2_bytes_; }
@@ -517,7 +533,7 @@ private:
     std::vector<std::uint64_t> seen_steps_;
     // The ranks a suspended step still waits for (what a status answer lists); sized once.
     std::vector<int> missing_;
-    std::size_t single_copy_from_ = 0;
+    std::size_t single_copy_from_[single_copy_uses] = {};
     std::size_t l2_bytes_ = 0;
     bool single_copy_allowed_ = false;
     bool backward_ = false;

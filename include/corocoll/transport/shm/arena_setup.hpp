@@ -7,6 +7,7 @@
 #include <corocoll/core/task.hpp>
 #include <corocoll/io/reactor.hpp>
 #include <corocoll/rendezvous/store.hpp>
+#include <corocoll/transport/options.hpp>
 #include <corocoll/transport/shm/arena.hpp>
 #include <corocoll/transport/shm/setup.hpp>
 #include <corocoll/transport/tcp/mesh.hpp>
@@ -23,10 +24,20 @@ COROCOLL_BEGIN_NAMESPACE
 namespace transport {
 namespace detail {
 
+// The size from which use `u` copies straight from the ranks' buffers in an arena of `ranks`
+// ranks (shm_arena::single_copy; 0: never), given `engine_options::shm_arena_single_copy_bytes`
+// (`option`): that value for every use, or where it is `automatic_single_copy`, what measured
+// faster (docs/performance.md, "Single copies of scatter and all_to_all on 3 to 8 ranks"):
+// every use from 16 KiB on 2 ranks; on 3 to 8 ranks scatter's blocks from 64 KiB and
+// all_to_all's from 24 KiB (broadcast, gather and all_gather measured slower there), none
+// beyond 8 ranks (not measured).
+COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std::size_t option);
+
 // A fresh arena for `ranks` ranks with data sets of `set_bytes`, with `nonce`, the
-// group's `single_copy_from` (see shm_arena::single_copy) and this core's L2 (`l2_bytes`) in it.
+// group's single-copy sizes (`single_copy_from_for` of `single_copy_bytes`, see
+// shm_arena::single_copy) and this core's L2 (`l2_bytes`) in it.
 COROCOLL_DECL mapping create_arena(int ranks, std::size_t set_bytes, std::uint64_t nonce,
-                                   std::size_t single_copy_from, std::size_t l2_bytes,
+                                   std::size_t single_copy_bytes, std::size_t l2_bytes,
                                    fd_guard& memfd);
 
 // Maps the arena rank 0 passed; empty with `why` when it is not what `intro` says.

@@ -16,7 +16,9 @@ COROCOLL_DECL shm_arena::shm_arena(void* mapping, std::size_t bytes, int rank)
     steps_ = detail::arena_steps_for(size_);
     rank_bytes_ = rank_bytes(size_);
     data_ = base_ + data_offset(size_);
-    single_copy_from_ = static_cast<std::size_t>(h->single_copy_from);
+    for (std::size_t u = 0; u < single_copy_uses; ++u) {
+        single_copy_from_[u] = static_cast<std::size_t>(h->single_copy_from[u]);
+    }
     l2_bytes_ = static_cast<std::size_t>(h->l2_bytes);
     step_ = 0;
     for (std::uint64_t k = 0; k < steps_; ++k) {

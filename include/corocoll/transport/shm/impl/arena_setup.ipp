@@ -9,8 +9,22 @@ COROCOLL_BEGIN_NAMESPACE
 namespace transport {
 namespace detail {
 
+COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std::size_t option) {
+    if (option != engine_options::automatic_single_copy) return option;
+    if (ranks == 2) return std::size_t{16} << 10;
+    if (ranks > 8) return 0;
+    switch (u) {
+        case single_copy_use::scatter:
+            return std::size_t{64} << 10;
+        case single_copy_use::all_to_all:
+            return std::size_t{24} << 10;
+        default:
+            return 0;
+    }
+}
+
 COROCOLL_DECL mapping create_arena(int ranks, std::size_t set_bytes, std::uint64_t nonce,
-                                   std::size_t single_copy_from, std::size_t l2_bytes,
+                                   std::size_t single_copy_bytes, std::size_t l2_bytes,
                                    fd_guard& memfd) {
     mapping m =
         create_shared("corocoll-arena", shm_arena::bytes_for(ranks, set_bytes), "arena", memfd);
@@ -18,7 +32,10 @@ COROCOLL_DECL mapping create_arena(int ranks, std::size_t set_bytes, std::uint64
     h->probe = nonce;
     h->ranks = static_cast<std::uint64_t>(ranks);
     h->set_bytes = set_bytes;
-    h->single_copy_from = single_copy_from;
+    for (std::size_t u = 0; u < single_copy_uses; ++u) {
+        h->single_copy_from[u] =
+            single_copy_from_for(static_cast<single_copy_use>(u), ranks, single_copy_bytes);
+    }
     h->l2_bytes = l2_bytes;
     const std::uint64_t steps = arena_steps_for(ranks);
     for (int k = 0; k < ranks; ++k) {
@@ -72,9 +89,8 @@ COROCOLL_DECL task<> share_arena(io::reactor& r, rendezvous::store& store, int r
             intro.nonce = fresh_nonce();
             std::size_t set = (arena_bytes + 4095) & ~std::size_t{4095};
             try {
-                std::size_t single = arena_single_copy_bytes;
-                if (single == ~std::size_t{0}) single = size == 2 ? std::size_t{16} << 10 : 0;
-                map = create_arena(size, set, intro.nonce, single, machine_cache_sizes().l2, memfd);
+                map = create_arena(size, set, intro.nonce, arena_single_copy_bytes,
+                                   machine_cache_sizes().l2, memfd);
                 intro.map_bytes = map.bytes;
             } catch (const std::system_error& e) {
                 why = e.what();
