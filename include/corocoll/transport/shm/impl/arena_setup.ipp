@@ -11,7 +11,7 @@ namespace detail {
 
 COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std::size_t option) {
     if (option != engine_options::automatic_single_copy) return option;
-    if (ranks == 2) return std::size_t{16} << 10;
+    if (ranks == 2) return (u == single_copy_use::all_gather ? std::size_t{8} : 16) << 10;
     if (ranks > 8) return 0;
     switch (u) {
         case single_copy_use::scatter:
