@@ -301,3 +301,37 @@ TEST_CASE("the job token never appears in the packets of a 3-rank set-up") {
     // ...and no token.
     CHECK_FALSE(contains(packets, token));
 }
+
+TEST_CASE("a lower rank that goes away before its channel verdict is named by the higher one") {
+    // Found by failure_test's "a rank killed while its group makes subgroups" on TCP: the
+    // highest rank failed with "recv from 127.0.0.1:43003 after 0 of 16 bytes: connection
+    // closed by peer", naming neither the rank nor the step. Here rank 0 is the test's: it
+    // connects and publishes its record as set-up does, then closes its sockets instead of
+    // telling rank 1 whether it offers shared memory (set-up's phase 4).
+    cc::rendezvous::tcp_store_server server(cc::io::endpoint::loopback(0));
+    std::string error;
+    auto errors = run_ranks(2, [&](int rank, cc::io::reactor& r) -> cc::task<> {
+        auto store = co_await cc::rendezvous::tcp_store::connect(r, server.local_endpoint(), 10s);
+        auto mo = mesh_with("", 10s);
+        tr::engine_options eo;
+        eo.transport = tr::transport_choice::tcp;
+        if (rank == 0) {
+            auto socks = co_await tr::connect_mesh(r, *store, 0, 2, mo);
+            // Its record as set-up's phase 2 writes it: TCP, no shared memory.
+            co_await store->set("mesh/shm/0", "tcp - - - -");
+            socks[1].close();
+            co_return;
+        }
+        try {
+            co_await tr::connect_channels(r, *store, 1, 2, mo, eo, nullptr, nullptr, nullptr);
+        } catch (const std::system_error& e) {
+            error = e.what();
+        }
+    });
+    check_every_rank_ok(errors);
+    CAPTURE(error);
+    CHECK(contains(error, "rank 1"));
+    CHECK(contains(error, "rank 0"));
+    CHECK(contains(error, "verdict"));
+    CHECK(contains(error, "connection closed"));
+}

@@ -38,7 +38,9 @@
 #include <corocoll/version.hpp>
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <system_error>
 #include <vector>
 
 COROCOLL_BEGIN_NAMESPACE

@@ -93,6 +93,15 @@ COROCOLL_DECL std::vector<pair_plan> plan_pairs(int rank, int size, const own_re
     return plan;
 }
 
+// A verdict that did not go or come (phases 4 and 5): the peer went away, or the deadline
+// passed; the error names both ranks and the step.
+inline std::system_error verdict_error(const std::system_error& e, int rank, int peer,
+                                       const char* doing) {
+    return std::system_error(e.code(), "corocoll: init: rank " + std::to_string(rank) + " " +
+                                           doing + " rank " + std::to_string(peer) + ": " +
+                                           corocoll::detail::context_of(e));
+}
+
 // Phase 4, the lower side: offers a segment to every higher candidate, then tells each its
 // verdict over their TCP socket.
 COROCOLL_DECL task<> offer_segments(io::reactor& r, std::vector<io::socket>& socks, int rank,
@@ -112,8 +121,14 @@ COROCOLL_DECL task<> offer_segments(io::reactor& r, std::vector<io::socket>& soc
             pl.why = std::move(o.why);
         }
         // Connections on first use: only candidates are connected at set-up.
-        if (socks[slot(q)].is_open())
+        if (!socks[slot(q)].is_open()) continue;
+        std::optional<std::system_error> failed;
+        try {
             co_await socks[slot(q)].send(std::as_bytes(std::span(&v, 1)), mo.deadline);
+        } catch (const std::system_error& e) {
+            failed = e;
+        }
+        if (failed) throw verdict_error(*failed, rank, q, "sending its shared-memory verdict to");
     }
 }
 
@@ -124,7 +139,13 @@ COROCOLL_DECL task<int> read_verdicts(std::vector<io::socket>& socks, int rank,
     for (int p = 0; p < rank; ++p) {
         if (!socks[slot(p)].is_open()) continue;  // connects on first use, no candidate
         shm_verdict v;
-        co_await socks[slot(p)].recv(std::as_writable_bytes(std::span(&v, 1)), mo.deadline);
+        std::optional<std::system_error> failed;
+        try {
+            co_await socks[slot(p)].recv(std::as_writable_bytes(std::span(&v, 1)), mo.deadline);
+        } catch (const std::system_error& e) {
+            failed = e;
+        }
+        if (failed) throw verdict_error(*failed, rank, p, "reading the shared-memory verdict of");
         if (v.magic != shm_verdict{}.magic) {
             corocoll::detail::throw_error(
                 corocoll::errc::protocol_error,
