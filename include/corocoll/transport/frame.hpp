@@ -20,8 +20,9 @@ inline constexpr std::uint32_t frame_magic = 0x4c4f4343;
 /// Bumped whenever the frame layout or the meaning of a field changes, or the layout of what
 /// peers share (version 5: the shared-memory rings' records, shm/segment.hpp); peers with
 /// different versions refuse each other at connection time. Version 6: an abort notice says
-/// what kind of failure it reports (`failure_cause`, in `dtype`).
-inline constexpr std::uint16_t protocol_version = 6;
+/// what kind of failure it reports (`failure_cause`, in `dtype`). Version 7: the shared
+/// arena's header holds a single-copy size per kind of call (shm/arena.hpp, `arena_header`).
+inline constexpr std::uint16_t protocol_version = 7;
 
 enum class frame_kind : std::uint8_t {
     hello = 1,       ///< first frame on a connection: who is calling, for which group
