@@ -38,7 +38,6 @@
 #include <corocoll/version.hpp>
 
 #include <memory>
-#include <optional>
 #include <string>
 #include <system_error>
 #include <vector>

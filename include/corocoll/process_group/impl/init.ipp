@@ -251,19 +251,18 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
             if (co_await group_store->add("mesh/arena_reads", 0) == size)
                 arena->allow_single_copy();
             std::string copies;
-            const char* const uses[] = {"broadcast", "all_gather", "gather", "scatter",
-                                        "all_to_all"};
-            static_assert(std::size(uses) == transport::single_copy_uses);
-            for (std::size_t u = 0; u < transport::single_copy_uses; ++u) {
-                std::size_t from =
-                    arena->single_copy_from(static_cast<transport::single_copy_use>(u));
-                if (from == 0) continue;
-                copies += std::string(copies.empty() ? "" : ", ") + uses[u] + " from " +
-                          std::to_string(from >> 10) + " KiB";
+            for (std::size_t k = 0; k < transport::single_copy_uses; ++k) {
+                const auto u = static_cast<transport::single_copy_use>(k);
+                if (std::size_t from = arena->single_copy_from(u); from > 0) {
+                    copies += std::string(copies.empty() ? "" : ", ") +
+                              transport::single_copy_use_name(u) + " from " +
+                              std::to_string(from >> 10) + " KiB";
+                }
             }
-            copies = copies.empty()            ? "; no single copies (off)"
-                     : !arena->single_copies() ? "; no single copies (process_vm_readv refused)"
-                                               : "; single copies of " + copies;
+            copies = copies.empty() ? "; no single copies (off)"
+                     : !arena->single_copy_allowed()
+                         ? "; no single copies (process_vm_readv refused)"
+                         : "; single copies of " + copies;
             COROCOLL_LOG(info, "INIT", "group '", name, "': a shared-memory arena of 2 x ",
                          arena->set_bytes() >> 10, " KiB (the collectives through shared memory",
                          copies, "); size thresholds from rank 0's L2 of ", arena->l2_bytes() >> 10,

@@ -60,9 +60,9 @@ COROCOLL_DECL std::vector<work<int>> process_group::batch_isend_irecv(
 
 COROCOLL_DECL std::size_t process_group::arena_single_copy_from(
     collectives::collective_kind k) const noexcept {
-    if (!arena_ || !arena_->single_copies()) return 0;
     using collectives::collective_kind;
     using transport::single_copy_use;
+    if (!arena_ || !arena_->single_copy_allowed()) return 0;
     switch (k) {
         case collective_kind::broadcast:
             return arena_->single_copy_from(single_copy_use::broadcast);
@@ -75,7 +75,7 @@ COROCOLL_DECL std::size_t process_group::arena_single_copy_from(
         case collective_kind::all_to_all:
             return arena_->single_copy_from(single_copy_use::all_to_all);
         default:
-            return 0;
+            return 0;  // the other kinds make no single copies
     }
 }
 

@@ -122,13 +122,11 @@ COROCOLL_DECL task<> offer_segments(io::reactor& r, std::vector<io::socket>& soc
         }
         // Connections on first use: only candidates are connected at set-up.
         if (!socks[slot(q)].is_open()) continue;
-        std::optional<std::system_error> failed;
         try {
             co_await socks[slot(q)].send(std::as_bytes(std::span(&v, 1)), mo.deadline);
         } catch (const std::system_error& e) {
-            failed = e;
+            throw verdict_error(e, rank, q, "sending its shared-memory verdict to");
         }
-        if (failed) throw verdict_error(*failed, rank, q, "sending its shared-memory verdict to");
     }
 }
 
@@ -139,13 +137,11 @@ COROCOLL_DECL task<int> read_verdicts(std::vector<io::socket>& socks, int rank,
     for (int p = 0; p < rank; ++p) {
         if (!socks[slot(p)].is_open()) continue;  // connects on first use, no candidate
         shm_verdict v;
-        std::optional<std::system_error> failed;
         try {
             co_await socks[slot(p)].recv(std::as_writable_bytes(std::span(&v, 1)), mo.deadline);
         } catch (const std::system_error& e) {
-            failed = e;
+            throw verdict_error(e, rank, p, "reading the shared-memory verdict of");
         }
-        if (failed) throw verdict_error(*failed, rank, p, "reading the shared-memory verdict of");
         if (v.magic != shm_verdict{}.magic) {
             corocoll::detail::throw_error(
                 corocoll::errc::protocol_error,

@@ -74,6 +74,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <new>
 #include <span>
@@ -92,6 +93,12 @@ namespace transport {
 /// from every other.
 enum class single_copy_use : std::uint8_t { broadcast, all_gather, gather, scatter, all_to_all };
 inline constexpr std::size_t single_copy_uses = 5;
+/// The call's name, as its collective is named ("all_to_all").
+constexpr const char* single_copy_use_name(single_copy_use u) noexcept {
+    constexpr const char* names[] = {"broadcast", "all_gather", "gather", "scatter", "all_to_all"};
+    static_assert(std::size(names) == single_copy_uses);
+    return names[static_cast<std::size_t>(u)];
+}
 
 namespace detail {
 
@@ -243,14 +250,10 @@ public:
         const std::size_t from = single_copy_from(u);
         return single_copy_allowed_ && from > 0 && bytes >= from;
     }
-    /// Whether calls of some use and size copy straight between the ranks' buffers.
-    bool single_copies() const noexcept {
-        bool any = false;
-        for (std::size_t from : single_copy_from_) any = any || from > 0;
-        return single_copy_allowed_ && any;
-    }
     /// Every rank may read every other's memory (found at set-up): see `single_copy`.
     void allow_single_copy() noexcept { single_copy_allowed_ = true; }
+    /// Whether `allow_single_copy` was called: without it no use makes single copies.
+    bool single_copy_allowed() const noexcept { return single_copy_allowed_; }
     /// The group's size from which calls of use `u` copy straight between the ranks'
     /// buffers, when allowed (0: never).
     std::size_t single_copy_from(single_copy_use u) const noexcept {
