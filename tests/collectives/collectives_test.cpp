@@ -41,6 +41,7 @@ std::vector<int> world_sizes() {
 
 constexpr std::size_t small_chunk = 64;             // bytes: chunk boundaries at tiny counts
 constexpr std::size_t big_bytes = (3u << 20) + 40;  // the multi-MiB case
+constexpr std::size_t beyond_lines = 5003;          // elements: more than 4 KiB of any type
 
 // bool takes the value's parity (both values occur); a complex number is (v, -v), so that a
 // product is a complex product ((a - ai)(b - bi) = -2abi), not one of the parts'.
@@ -383,23 +384,25 @@ TEST_CASE(
                 for (auto op : all_ops) {
                     if (!cc::op_supported(op, cc::dtype_of<T>)) continue;
                     for (int root : {0, n - 1}) {
-                        co_await over_counts<T>(
-                            pg, op == cc::reduce_op::sum && root == 0,
-                            [&](std::size_t count) -> cc::task<> {
-                                auto mine = filled<T>(
-                                    count, [&](std::size_t i) { return value(op, r, i); });
-                                auto data = mine;
-                                co_await pg.reduce(data, root, op);
-                                auto want = r == root ? filled<T>(count,
-                                                                  [&](std::size_t i) {
-                                                                      return expected<T>(op, n, i);
-                                                                  })
-                                                      : mine;
-                                expect_equal(data, want,
-                                             label("reduce", algo, cc::dtype_of<T>, cc::op_name(op),
-                                                   count, n) +
-                                                 " root " + std::to_string(root));
-                            });
+                        auto one = [&](std::size_t count) -> cc::task<> {
+                            auto mine =
+                                filled<T>(count, [&](std::size_t i) { return value(op, r, i); });
+                            auto data = mine;
+                            co_await pg.reduce(data, root, op);
+                            auto want = r == root ? filled<T>(count,
+                                                              [&](std::size_t i) {
+                                                                  return expected<T>(op, n, i);
+                                                              })
+                                                  : mine;
+                            expect_equal(
+                                data, want,
+                                label("reduce", algo, cc::dtype_of<T>, cc::op_name(op), count, n) +
+                                    " root " + std::to_string(root));
+                        };
+                        co_await over_counts<T>(pg, op == cc::reduce_op::sum && root == 0, one);
+                        // Beyond a step's lines (4 KiB) and over several slots of the data
+                        // sets, with every op: the arena's reduce in slices.
+                        if (algo == coll::algorithm::shm) co_await one(beyond_lines);
                     }
                 }
             };
@@ -798,6 +801,15 @@ TEST_CASE(
     CHECK(pick(k::reduce, 4, 2) == coll::algorithm::shm);
     CHECK(pick(k::reduce, 4096, 8) == coll::algorithm::shm);
     CHECK(pick(k::reduce, 4112, 2) == coll::algorithm::binomial);
+    // On 3 to 8 ranks, a reduce from 128 KiB through the arena's data sets in slices; on 2
+    // ranks and beyond 8 by the tree at every size beyond the lines.
+    CHECK(pick(k::reduce, 4112, 4) == coll::algorithm::binomial);
+    CHECK(pick(k::reduce, (std::size_t{128} << 10) - 4, 3) == coll::algorithm::binomial);
+    CHECK(pick(k::reduce, std::size_t{128} << 10, 3) == coll::algorithm::shm);
+    CHECK(pick(k::reduce, std::size_t{128} << 10, 8) == coll::algorithm::shm);
+    CHECK(pick(k::reduce, std::size_t{64} << 20, 4) == coll::algorithm::shm);
+    CHECK(pick(k::reduce, std::size_t{1} << 20, 2) == coll::algorithm::binomial);
+    CHECK(pick(k::reduce, std::size_t{1} << 20, 9) == coll::algorithm::binomial);
     CHECK(pick(k::gather, 256, 8) == coll::algorithm::shm);
     CHECK(pick(k::scatter, 128, 2) == coll::algorithm::shm);
     // On 3 to 8 ranks gather and scatter beyond the lines through the arena too, below 1 MiB

@@ -166,6 +166,9 @@ TEST_CASE("reduce on 4 ranks in a loop allocates its large temporary once") {
     std::latch set_up(4), counting(1), done(4);
     auto errors = run_threads(4, [&](cc::process_group& pg) -> cc::task<> {
         int r = pg.rank();
+        // The tree, which an arena would not choose at this size.
+        pg.set_algorithm(cc::collectives::collective_kind::reduce,
+                         cc::collectives::algorithm::binomial);
         std::vector<float> data = input_of(r, count);
         co_await pg.reduce(data, 0);  // sets up what later calls reuse
         set_up.arrive_and_wait();

@@ -14,11 +14,16 @@
 // (shm_arena::single_copy) the root copies every block straight from the others' buffers
 // (gather), or the others copy theirs straight from the root's (scatter), and the rank whose
 // buffer was read waits at a second step until that is done; below it, in pieces of a slot of
-// the data sets, the writers (gather's others, scatter's root) going on at each piece. Reduce
-// stays in the lines (above them: reduce_binomial).
+// the data sets, the writers (gather's others, scatter's root) going on at each piece. Larger
+// reduces go in chunks of a slot of the data sets: every rank copies its chunk in, one step;
+// reduces its slice of the chunk over every copy, in rank order, into the other set, a second
+// step; the root copies the reduced chunk out, and the others go on at the last chunk's step.
 // Cost: one step (two with single copies) per piece, no message: each block is copied into the
 // arena and out of it once (by a single copy: once in all), where gather_linear and
-// scatter_linear move it through a pair channel's ring (two copies).
+// scatter_linear move it through a pair channel's ring (two copies). A reduce beyond the
+// lines: two steps per chunk; each rank writes bytes + bytes / n and reads bytes, the root
+// bytes more (the result), where reduce_binomial's messages move bytes through a channel's
+// ring at each of its log2 n levels.
 // Chosen: on a group with an arena, by size (select.hpp).
 
 #include <corocoll/collectives/context.hpp>
@@ -43,6 +48,14 @@ constexpr bool rooted_shm_fits(std::size_t bytes) noexcept {
 inline bool rooted_shm_carries(const transport::shm_arena& a, transport::single_copy_use u,
                                std::size_t lines, std::size_t block) noexcept {
     return rooted_shm_fits(lines) || a.single_copy(u, block) || a.slot_bytes() > 0;
+}
+
+/// Whether reduce_shm carries a buffer of `bytes` (elements of `elem` bytes): in the lines,
+/// or in chunks of a slot of the data sets (none where a slot holds no element: many
+/// thousands of ranks on a small arena; the caller goes by messages).
+inline bool reduce_shm_carries(const transport::shm_arena& a, std::size_t bytes,
+                               std::size_t elem) noexcept {
+    return rooted_shm_fits(bytes) || a.slot_bytes() >= elem;
 }
 
 /// `data` of rank `root` gets the reduction over every rank's `data`, in rank order; the

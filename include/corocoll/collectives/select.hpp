@@ -148,6 +148,14 @@ struct thresholds {
     /// of 3 to 8 ranks through the arena below 1 MiB"). Half the L2, as on 2 ranks, and scaled
     /// with it alike; on more ranks nothing was measured, and messages stay.
     std::size_t shm_rooted_below = std::size_t{1} << 20;
+    /// On 3 to 8 ranks a reduce beyond the lines goes through the arena's data sets from this
+    /// many bytes (reduce_shm: every rank reduces a slice, the root copies the result out),
+    /// by the binomial tree below: measured with coll_perf, forced, on 3, 4 and 8 ranks
+    /// (docs/performance.md, "Reduce of 3 to 8 ranks through the arena's data sets"). On 2
+    /// ranks the tree's one message led at every size, and on more ranks nothing was
+    /// measured. Where the tree's messages cost more than two steps and a copy in by every
+    /// rank, not a cache size: not scaled with the L2.
+    std::size_t shm_reduce_sliced_from = std::size_t{128} << 10;
     /// On 2 ranks, a broadcast or scatter whose one message (the broadcast's buffer, one
     /// block of the scatter) has from this many bytes ...
     std::size_t shm_pair_message_from = std::size_t{512};

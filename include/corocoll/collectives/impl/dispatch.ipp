@@ -72,7 +72,9 @@ COROCOLL_DECL task<> all_reduce(context& c, algorithm a, const topology& hosts,
 
 COROCOLL_DECL task<> reduce(context& c, algorithm a, std::span<std::byte> data,
                             const reduction& red, int root) {
-    if (a == algorithm::shm && rooted_shm_fits(data.size())) return reduce_shm(c, data, red, root);
+    if (a == algorithm::shm && reduce_shm_carries(*c.arena, data.size(), red.elem())) {
+        return reduce_shm(c, data, red, root);
+    }
     return reduce_binomial(c, data, red, root);
 }
 

@@ -329,7 +329,10 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
         // scatter by single copies at every size from their block (docs/performance.md,
         // "Single copies of scatter and all_to_all on 3 to 8 ranks").
         const bool group_rooted = n > 2 && n <= 8 && whole < t.shm_rooted_below;
-        if (k == collective_kind::reduce && rooted_shm_fits(bytes)) return algorithm::shm;
+        if (k == collective_kind::reduce &&
+            (rooted_shm_fits(bytes) || (n > 2 && n <= 8 && bytes >= t.shm_reduce_sliced_from))) {
+            return algorithm::shm;
+        }
         if (k == collective_kind::gather &&
             (rooted_shm_fits(bytes) || pair_gather || group_rooted)) {
             return algorithm::shm;
