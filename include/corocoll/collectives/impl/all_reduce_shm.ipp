@@ -39,18 +39,8 @@ COROCOLL_DECL task<> all_reduce_shm(context& c, std::span<std::byte> data, const
         std::byte* copies = a.set(s);
         std::memcpy(copies + static_cast<std::size_t>(me) * slot, data.data() + off, len);
         co_await a.arrive(c.net, c.meta, c.deadline, std::exchange(check, false));
-        // This rank's slice of the chunk, reduced over every rank's copy in rank order.
-        auto [first, last] =
-            block_range(len / elem, static_cast<std::size_t>(n), static_cast<std::size_t>(me));
         std::byte* result = a.set(s + 1);
-        if (last > first) {
-            std::byte* out = result + first * elem;
-            std::memcpy(out, copies + first * elem, (last - first) * elem);
-            for (int r = 1; r < n; ++r) {
-                red(out, copies + static_cast<std::size_t>(r) * slot + first * elem, last - first);
-            }
-            red.finish(out, last - first, n);
-        }
+        detail::reduce_own_slice(a, red, copies, result, len);
         co_await a.arrive(c.net, c.meta, c.deadline);
         std::memcpy(data.data() + off, result, len);
     }

@@ -2,6 +2,7 @@
 // inline where corocoll is header-only, compiled once in separate compilation (version.hpp).
 #pragma once
 
+#include <corocoll/collectives/all_reduce_shm.hpp>
 #include <corocoll/collectives/rooted_shm.hpp>
 
 #include <cstring>
@@ -46,10 +47,9 @@ namespace detail {
 inline task<> reduce_shm_sliced(context& c, std::span<std::byte> data, const reduction& red,
                                 int root) {
     transport::shm_arena& a = *c.arena;
-    const int n = a.size(), me = a.rank();
-    const std::size_t elem = red.elem();
+    const int me = a.rank();
     const std::size_t slot = a.slot_bytes();
-    const std::size_t chunk = slot / elem * elem;
+    const std::size_t chunk = slot / red.elem() * red.elem();
     co_await a.settle(c.net, c.deadline);
     a.declare(c.meta);
     bool check = true;
@@ -59,17 +59,8 @@ inline task<> reduce_shm_sliced(context& c, std::span<std::byte> data, const red
         std::byte* copies = a.set(s);
         std::memcpy(copies + static_cast<std::size_t>(me) * slot, data.data() + off, len);
         co_await a.arrive(c.net, c.meta, c.deadline, std::exchange(check, false));
-        auto [first, last] =
-            block_range(len / elem, static_cast<std::size_t>(n), static_cast<std::size_t>(me));
         std::byte* result = a.set(s + 1);
-        if (last > first) {
-            std::byte* out = result + first * elem;
-            std::memcpy(out, copies + first * elem, (last - first) * elem);
-            for (int r = 1; r < n; ++r) {
-                red(out, copies + static_cast<std::size_t>(r) * slot + first * elem, last - first);
-            }
-            red.finish(out, last - first, n);
-        }
+        reduce_own_slice(a, red, copies, result, len);
         if (me != root && off + len >= data.size()) {
             a.arrive_and_go(c.net, c.meta);
             co_return;
