@@ -38,8 +38,8 @@ inline void reduce_own_slice(const transport::shm_arena& a, const reduction& red
                              const std::byte* copies, std::byte* result, std::size_t len) {
     const std::size_t elem = red.elem(), slot = a.slot_bytes();
     const int n = a.size();
-    auto [first, last] = block_range(len / elem, static_cast<std::size_t>(n),
-                                     static_cast<std::size_t>(a.rank()));
+    auto [first, last] =
+        block_range(len / elem, static_cast<std::size_t>(n), static_cast<std::size_t>(a.rank()));
     if (last <= first) return;
     std::byte* out = result + first * elem;
     std::memcpy(out, copies + first * elem, (last - first) * elem);
