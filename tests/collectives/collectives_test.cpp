@@ -755,6 +755,38 @@ TEST_CASE(
     CHECK(arena_of(3, o).first == std::vector<int>{0, 0, 0});
 }
 
+// Every rank's error names the two algorithms of a 1,000-element all_reduce that rank 1
+// forced to recursive doubling while the others chose the arena.
+template <class Errors>
+void check_all_reduce_mismatch_named(const Errors& errors) {
+    for (std::size_t r = 0; r < errors.size(); ++r) {
+        CAPTURE(r);
+        std::string e = what(errors[r]);
+        CAPTURE(e);
+        CHECK(e.find("all_reduce(sum, int32 x 1000, shm)") != std::string::npos);
+        CHECK(e.find("all_reduce(sum, int32 x 1000, recursive_doubling)") != std::string::npos);
+    }
+}
+
+TEST_CASE("a group remembers its last choice per call only until set_algorithm") {
+    // Every rank chooses the arena for the first all_reduce of this size, and remembers it;
+    // then rank 1 forces recursive doubling. Had it kept its remembered choice, the second
+    // call would succeed; it must fail, naming both algorithms.
+    auto errors = run_threads(3, [](cc::process_group& pg) -> cc::task<> {
+        std::vector<std::int32_t> t(1000, 1);
+        co_await pg.all_reduce(t);
+        co_await pg.all_reduce(t);
+        if (t[0] != 9) throw std::runtime_error("all_reduce twice: " + std::to_string(t[0]));
+        if (pg.rank() == 1) {
+            pg.set_algorithm(coll::collective_kind::all_reduce,
+                             coll::algorithm::recursive_doubling);
+        }
+        co_await pg.all_reduce(t);
+        co_await pg.barrier();  // a rank whose all_reduce ended learns the failure here
+    });
+    check_all_reduce_mismatch_named(errors);
+}
+
 TEST_CASE(
     "shm arena: the group chooses it without being told, as a rank that forces another finds out") {
     // Ranks 0 and 2 choose by themselves; rank 1 forces recursive doubling. If the group picked
@@ -768,13 +800,7 @@ TEST_CASE(
         co_await pg.all_reduce(t);
         co_await pg.barrier();  // a rank whose all_reduce ended learns the failure here
     });
-    for (std::size_t r = 0; r < errors.size(); ++r) {
-        CAPTURE(r);
-        std::string e = what(errors[r]);
-        CAPTURE(e);
-        CHECK(e.find("all_reduce(sum, int32 x 1000, shm)") != std::string::npos);
-        CHECK(e.find("all_reduce(sum, int32 x 1000, recursive_doubling)") != std::string::npos);
-    }
+    check_all_reduce_mismatch_named(errors);
     // What the choice is, size by size (docs/architecture.md, "The shared arena").
     using k = coll::collective_kind;
     auto pick = [](k kind, std::size_t bytes, int n) {

@@ -28,6 +28,8 @@
 #include <corocoll/version.hpp>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -319,12 +321,14 @@ public:
     /// Every rank must force the same, or their calls do not match.
     void set_algorithm(collectives::collective_kind k, collectives::algorithm a) {
         algorithms_.force(k, a);
+        forget_choices();
     }
     /// The size at which large transfers are cut into pieces (default 1 MiB). The broadcast's
     /// choice of the chain counts its pieces of this size (`collectives::thresholds`).
     void set_chunk_bytes(std::size_t bytes) noexcept {
         chunk_bytes_ = std::max<std::size_t>(bytes, 1);
         thresholds_.chain_piece_bytes = chunk_bytes_;
+        forget_choices();
     }
     /// Bytes per pipelined chunk of the ring and chain algorithms.
     std::size_t chunk_bytes() const noexcept { return chunk_bytes_; }
@@ -800,6 +804,14 @@ private:
     // Before engine_: a bad COROCOLL_ALGORITHM throws before any reader starts.
     collectives::algorithm_choice algorithms_ = collectives::algorithm_choice::from_env();
     collectives::thresholds thresholds_;
+    // The last choice of each kind (`choose`), as (bytes + 1) << 8 | algorithm, 0 where none:
+    // a loop of calls of one size chooses once. One word each, so that a call made on
+    // another thread reads a whole choice or none. What the choice reads changes only in
+    // set_algorithm and set_chunk_bytes, which forget them.
+    mutable std::array<std::atomic<std::uint64_t>, collectives::collective_kinds> chosen_{};
+    void forget_choices() noexcept {
+        for (auto& c : chosen_) c.store(0, std::memory_order_relaxed);
+    }
     transport::engine engine_;
     bool closed_ = false;
     bool close_finished_ = false;

@@ -15,7 +15,7 @@ COROCOLL_DECL task<> broadcast_shm(context& c, std::span<std::byte> data, int ro
         !a.single_copy(transport::single_copy_use::broadcast, data.size())) {
         // In the root's lines, which it may write again before every reader is done with
         // the last call's (settle_lines): a loop of small broadcasts runs as a queue.
-        co_await a.settle_lines(c.net, c.meta, c.deadline);
+        if (!a.lines_settled()) co_await a.settle_lines(c.net, c.meta, c.deadline);
         if (is_root) a.will_go_on(c.net, c.meta);
         a.declare(c.meta);
         const std::uint64_t s = a.next_step();

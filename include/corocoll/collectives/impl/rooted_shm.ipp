@@ -80,7 +80,7 @@ COROCOLL_DECL task<> reduce_shm(context& c, std::span<std::byte> data, const red
         co_await detail::reduce_shm_sliced(c, data, red, root);
         co_return;
     }
-    co_await a.settle_lines(c.net, c.meta, c.deadline);
+    if (!a.lines_settled()) co_await a.settle_lines(c.net, c.meta, c.deadline);
     if (me != root) a.will_go_on(c.net, c.meta);
     a.declare(c.meta);
     if (me != root) {
@@ -106,7 +106,7 @@ COROCOLL_DECL task<> gather_shm(context& c, std::span<const std::byte> in, std::
     const std::size_t block = in.size();
     auto at = [block](int r) { return static_cast<std::size_t>(r) * block; };
     if (rooted_shm_fits(block) && !a.single_copy(transport::single_copy_use::gather, block)) {
-        co_await a.settle_lines(c.net, c.meta, c.deadline);
+        if (!a.lines_settled()) co_await a.settle_lines(c.net, c.meta, c.deadline);
         if (me != root) a.will_go_on(c.net, c.meta);
         a.declare(c.meta);
         if (me != root) {
@@ -177,7 +177,7 @@ COROCOLL_DECL task<> scatter_shm(context& c, std::span<const std::byte> in,
     const bool is_root = me == root;
     if (rooted_shm_fits(block * static_cast<std::size_t>(n)) &&
         !a.single_copy(transport::single_copy_use::scatter, block)) {
-        co_await a.settle_lines(c.net, c.meta, c.deadline);
+        if (!a.lines_settled()) co_await a.settle_lines(c.net, c.meta, c.deadline);
         if (is_root) a.will_go_on(c.net, c.meta);
         a.declare(c.meta);
         if (is_root) {

@@ -81,6 +81,14 @@ COROCOLL_DECL std::size_t process_group::arena_single_copy_from(
 
 COROCOLL_DECL collectives::algorithm process_group::choose(collectives::collective_kind k,
                                                            std::size_t bytes) const {
+    // The last choice of this kind, where it was for this size (sizes from 2^55 bytes are
+    // not kept).
+    std::atomic<std::uint64_t>& last = chosen_[static_cast<std::size_t>(k)];
+    const bool keep = bytes < (std::uint64_t{1} << 55);
+    if (keep) {
+        const std::uint64_t word = last.load(std::memory_order_relaxed);
+        if ((word >> 8) == bytes + 1) return static_cast<collectives::algorithm>(word & 0xff);
+    }
     auto a = collectives::select(k, bytes, size(), algorithms_, thresholds_, &topology_,
                                  has_arena(), arena_single_copy_from(k));
     if (a == collectives::algorithm::shm && !has_arena()) {
@@ -90,6 +98,8 @@ COROCOLL_DECL collectives::algorithm process_group::choose(collectives::collecti
             "group '" +
             name_ + "' has no shared-memory arena (COROCOLL_DEBUG=INFO says why at set-up)");
     }
+    if (keep)
+        last.store(((bytes + 1) << 8) | static_cast<std::uint8_t>(a), std::memory_order_relaxed);
     return a;
 }
 

@@ -292,29 +292,30 @@ COROCOLL_DECL shm_arena::step_wait shm_arena::settle(
     return {*this, e, pending_meta_, s, deadline, s != 0 && pending_check_, -1};
 }
 
+COROCOLL_DECL bool shm_arena::lines_settled() noexcept {
+    // The next step's place was last used by step next - steps_, which every rank is
+    // done with once it arrived at the step after. Nothing to read where every rank was seen
+    // that far (the last look at r's place for this rank's latest step, first, may show r
+    // far enough for a few calls more).
+    const std::uint64_t next = next_step();
+    const std::uint64_t s = next > steps_ ? next - steps_ + 1 : 0;
+    if (s <= confirmed_) return true;
+    for (int r = 0; r < size_; ++r) {
+        if (r != rank_ && !seen_at(r, s, step_)) return false;
+    }
+    return true;
+}
+
 COROCOLL_DECL shm_arena::step_wait shm_arena::settle_lines(
     engine& e, const collective_meta& meta, std::chrono::steady_clock::time_point deadline) {
-    // The next step's place was last used by step next - steps_, which every rank is
-    // done with once it arrived at the step after. The calls of the steps gone past are not
-    // compared again here: whoever arrived at them after this rank compared its call with this
-    // rank's then (of two that went on, one saw the other).
+    // The calls of the steps gone past are not compared again here: whoever arrived at them
+    // after this rank compared its call with this rank's then (of two that went on, one saw
+    // the other). Where some rank is not yet where `lines_settled` asks, wait until every
+    // rank is at most half the places behind: the calls that follow then run without a look
+    // at the others' lines, where a wait for the oldest place alone would look again at the
+    // very next call.
     const std::uint64_t next = next_step();
-    std::uint64_t s = next > steps_ ? next - steps_ + 1 : 0;
-    if (s <= confirmed_) s = 0;
-    if (s != 0) {
-        // Nothing to read where every rank was seen that far (the last look at r's place for
-        // this rank's latest step, first, may show r far enough for a few calls more). Where
-        // some rank is not there yet, wait until every rank is at most half the places
-        // behind: the calls that follow then run without a look at the others' lines, where a
-        // wait for the oldest place alone would look again at the very next call.
-        bool all = true;
-        for (int r = 0; r < size_ && all; ++r) all = r == rank_ || seen_at(r, s, step_);
-        if (all) {
-            s = 0;
-        } else {
-            s = std::max(s, next - steps_ / 2);
-        }
-    }
+    const std::uint64_t s = lines_settled() ? 0 : std::max(next - steps_ + 1, next - steps_ / 2);
     return {*this, e, meta, s, deadline, false, -1};
 }
 
