@@ -755,10 +755,22 @@ TEST_CASE(
     CHECK(arena_of(3, o).first == std::vector<int>{0, 0, 0});
 }
 
-// Every rank's error names the two algorithms of a 1,000-element all_reduce that rank 1
-// forced to recursive doubling while the others chose the arena.
-template <class Errors>
-void check_all_reduce_mismatch_named(const Errors& errors) {
+// A 1,000-element all_reduce on 3 ranks, `before` times by the group's own choice (the
+// arena), then once more with rank 1 forcing recursive doubling, then a barrier (where a rank
+// whose all_reduce ended learns the failure): every rank's error must name both algorithms.
+static void check_forced_all_reduce_is_named(int before) {
+    auto errors = run_threads(3, [before](cc::process_group& pg) -> cc::task<> {
+        std::vector<std::int32_t> t(1000, 1);
+        std::int32_t want = 1;
+        for (int i = 0; i < before; ++i, want *= 3) co_await pg.all_reduce(t);
+        if (t[0] != want) throw std::runtime_error("all_reduce: " + std::to_string(t[0]));
+        if (pg.rank() == 1) {
+            pg.set_algorithm(coll::collective_kind::all_reduce,
+                             coll::algorithm::recursive_doubling);
+        }
+        co_await pg.all_reduce(t);
+        co_await pg.barrier();
+    });
     for (std::size_t r = 0; r < errors.size(); ++r) {
         CAPTURE(r);
         std::string e = what(errors[r]);
@@ -769,38 +781,16 @@ void check_all_reduce_mismatch_named(const Errors& errors) {
 }
 
 TEST_CASE("a group remembers its last choice per call only until set_algorithm") {
-    // Every rank chooses the arena for the first all_reduce of this size, and remembers it;
-    // then rank 1 forces recursive doubling. Had it kept its remembered choice, the second
-    // call would succeed; it must fail, naming both algorithms.
-    auto errors = run_threads(3, [](cc::process_group& pg) -> cc::task<> {
-        std::vector<std::int32_t> t(1000, 1);
-        co_await pg.all_reduce(t);
-        co_await pg.all_reduce(t);
-        if (t[0] != 9) throw std::runtime_error("all_reduce twice: " + std::to_string(t[0]));
-        if (pg.rank() == 1) {
-            pg.set_algorithm(coll::collective_kind::all_reduce,
-                             coll::algorithm::recursive_doubling);
-        }
-        co_await pg.all_reduce(t);
-        co_await pg.barrier();  // a rank whose all_reduce ended learns the failure here
-    });
-    check_all_reduce_mismatch_named(errors);
+    // Every rank chooses the arena for the first two calls of this size, and remembers it.
+    // Had rank 1 kept its remembered choice after set_algorithm, the third call would succeed.
+    check_forced_all_reduce_is_named(2);
 }
 
 TEST_CASE(
     "shm arena: the group chooses it without being told, as a rank that forces another finds out") {
     // Ranks 0 and 2 choose by themselves; rank 1 forces recursive doubling. If the group picked
     // it too, the call would succeed.
-    auto errors = run_threads(3, [](cc::process_group& pg) -> cc::task<> {
-        if (pg.rank() == 1) {
-            pg.set_algorithm(coll::collective_kind::all_reduce,
-                             coll::algorithm::recursive_doubling);
-        }
-        std::vector<std::int32_t> t(1000, 1);
-        co_await pg.all_reduce(t);
-        co_await pg.barrier();  // a rank whose all_reduce ended learns the failure here
-    });
-    check_all_reduce_mismatch_named(errors);
+    check_forced_all_reduce_is_named(0);
     // What the choice is, size by size (docs/architecture.md, "The shared arena").
     using k = coll::collective_kind;
     auto pick = [](k kind, std::size_t bytes, int n) {

@@ -31,23 +31,14 @@ COROCOLL_DECL task<> all_reduce_shm(context& c, std::span<std::byte> data, const
 
 namespace detail {
 
-/// This rank's slice of a chunk of `len` bytes whose n copies lie a slot apart from `copies`
-/// (rank r's at r * slot), reduced over every copy in rank order into the same place of
-/// `result`: the second step of all_reduce_shm's large path, and of reduce_shm's.
-inline void reduce_own_slice(const transport::shm_arena& a, const reduction& red,
-                             const std::byte* copies, std::byte* result, std::size_t len) {
-    const std::size_t elem = red.elem(), slot = a.slot_bytes();
-    const int n = a.size();
-    auto [first, last] =
-        block_range(len / elem, static_cast<std::size_t>(n), static_cast<std::size_t>(a.rank()));
-    if (last <= first) return;
-    std::byte* out = result + first * elem;
-    std::memcpy(out, copies + first * elem, (last - first) * elem);
-    for (int r = 1; r < n; ++r) {
-        red(out, copies + static_cast<std::size_t>(r) * slot + first * elem, last - first);
-    }
-    red.finish(out, last - first, n);
-}
+/// The large path of all_reduce_shm, and of reduce_shm beyond the lines, from a call that has
+/// settled and declared itself: `data` in chunks of a slot of the data sets; every rank copies
+/// its chunk in, one step, reduces its slice of the chunk over every copy in rank order into
+/// the other set, a second step, and copies the reduced chunk out: every rank where `root` is
+/// negative, the root alone otherwise, the others going on at the last chunk's second step
+/// (they read nothing of it).
+COROCOLL_DECL task<> reduce_in_slices(context& c, std::span<std::byte> data, const reduction& red,
+                                      int root);
 
 }  // namespace detail
 

@@ -31,7 +31,17 @@ COROCOLL_DECL task<> all_reduce_shm(context& c, std::span<std::byte> data, const
         red.finish(data.data(), count, n);
         co_return;
     }
+    co_await detail::reduce_in_slices(c, data, red, -1);
+}
+
+COROCOLL_DECL task<> detail::reduce_in_slices(context& c, std::span<std::byte> data,
+                                              const reduction& red, int root) {
+    transport::shm_arena& a = *c.arena;
+    const int n = a.size(), me = a.rank();
+    const std::size_t elem = red.elem();
+    const std::size_t slot = a.slot_bytes();
     const std::size_t chunk = slot / elem * elem;
+    const bool reads = root < 0 || me == root;
     bool check = true;
     for (std::size_t off = 0; off < data.size(); off += chunk) {
         const std::size_t len = std::min(chunk, data.size() - off);
@@ -39,10 +49,24 @@ COROCOLL_DECL task<> all_reduce_shm(context& c, std::span<std::byte> data, const
         std::byte* copies = a.set(s);
         std::memcpy(copies + static_cast<std::size_t>(me) * slot, data.data() + off, len);
         co_await a.arrive(c.net, c.meta, c.deadline, std::exchange(check, false));
+        // This rank's slice of the chunk, reduced over every rank's copy in rank order.
+        auto [first, last] =
+            block_range(len / elem, static_cast<std::size_t>(n), static_cast<std::size_t>(me));
         std::byte* result = a.set(s + 1);
-        detail::reduce_own_slice(a, red, copies, result, len);
+        if (last > first) {
+            std::byte* out = result + first * elem;
+            std::memcpy(out, copies + first * elem, (last - first) * elem);
+            for (int r = 1; r < n; ++r) {
+                red(out, copies + static_cast<std::size_t>(r) * slot + first * elem, last - first);
+            }
+            red.finish(out, last - first, n);
+        }
+        if (!reads && off + len >= data.size()) {
+            a.arrive_and_go(c.net, c.meta);
+            co_return;
+        }
         co_await a.arrive(c.net, c.meta, c.deadline);
-        std::memcpy(data.data() + off, result, len);
+        if (reads) std::memcpy(data.data() + off, result, len);
     }
 }
 

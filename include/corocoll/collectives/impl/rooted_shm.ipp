@@ -37,47 +37,16 @@ inline std::size_t scatter_shm_offset(int r, int root, std::size_t block) {
 
 }  // namespace detail
 
-namespace detail {
-
-// Reduce above the lines, in chunks of a slot of the data sets: as all_reduce_shm's large
-// path (every rank copies its chunk in, one step; reduces its slice of the chunk over every
-// copy, in rank order, into the other set, a second step), but only the root copies the
-// reduced chunk out. The others wait at the second step for every rank (the next chunk
-// writes the first set again), but go on at the last chunk's: they read nothing of it.
-inline task<> reduce_shm_sliced(context& c, std::span<std::byte> data, const reduction& red,
-                                int root) {
-    transport::shm_arena& a = *c.arena;
-    const int me = a.rank();
-    const std::size_t slot = a.slot_bytes();
-    const std::size_t chunk = slot / red.elem() * red.elem();
-    co_await a.settle(c.net, c.deadline);
-    a.declare(c.meta);
-    bool check = true;
-    for (std::size_t off = 0; off < data.size(); off += chunk) {
-        const std::size_t len = std::min(chunk, data.size() - off);
-        const std::uint64_t s = a.next_step();
-        std::byte* copies = a.set(s);
-        std::memcpy(copies + static_cast<std::size_t>(me) * slot, data.data() + off, len);
-        co_await a.arrive(c.net, c.meta, c.deadline, std::exchange(check, false));
-        std::byte* result = a.set(s + 1);
-        reduce_own_slice(a, red, copies, result, len);
-        if (me != root && off + len >= data.size()) {
-            a.arrive_and_go(c.net, c.meta);
-            co_return;
-        }
-        co_await a.arrive(c.net, c.meta, c.deadline);
-        if (me == root) std::memcpy(data.data() + off, result, len);
-    }
-}
-
-}  // namespace detail
-
 COROCOLL_DECL task<> reduce_shm(context& c, std::span<std::byte> data, const reduction& red,
                                 int root) {
     transport::shm_arena& a = *c.arena;
     const int n = a.size(), me = a.rank();
     if (!rooted_shm_fits(data.size())) {
-        co_await detail::reduce_shm_sliced(c, data, red, root);
+        // Beyond the lines: in slices, as all_reduce_shm's large path, the root alone copying
+        // the result out.
+        co_await a.settle(c.net, c.deadline);
+        a.declare(c.meta);
+        co_await detail::reduce_in_slices(c, data, red, root);
         co_return;
     }
     if (!a.lines_settled()) co_await a.settle_lines(c.net, c.meta, c.deadline);

@@ -366,15 +366,15 @@ public:
     /// (`arrive_and_go`, `arrive` for one rank), if any, as `arrive` would have: every write
     /// into a data set, and every `offer`, comes after it.
     COROCOLL_DECL step_wait settle(engine& e, std::chrono::steady_clock::time_point deadline);
+    /// Whether `settle_lines` has nothing to wait for: every rank is known to be at the step
+    /// after the last that used the place this rank writes next (or the look at the ranks'
+    /// lines shows it). A caller that checks first spares building a step wait for nothing.
+    COROCOLL_DECL bool lines_settled() noexcept;
     /// Waits, if needed, until this rank may write its lines for the next step (`declare`,
     /// `small`): for every rank at the step after the one that last used the same place
     /// (as many steps back as the arena has places per rank). A rank that only goes past steps does
     /// not wait at all until it is that far ahead. `meta` is the call about to begin: what a wait
     /// that runs out names, and what it compares with the calls the ranks it waits for announced.
-    /// Whether `settle_lines` has nothing to wait for: every rank is known to be at the step
-    /// after the last that used the place this rank writes next (or the look at the ranks'
-    /// lines shows it). A caller that checks first spares building a step wait for nothing.
-    COROCOLL_DECL bool lines_settled() noexcept;
     COROCOLL_DECL step_wait settle_lines(engine& e, const collective_meta& meta,
                                          std::chrono::steady_clock::time_point deadline);
 
