@@ -787,6 +787,33 @@ TEST_CASE("a group remembers its last choice per call only until set_algorithm")
 }
 
 TEST_CASE(
+    "a broadcast over messages where one rank chose the tree and the others the chain fails") {
+    // Without an arena a broadcast of 4 MiB on 4 ranks goes along the chain of 1 MiB chunks;
+    // rank 3, with chunks of 4 MiB, chooses the binomial tree. Every rank must fail naming
+    // both algorithms within the timeout, not wait for chunks that never come.
+    thread_ranks_options o;
+    o.timeout = 5s;
+    o.limits.shm_arena_bytes = 0;
+    auto errors = run_threads(
+        4,
+        [](cc::process_group& pg) -> cc::task<> {
+            std::vector<std::uint8_t> b(std::size_t{4} << 20, 1);
+            co_await pg.broadcast(b, 0);
+            if (pg.rank() == 3) pg.set_chunk_bytes(std::size_t{4} << 20);
+            co_await pg.broadcast(b, 0);
+            co_await pg.barrier();
+        },
+        o);
+    for (std::size_t r = 0; r < errors.size(); ++r) {
+        CAPTURE(r);
+        std::string e = what(errors[r]);
+        CAPTURE(e);
+        CHECK(e.find("chain)") != std::string::npos);
+        CHECK(e.find("binomial)") != std::string::npos);
+    }
+}
+
+TEST_CASE(
     "shm arena: the group chooses it without being told, as a rank that forces another finds out") {
     // Ranks 0 and 2 choose by themselves; rank 1 forces recursive doubling. If the group picked
     // it too, the call would succeed.

@@ -29,28 +29,46 @@ COROCOLL_DECL task<> broadcast_chain(context& c, std::span<std::byte> data, int 
         co_return;
     }
     // Forward each chunk as soon as it is in: the receiving coroutine runs ahead of the
-    // sending one by at most the chunks already here.
+    // sending one by at most the chunks already here. A receive that fails (a deadline, a
+    // group that failed, a rank that chose another algorithm) ends the sender too: it waits
+    // for chunks with no deadline of its own, so it must not wait for ones that never come.
     std::size_t received = v == 0 ? chunks : 0;
+    bool receive_failed = false;
     std::coroutine_handle<> sender_waiting;
+    auto wake_sender = [&] {
+        if (sender_waiting) std::exchange(sender_waiting, {}).resume();
+    };
     auto receiver = [&]() -> task<> {
         if (v == 0) co_return;
-        for (std::size_t k = 0; k < chunks; ++k) {
-            co_await c.recv(piece(k), prev, round, static_cast<std::uint32_t>(k));
-            ++received;
-            if (sender_waiting) std::exchange(sender_waiting, {}).resume();
+        std::exception_ptr failure;
+        try {
+            for (std::size_t k = 0; k < chunks; ++k) {
+                co_await c.recv(piece(k), prev, round, static_cast<std::uint32_t>(k));
+                ++received;
+                wake_sender();
+            }
+        } catch (...) {
+            failure = std::current_exception();
+        }
+        if (failure) {
+            receive_failed = true;
+            wake_sender();
+            std::rethrow_exception(failure);
         }
     };
     struct chunk_ready {
-        std::size_t& received;
+        const std::size_t& received;
+        const bool& failed;
         std::size_t k;
         std::coroutine_handle<>& waiting;
-        bool await_ready() const noexcept { return received > k; }
+        bool await_ready() const noexcept { return received > k || failed; }
         void await_suspend(std::coroutine_handle<> h) noexcept { waiting = h; }
         void await_resume() const noexcept {}
     };
     auto sender = [&]() -> task<> {
         for (std::size_t k = 0; k < chunks; ++k) {
-            co_await chunk_ready{received, k, sender_waiting};
+            co_await chunk_ready{received, receive_failed, k, sender_waiting};
+            if (received <= k) co_return;  // the receiver failed: its error is the call's
             co_await c.send(piece(k), next, round, static_cast<std::uint32_t>(k));
         }
     };
