@@ -372,6 +372,47 @@ TEST_CASE("all_reduce: every type, op, world size and count, with each algorithm
     });
 }
 
+TEST_CASE("all_reduce by single copies: every type and op on 2, 3 and 4 ranks") {
+    // With single copies from 16 KiB every all_reduce of the arena from there reads the
+    // others' buffers straight (all_reduce_single_copies): 2 ranks in place, rank 0 in place and
+    // the others from rank 0's copy on 3 and 4. 20,011 elements: blocks of uneven length, from
+    // 20 KiB of int8 on; one sum of 300,007 floats: blocks of several pieces.
+    thread_ranks_options o;
+    o.timeout = 60s;
+    o.limits.shm_arena_bytes = matrix_arena_bytes;
+    o.limits.shm_arena_single_copy_bytes = std::size_t{16} << 10;
+    for (int n : {2, 3, 4}) {
+        CAPTURE(n);
+        check_every_rank_ok(run_threads(
+            n,
+            [](cc::process_group& pg) -> cc::task<> {
+                using k = coll::collective_kind;
+                if (pg.arena_single_copy_from(k::all_reduce) != std::size_t{16} << 10)
+                    throw std::runtime_error("all_reduce makes no single copies");
+                int n = pg.size(), r = pg.rank();
+                auto one = [&](auto tag, cc::reduce_op op, std::size_t count) -> cc::task<> {
+                    using T = decltype(tag);
+                    auto data = filled<T>(count, [&](std::size_t i) { return value(op, r, i); });
+                    co_await pg.all_reduce(data, op);
+                    expect_equal(
+                        data,
+                        filled<T>(count, [&](std::size_t i) { return expected<T>(op, n, i); }),
+                        label("all_reduce", coll::algorithm::shm, cc::dtype_of<T>, cc::op_name(op),
+                              count, n));
+                };
+                auto per_type = [&](auto tag) -> cc::task<> {
+                    for (auto op : all_ops) {
+                        if (cc::op_supported(op, cc::dtype_of<decltype(tag)>))
+                            co_await one(tag, op, 20011);
+                    }
+                };
+                co_await each_type(per_type);
+                co_await one(float{}, cc::reduce_op::sum, 300007);
+            },
+            o));
+    }
+}
+
 TEST_CASE(
     "reduce: every type, op, world size, count and root, with each algorithm; other buffers "
     "untouched") {
@@ -950,7 +991,10 @@ TEST_CASE(
     CHECK(pick_single(k::all_gather, std::size_t{256} << 10, 2) == coll::algorithm::shm);
     CHECK(pick_single(k::broadcast, std::size_t{1} << 20, 2) == coll::algorithm::shm);
     CHECK(pick_single(k::broadcast, std::size_t{4} << 20, 2) == coll::algorithm::binomial);
-    CHECK(pick_single(k::all_reduce, std::size_t{1} << 20, 2) == coll::algorithm::ring);
+    // all_reduce by its single copies from their size; by the ring below (1 MiB on 2 ranks).
+    CHECK(pick_single(k::all_reduce, std::size_t{1} << 20, 2) == coll::algorithm::shm);
+    CHECK(pick_single(k::all_reduce, std::size_t{256} << 10, 2) == coll::algorithm::shm);
+    CHECK(pick(k::all_reduce, std::size_t{1} << 20, 2) == coll::algorithm::ring);
     // all_to_all by single copies at every size from a block of the single-copy size.
     CHECK(pick_single(k::all_to_all, std::size_t{512} << 10, 2) == coll::algorithm::shm);
     CHECK(pick_single(k::all_to_all, std::size_t{64} << 20, 2) == coll::algorithm::shm);
@@ -1232,8 +1276,8 @@ TEST_CASE(
 
 TEST_CASE(
     "shm arena: single copies by default: every call from 16 KiB on 2 ranks (all_gather from "
-    "8 KiB blocks); scatter from 64 KiB and all_to_all from 24 KiB blocks on 3 to 8 ranks; none "
-    "beyond") {
+    "8 KiB blocks, all_reduce from the L2's size); scatter from 64 KiB and all_to_all from 24 KiB "
+    "blocks on 3 to 8 ranks; none beyond") {
     // Measured (docs/performance.md, "Single copies of scatter and all_to_all on 3 to 8
     // ranks"): on more than 2 ranks broadcast, gather and all_gather were slower by single
     // copies, scatter and all_to_all faster from those blocks. Groups of more than 2 ranks
@@ -1272,7 +1316,9 @@ TEST_CASE(
         CHECK(got[2] == e.gather);
         CHECK(got[3] == e.scatter);
         CHECK(got[4] == e.all_to_all);
-        CHECK(got[5] == 0);  // all_reduce makes none
+        // all_reduce on 2 ranks from a buffer the size of rank 0's L2 (2 MiB where not known).
+        const std::size_t l2 = cc::machine_cache_sizes().l2;
+        CHECK(got[5] == (e.n == 2 ? (l2 > 0 ? l2 : 2048 * kib) : 0));
     }
 }
 

@@ -155,23 +155,38 @@ TEST_CASE("the L2-bound thresholds follow the L2, to a power of two, within 4x e
 
 TEST_CASE(
     "a 2-rank all_reduce goes by the ring from 128 KiB up to 4 MiB on any L2, by the arena "
-    "elsewhere") {
+    "elsewhere, and by the arena's single copies from the L2's size") {
     // Before, its window followed the L2 (256 KiB to 2 MiB on a 1 MiB L2), and on an AMD EPYC
     // with a 1 MiB L2 the arena took 240 us at 2 MiB where the ring took 175.
     using namespace cc::collectives;
+    using cc::transport::single_copy_use;
     const algorithm_choice none;
-    auto pick = [&](std::size_t bytes, std::size_t l2, int n = 2) {
+    auto pick = [&](std::size_t bytes, std::size_t l2, std::size_t single, int n = 2) {
         return select(collective_kind::all_reduce, bytes, n, none, thresholds::for_l2(l2), nullptr,
-                      true, 16 * kib);
+                      true, single);
     };
     for (std::size_t l2 : {std::size_t{0}, 512 * kib, 1 * mib, 2 * mib, 4 * mib}) {
         CAPTURE(l2);
-        CHECK(pick(64 * kib, l2) == algorithm::shm);
-        CHECK(pick(128 * kib, l2) == algorithm::ring);
-        CHECK(pick(2 * mib, l2) == algorithm::ring);
-        CHECK(pick(4 * mib - 4, l2) == algorithm::ring);
-        CHECK(pick(4 * mib, l2) == algorithm::shm);
-        CHECK(pick(1 * mib, l2, 3) == algorithm::shm);  // 2 ranks only
+        // Without single copies.
+        CHECK(pick(64 * kib, l2, 0) == algorithm::shm);
+        CHECK(pick(128 * kib, l2, 0) == algorithm::ring);
+        CHECK(pick(2 * mib, l2, 0) == algorithm::ring);
+        CHECK(pick(4 * mib - 4, l2, 0) == algorithm::ring);
+        CHECK(pick(4 * mib, l2, 0) == algorithm::shm);
+        CHECK(pick(1 * mib, l2, 0, 3) == algorithm::shm);  // 2 ranks only
+        // With them, as the arena of a 2-rank group sets them by default: from the L2's size
+        // (2 MiB where it is not known), the ring's window ending there.
+        const std::size_t single = cc::transport::detail::single_copy_from_for(
+            single_copy_use::all_reduce, 2, cc::transport::engine_options::automatic_single_copy,
+            l2);
+        CHECK(single == (l2 > 0 ? l2 : 2 * mib));
+        CHECK(pick(128 * kib, l2, single) == algorithm::ring);
+        CHECK(pick(single - 4, l2, single) == algorithm::ring);
+        CHECK(pick(single, l2, single) == algorithm::shm);
+        CHECK(pick(64 * mib, l2, single) == algorithm::shm);
+        CHECK(cc::transport::detail::single_copy_from_for(
+                  single_copy_use::all_reduce, 3,
+                  cc::transport::engine_options::automatic_single_copy, l2) == 0);
     }
 }
 

@@ -107,15 +107,16 @@ struct engine_options {
     /// collectives).
     std::size_t shm_arena_bytes = std::size_t{1} << 20;
     /// `shm_arena_single_copy_bytes`' default, by the group's size and the call: every call
-    /// from 16 KiB in a group of 2 ranks, but all_gather from blocks of 8 KiB; in groups of 3 to 8,
+    /// from 16 KiB in a group of 2 ranks, but all_gather from blocks of 8 KiB and all_reduce
+    /// from a buffer the size of the L2 (rank 0's; 2 MiB where not known); in groups of 3 to 8,
     /// scatter from blocks of 64 KiB and all_to_all from blocks of 24 KiB, the others never
     /// (measured slower there); none beyond 8 ranks (docs/performance.md, "Why the defaults" and
     /// "Single copies of scatter and all_to_all on 3 to 8 ranks";
     /// transport::detail::single_copy_from_for).
     static constexpr std::size_t automatic_single_copy = ~std::size_t{0};
-    /// From this many bytes (of the buffer a rank brings: a broadcast's, one block of an
-    /// all_gather, gather, scatter or all_to_all) the arena's calls copy straight from the
-    /// other ranks' buffers (process_vm_readv, one copy instead of two through the arena),
+    /// From this many bytes (of the buffer a rank brings: a broadcast's or an all_reduce's, one
+    /// block of an all_gather, gather, scatter or all_to_all) the arena's calls copy straight from
+    /// the other ranks' buffers (process_vm_readv, one copy instead of two through the arena),
     /// where every rank may read every other's memory (probed at set-up). Rank 0's value holds
     /// for the group. 0: never; `automatic_single_copy`: by the group's size and the call.
     std::size_t shm_arena_single_copy_bytes = automatic_single_copy;

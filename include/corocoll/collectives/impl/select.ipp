@@ -293,6 +293,7 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
             return single_copy_from > 0 && offered >= single_copy_from;
         };
         if (k == collective_kind::all_reduce) {
+            if (single(bytes)) return algorithm::shm;
             return pair_window(t.shm_pair_all_reduce_ring_from, t.shm_pair_all_reduce_ring_below)
                        ? algorithm::ring
                        : algorithm::shm;

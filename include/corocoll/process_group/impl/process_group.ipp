@@ -74,6 +74,8 @@ COROCOLL_DECL std::size_t process_group::arena_single_copy_from(
             return arena_->single_copy_from(single_copy_use::scatter);
         case collective_kind::all_to_all:
             return arena_->single_copy_from(single_copy_use::all_to_all);
+        case collective_kind::all_reduce:
+            return arena_->single_copy_from(single_copy_use::all_reduce);
         default:
             return 0;  // the other kinds make no single copies
     }

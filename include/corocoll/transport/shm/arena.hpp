@@ -90,12 +90,20 @@ namespace transport {
 /// The calls whose single copies (shm_arena::single_copy) start at a size of their own: a
 /// broadcast copies the root's buffer, all_gather every rank's block, gather the others'
 /// blocks at the root, scatter each rank's block from the root, all_to_all each rank's block
-/// from every other.
-enum class single_copy_use : std::uint8_t { broadcast, all_gather, gather, scatter, all_to_all };
-inline constexpr std::size_t single_copy_uses = 5;
+/// from every other, all_reduce every rank's buffer (its sizes are of the whole buffer).
+enum class single_copy_use : std::uint8_t {
+    broadcast,
+    all_gather,
+    gather,
+    scatter,
+    all_to_all,
+    all_reduce
+};
+inline constexpr std::size_t single_copy_uses = 6;
 /// The call's name, as its collective is named ("all_to_all").
 constexpr const char* single_copy_use_name(single_copy_use u) noexcept {
-    constexpr const char* names[] = {"broadcast", "all_gather", "gather", "scatter", "all_to_all"};
+    constexpr const char* names[] = {"broadcast", "all_gather", "gather",
+                                     "scatter",   "all_to_all", "all_reduce"};
     static_assert(std::size(names) == single_copy_uses);
     return names[static_cast<std::size_t>(u)];
 }

@@ -28,10 +28,12 @@ namespace detail {
 // ranks (shm_arena::single_copy; 0: never), given `engine_options::shm_arena_single_copy_bytes`
 // (`option`): that value for every use, or where it is `automatic_single_copy`, what measured
 // faster (docs/performance.md, "Single copies of scatter and all_to_all on 3 to 8 ranks"):
-// every use from 16 KiB on 2 ranks but all_gather from 8 KiB blocks; on 3 to 8 ranks scatter's
-// blocks from 64 KiB and all_to_all's from 24 KiB (broadcast, gather and all_gather measured slower
-// there), none beyond 8 ranks (not measured).
-COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std::size_t option);
+// every use from 16 KiB on 2 ranks but all_gather from 8 KiB blocks and all_reduce from a buffer
+// the size of the L2 (`l2_bytes`, 2 MiB where not known: "all_reduce of 2 ranks by single
+// copies"); on 3 to 8 ranks scatter's blocks from 64 KiB and all_to_all's from 24 KiB (broadcast,
+// gather, all_gather and all_reduce measured slower there), none beyond 8 ranks (not measured).
+COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std::size_t option,
+                                               std::size_t l2_bytes);
 
 // A fresh arena for `ranks` ranks with data sets of `set_bytes`, with `nonce`, the
 // group's single-copy sizes (`single_copy_from_for` of `single_copy_bytes`, see

@@ -9,9 +9,13 @@ COROCOLL_BEGIN_NAMESPACE
 namespace transport {
 namespace detail {
 
-COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std::size_t option) {
+COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std::size_t option,
+                                               std::size_t l2_bytes) {
     if (option != engine_options::automatic_single_copy) return option;
-    if (ranks == 2) return (u == single_copy_use::all_gather ? std::size_t{8} : 16) << 10;
+    if (ranks == 2) {
+        if (u == single_copy_use::all_reduce) return l2_bytes > 0 ? l2_bytes : std::size_t{2} << 20;
+        return (u == single_copy_use::all_gather ? std::size_t{8} : 16) << 10;
+    }
     if (ranks > 8) return 0;
     switch (u) {
         case single_copy_use::scatter:
@@ -33,8 +37,8 @@ COROCOLL_DECL mapping create_arena(int ranks, std::size_t set_bytes, std::uint64
     h->ranks = static_cast<std::uint64_t>(ranks);
     h->set_bytes = set_bytes;
     for (std::size_t u = 0; u < single_copy_uses; ++u) {
-        h->single_copy_from[u] =
-            single_copy_from_for(static_cast<single_copy_use>(u), ranks, single_copy_bytes);
+        h->single_copy_from[u] = single_copy_from_for(static_cast<single_copy_use>(u), ranks,
+                                                      single_copy_bytes, l2_bytes);
     }
     h->l2_bytes = l2_bytes;
     const std::uint64_t steps = arena_steps_for(ranks);
