@@ -184,9 +184,14 @@ TEST_CASE(
         CHECK(pick(single - 4, l2, single) == algorithm::ring);
         CHECK(pick(single, l2, single) == algorithm::shm);
         CHECK(pick(64 * mib, l2, single) == algorithm::shm);
+        // None on more ranks, by default or set.
         CHECK(cc::transport::detail::single_copy_from_for(
                   single_copy_use::all_reduce, 3,
                   cc::transport::engine_options::automatic_single_copy, l2) == 0);
+        CHECK(cc::transport::detail::single_copy_from_for(single_copy_use::all_reduce, 4, 16 * kib,
+                                                          l2) == 0);
+        CHECK(cc::transport::detail::single_copy_from_for(single_copy_use::all_reduce, 2, 16 * kib,
+                                                          l2) == 16 * kib);
     }
 }
 

@@ -11,13 +11,13 @@
 // Cost: small: one step; each rank writes bytes and reads n * bytes. Large: two steps per
 // chunk; each rank writes bytes + bytes / n, reads bytes (its slice of every copy) + bytes
 // (the result): about three copies of the buffer per rank, whatever n, with no message.
-// From the arena's single-copy size for all_reduce (shm_arena::single_copy: by default a
-// buffer the size of the L2, on 2 ranks only) nothing goes through the arena: every rank
-// offers its buffer, reduces its own block (1/n of it) in place from the others' blocks, read
-// straight from their memory in pieces that stay in the L2 (process_vm_readv), and then copies
-// the others' reduced blocks into its buffer the same way: each rank reads bytes - bytes / n
-// of the others' twice and its own block once, writing bytes, instead of the arena's three
-// copies (`all_reduce_single_copies`).
+// On 2 ranks, from the arena's single-copy size for all_reduce (shm_arena::single_copy: by
+// default a buffer the size of the L2) nothing goes through the arena: each rank offers its
+// buffer, reduces its own half in place from the other's half, read straight from its memory
+// in pieces that stay in the L2 (process_vm_readv), and then copies the other's reduced half
+// into its buffer the same way: each rank reads half the buffer from the other twice and its
+// own half once, writing the buffer once, instead of the arena's three copies
+// (`all_reduce_single_copies`).
 // Chosen: on a group with an arena, by size (see select.hpp).
 
 #include <corocoll/collectives/context.hpp>
@@ -25,6 +25,7 @@
 #include <corocoll/transport/shm/arena.hpp>
 #include <corocoll/version.hpp>
 
+#include <cassert>
 #include <cstring>
 
 COROCOLL_BEGIN_NAMESPACE
@@ -36,12 +37,11 @@ inline constexpr std::size_t all_reduce_shm_whole_bytes = std::size_t{64} << 10;
 
 COROCOLL_DECL task<> all_reduce_shm(context& c, std::span<std::byte> data, const reduction& red);
 
-/// The single-copy path of all_reduce_shm, from a call that has settled and declared itself:
-/// every rank offers `data`; at the first step rank r reduces block r of the buffer (the blocks
-/// of `block_range`) from every rank's block r in rank order (in place where that order is
-/// its own: rank 0, or any rank of 2, every op being commutative), in pieces of
-/// `single_copy_piece_bytes`; at the second step it copies block p of rank p for every other
-/// p; at the third every rank is done reading the others' buffers.
+/// The single-copy path of all_reduce_shm on 2 ranks, from a call that has settled and
+/// declared itself: both offer `data`; at the first step rank r reduces half r of its buffer
+/// (the blocks of `block_range`) in place from the other's half r (every op is commutative),
+/// in pieces of `single_copy_piece_bytes`; at the second step it copies the other's half; at
+/// the third both are done reading each other's buffer.
 COROCOLL_DECL task<> all_reduce_single_copies(context& c, std::span<std::byte> data,
                                               const reduction& red);
 

@@ -108,7 +108,8 @@ struct engine_options {
     std::size_t shm_arena_bytes = std::size_t{1} << 20;
     /// `shm_arena_single_copy_bytes`' default, by the group's size and the call: every call
     /// from 16 KiB in a group of 2 ranks, but all_gather from blocks of 8 KiB and all_reduce
-    /// from a buffer the size of the L2 (rank 0's; 2 MiB where not known); in groups of 3 to 8,
+    /// from a buffer the size of the L2 (rank 0's; 2 MiB where not known; all_reduce on 2 ranks
+    /// only, whatever this option says); in groups of 3 to 8,
     /// scatter from blocks of 64 KiB and all_to_all from blocks of 24 KiB, the others never
     /// (measured slower there); none beyond 8 ranks (docs/performance.md, "Why the defaults" and
     /// "Single copies of scatter and all_to_all on 3 to 8 ranks";

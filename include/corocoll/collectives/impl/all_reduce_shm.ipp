@@ -46,51 +46,33 @@ COROCOLL_DECL std::size_t single_copy_piece_bytes(const transport::shm_arena& a)
 COROCOLL_DECL task<> all_reduce_single_copies(context& c, std::span<std::byte> data,
                                               const reduction& red) {
     transport::shm_arena& a = *c.arena;
-    const int n = a.size(), me = a.rank();
+    assert(a.size() == 2);
+    const int me = a.rank(), other = 1 - me;
     const std::size_t elem = red.elem();
     const std::size_t count = data.size() / elem;
-    // Block r of the buffer, in bytes: [offset, offset + length).
-    auto block = [&](int r) {
-        auto [first, last] =
-            block_range(count, static_cast<std::size_t>(n), static_cast<std::size_t>(r));
+    // Half r of the buffer, in bytes: [offset, offset + length).
+    auto half = [&](int r) {
+        auto [first, last] = block_range(count, 2, static_cast<std::size_t>(r));
         return std::pair{first * elem, (last - first) * elem};
     };
-    const auto [mine_at, mine_len] = block(me);
+    const auto [mine_at, mine_len] = half(me);
     const std::size_t piece = std::min(std::max(elem, single_copy_piece_bytes(a) / elem * elem),
                                        std::max(mine_len, elem));
-    // In place where rank order allows (see the declaration); otherwise the block's result
-    // grows in `sum`, from rank 0's copy on.
-    const bool in_place = n == 2 || me == 0;
     std::span<std::byte> theirs = c.scratch(context::algorithm_slot, piece);
-    std::span<std::byte> sum =
-        in_place ? std::span<std::byte>{} : c.scratch(context::algorithm_slot + 1, piece);
     const std::uint64_t s = a.next_step();
     a.offer(data.data(), data.size());
     try {
         co_await a.arrive(c.net, c.meta, c.deadline, true);
         for (std::size_t off = 0; off < mine_len; off += piece) {
             const std::size_t len = std::min(piece, mine_len - off);
-            const std::size_t k = len / elem;
             std::byte* own = data.data() + mine_at + off;
-            std::byte* into = in_place ? own : sum.data();
-            if (!in_place) a.copy_from(c.net, c.meta, 0, s, mine_at + off, sum.first(len));
-            for (int r = in_place ? 0 : 1; r < n; ++r) {
-                if (r == me) {
-                    if (!in_place) red(into, own, k);
-                    continue;
-                }
-                a.copy_from(c.net, c.meta, r, s, mine_at + off, theirs.first(len));
-                red(into, theirs.data(), k);
-            }
-            if (!in_place) std::memcpy(own, sum.data(), len);
-            red.finish(own, k, n);
+            a.copy_from(c.net, c.meta, other, s, mine_at + off, theirs.first(len));
+            red(own, theirs.data(), len / elem);
+            red.finish(own, len / elem, 2);
         }
         co_await a.arrive(c.net, c.meta, c.deadline);
-        for (int i = 1; i < n; ++i) {
-            const int r = (me + i) % n;
-            const auto [at, len] = block(r);
-            if (len > 0) a.copy_from(c.net, c.meta, r, s, at, data.subspan(at, len));
-        }
+        const auto [at, len] = half(other);
+        if (len > 0) a.copy_from(c.net, c.meta, other, s, at, data.subspan(at, len));
         a.expect_copies(c.net, mine_len);
         co_await a.arrive(c.net, c.meta, c.deadline);
     } catch (...) {

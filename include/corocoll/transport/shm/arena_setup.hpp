@@ -31,7 +31,10 @@ namespace detail {
 // every use from 16 KiB on 2 ranks but all_gather from 8 KiB blocks and all_reduce from a buffer
 // the size of the L2 (`l2_bytes`, 2 MiB where not known: "all_reduce of 2 ranks by single
 // copies"); on 3 to 8 ranks scatter's blocks from 64 KiB and all_to_all's from 24 KiB (broadcast,
-// gather, all_gather and all_reduce measured slower there), none beyond 8 ranks (not measured).
+// gather and all_gather measured slower there), none beyond 8 ranks (not measured). all_reduce
+// makes single copies on 2 ranks only, whatever the option: on more it measured slower (4 ranks),
+// and there every rank reads every other's buffer, so that a rank leaving the call after another
+// was killed made a third blame it, not the killed one.
 COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std::size_t option,
                                                std::size_t l2_bytes);
 

@@ -11,6 +11,8 @@ namespace detail {
 
 COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std::size_t option,
                                                std::size_t l2_bytes) {
+    // all_reduce: 2 ranks only, whatever the option (see the declaration).
+    if (u == single_copy_use::all_reduce && ranks != 2) return 0;
     if (option != engine_options::automatic_single_copy) return option;
     if (ranks == 2) {
         if (u == single_copy_use::all_reduce) return l2_bytes > 0 ? l2_bytes : std::size_t{2} << 20;
