@@ -744,13 +744,8 @@ TEST_CASE(
             co_await pg.barrier();  // a rank whose all_reduce ended learns the failure here
         },
         o);
-    for (std::size_t r = 0; r < errors.size(); ++r) {
-        CAPTURE(r);
-        std::string e = what(errors[r]);
-        CAPTURE(e);
-        CHECK(e.find("all_reduce(sum, int32 x 65536, hierarchical)") != std::string::npos);
-        CHECK(e.find("all_reduce(sum, int32 x 65536, ring)") != std::string::npos);
-    }
+    check_every_rank_names(errors, {"all_reduce(sum, int32 x 65536, hierarchical)",
+                                    "all_reduce(sum, int32 x 65536, ring)"});
 }
 
 TEST_CASE("hierarchical: a host tag longer than 63 bytes is refused, naming the option") {
@@ -816,13 +811,8 @@ static void check_forced_all_reduce_is_named(int before) {
         co_await pg.all_reduce(t);
         co_await pg.barrier();
     });
-    for (std::size_t r = 0; r < errors.size(); ++r) {
-        CAPTURE(r);
-        std::string e = what(errors[r]);
-        CAPTURE(e);
-        CHECK(e.find("all_reduce(sum, int32 x 1000, shm)") != std::string::npos);
-        CHECK(e.find("all_reduce(sum, int32 x 1000, recursive_doubling)") != std::string::npos);
-    }
+    check_every_rank_names(errors, {"all_reduce(sum, int32 x 1000, shm)",
+                                    "all_reduce(sum, int32 x 1000, recursive_doubling)"});
 }
 
 TEST_CASE("a group remembers its last choice per call only until set_algorithm") {
@@ -849,13 +839,7 @@ TEST_CASE(
             co_await pg.barrier();
         },
         o);
-    for (std::size_t r = 0; r < errors.size(); ++r) {
-        CAPTURE(r);
-        std::string e = what(errors[r]);
-        CAPTURE(e);
-        CHECK(e.find("chain)") != std::string::npos);
-        CHECK(e.find("binomial)") != std::string::npos);
-    }
+    check_every_rank_names(errors, {"chain)", "binomial)"});
 }
 
 TEST_CASE(
@@ -1170,13 +1154,7 @@ TEST_CASE("shm arena: forcing it on a group without one is refused, naming the r
             co_await pg.broadcast(v, 0);
         },
         o);
-    for (std::size_t r = 0; r < errors.size(); ++r) {
-        CAPTURE(r);
-        std::string e = what(errors[r]);
-        CAPTURE(e);
-        CHECK(e.find("broadcast") != std::string::npos);
-        CHECK(e.find("no shared-memory arena") != std::string::npos);
-    }
+    check_every_rank_names(errors, {"broadcast", "no shared-memory arena"});
 }
 
 TEST_CASE(

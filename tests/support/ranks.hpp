@@ -14,9 +14,11 @@
 #include <cstddef>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -115,6 +117,21 @@ inline void check_every_rank_ok(const std::vector<std::exception_ptr>& errors) {
     for (std::size_t rank = 0; rank < errors.size(); ++rank) {
         CAPTURE(rank);
         CHECK(what(errors[rank]) == "");
+    }
+}
+
+/// Checks (doctest CHECK, so every rank is reported) that every rank failed with an error
+/// that holds each of `pieces`; a failure names the rank, its error and the piece missing.
+inline void check_every_rank_names(const std::vector<std::exception_ptr>& errors,
+                                   std::initializer_list<std::string_view> pieces) {
+    for (std::size_t rank = 0; rank < errors.size(); ++rank) {
+        CAPTURE(rank);
+        std::string e = what(errors[rank]);
+        CAPTURE(e);
+        for (std::string_view piece : pieces) {
+            CAPTURE(piece);
+            CHECK(e.find(piece) != std::string::npos);
+        }
     }
 }
 
