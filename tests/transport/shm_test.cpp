@@ -642,6 +642,80 @@ TEST_CASE(
 
 namespace {
 
+// 64 MiB broadcasts from rank 1 on 2 ranks, by single copies: rank 0 copies from rank 1's
+// buffer. After 300 ms rank 1 revokes the group ("the root gives up") and leaves its call with
+// that error; `then_exit`: its process ends at once (_exit), so that a copy of rank 0's may find
+// it gone. Rank 0's error must be the revoke (rank 1 left its abort notice beside its channel),
+// whether rank 0 was copying then or waiting: not "its process is gone", nor "left the call".
+void revoke_while_copied(bool then_exit) {
+    char path[] = "/tmp/corocoll-shm-revoke-XXXXXX";
+    int fd = ::mkstemp(path);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+    std::string out = path;
+    scoped_env env("COROCOLL_TRANSPORT", "shm");
+    cc::spawn_options o;
+    o.stop_others_on_failure = false;
+    o.timeout = 120s;
+    auto result = cc::spawn_ranks(
+        2,
+        [out, then_exit](cc::process_group& pg) -> cc::task<> {
+            std::vector<float> v(16 << 20, 1.0f);
+            if (pg.arena_single_copy_from(cc::collectives::collective_kind::broadcast) == 0) {
+                throw std::logic_error("the broadcast would not copy straight from the root");
+            }
+            // Through the arena (on its own a broadcast this large goes by messages).
+            pg.set_algorithm(cc::collectives::collective_kind::broadcast,
+                             cc::collectives::algorithm::shm);
+            auto revoke_later = [](cc::process_group& g) -> cc::task<> {
+                co_await g.reactor().sleep_for(300ms);
+                g.revoke("the root gives up");
+            };
+            cc::work<> revoker;
+            if (pg.rank() == 1) revoker = cc::start(revoke_later(pg));
+            std::string text;
+            int calls = 0;
+            try {
+                for (;; ++calls) co_await pg.broadcast(v, 1);
+            } catch (const std::system_error& e) {
+                text = e.what();
+            }
+            if (pg.rank() == 1 && then_exit) ::_exit(0);
+            if (pg.rank() == 1) co_await std::move(revoker);
+            if (pg.rank() == 0) {
+                std::ofstream(out) << calls << " calls: " << text;
+            }
+        },
+        cc::init_options{}, o);
+    std::string text;
+    std::getline(std::ifstream(out), text);
+    ::unlink(out.c_str());
+    CAPTURE(text);
+    for (const auto& r : result.ranks) {
+        CAPTURE(r.describe());
+        CHECK(r.ok());
+    }
+    CHECK(text.find("rank 1 revoked process group 'default': the root gives up") !=
+          std::string::npos);
+    CHECK(text.find("process is gone") == std::string::npos);
+    CHECK(text.find("left the call") == std::string::npos);
+}
+
+}  // namespace
+
+// A rank copying from another's buffer when that one leaves the call with an error (here its
+// own revoke; in a larger group, another rank's death that it saw first) reports the error
+// that rank left with: not that rank's departure, nor its process's end.
+TEST_CASE("a revoke by the rank copied from reaches the copier as the revoke") {
+    for (int i = 0; i < 3; ++i) revoke_while_copied(false);
+}
+
+TEST_CASE("a revoke by the rank copied from, which then exits, reaches the copier as the revoke") {
+    for (int i = 0; i < 3; ++i) revoke_while_copied(true);
+}
+
+namespace {
+
 // The processors this process may run on.
 cpu_set_t allowed_cpus() {
     cpu_set_t all;

@@ -220,6 +220,16 @@ public:
         fail(p, make_error_code(corocoll::errc::connection_closed), detail);
     }
 
+    /// Peer `p` left a collective with an error while this rank copied from its memory (it
+    /// withdrew what it offered): fails the group as p's abort notice says, where p left one
+    /// beside its channel when its group failed (a shared-memory channel keeps it), so that
+    /// the copier reports the failure p saw rather than p's leaving. True where it did, or
+    /// where the group failed already.
+    bool fail_as_left_by(int p) {
+        if (failure_) return true;
+        return peer_at(p).link != nullptr && abort_notice_left_by(p);
+    }
+
     /// Sends `data` to `dst` with `tag`; completes when the bytes are handed to the kernel.
     task<> send(std::span<const std::byte> data, int dst, std::int64_t tag, time_point deadline);
 

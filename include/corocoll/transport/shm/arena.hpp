@@ -278,7 +278,8 @@ public:
     /// Copies `to.size()` bytes at `offset` of the buffer rank `r` offered with step `s`
     /// into `to` (process_vm_readv), then makes sure that `r` did not withdraw it meanwhile;
     /// `backward`: in pieces of `sweep_piece_bytes` from the end (see `next_sweep_backward`).
-    /// A failure fails the group through `e`, naming `r` and `what`, and throws it.
+    /// A failure fails the group through `e`, naming `r` and `what`, and throws it; where `r`
+    /// withdrew meanwhile, with the error `r` left with (its abort notice), not `r`'s leaving.
     COROCOLL_DECL void copy_from(engine& e, const collective_meta& meta, int r, std::uint64_t s,
                                  std::size_t offset, std::span<std::byte> to,
                                  bool backward = false);

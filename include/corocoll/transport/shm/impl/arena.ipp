@@ -148,7 +148,7 @@ COROCOLL_DECL void shm_arena::copy_from(engine& e, const collective_meta& meta, 
     // naming it; any other reason goes in `why`.
     auto failed = [&](ssize_t got) {
         const int err = got < 0 ? errno : EIO;
-        if (err == ESRCH) {
+        if (err == ESRCH && line(r).withdrawn.load(std::memory_order_seq_cst) < s) {
             // Killed: its pair's channel will say so too, but this copy found out first.
             e.peer_gone(r, "its process is gone (process_vm_readv: no such process)");
             e.raise_if_failed(meta, "copying through shared memory");
@@ -192,7 +192,12 @@ COROCOLL_DECL void shm_arena::copy_from(engine& e, const collective_meta& meta, 
     } else {
         read(0, to.size());
     }
-    if (why.empty() && line(r).withdrawn.load(std::memory_order_seq_cst) >= s) {
+    // A copy that failed or ran while r withdrew its buffer: r left the call with an error
+    // (its own, or a failure it saw first: a third rank's death) and may have freed the
+    // buffer or ended since (EFAULT, ESRCH). That error, which r left beside its channel, is
+    // the cause here too; its leaving is not.
+    if (line(r).withdrawn.load(std::memory_order_seq_cst) >= s) {
+        if (e.fail_as_left_by(r)) e.raise_if_failed(meta, "copying through shared memory");
         why = "rank " + std::to_string(r) + " left the call while its buffer was being copied";
     }
     if (why.empty()) return;
