@@ -5,9 +5,28 @@
 #include <corocoll/core/task.hpp>
 #include <corocoll/version.hpp>
 
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
 #include <utility>
 
 COROCOLL_BEGIN_NAMESPACE
+
+/// A small call that its group may run at once when awaited, without starting its task,
+/// where nothing in it would wait (process_group::run_at_once): what it is and on what.
+struct small_call {
+    /// Runs the call now and returns true, or returns false having done nothing (its task
+    /// runs it then). Null: the call always goes by its task.
+    bool (*run)(const small_call&) = nullptr;
+    void* group = nullptr;
+    std::span<std::byte> data;
+    std::uint64_t count = 0;
+    int root = 0;
+    std::uint8_t kind = 0;
+    std::uint8_t type = 0;
+    std::uint8_t algorithm = 0;
+};
 
 /// A collective called on a group and not yet run: what `pg.all_reduce(t)` and every other
 /// collective return. `co_await` it (or pass it to `when_all`, `start`, `sync_wait`, or turn
@@ -27,14 +46,21 @@ public:
     using forgotten_fn = void (*)(void* owner, const char* what) noexcept;
 
     /// Takes `body`, not started; `forgotten(owner, what)` runs if the call is dropped unawaited.
-    collective_call(task<T> body, void* owner, forgotten_fn forgotten, const char* what) noexcept
-        : body_(std::move(body)), owner_(owner), forgotten_(forgotten), what_(what) {}
+    /// `small`: how it may run without `body` when awaited (see `small_call`).
+    collective_call(task<T> body, void* owner, forgotten_fn forgotten, const char* what,
+                    small_call small = {}) noexcept
+        : body_(std::move(body)),
+          owner_(owner),
+          forgotten_(forgotten),
+          what_(what),
+          small_(small) {}
     /// Takes over `o`'s call; `o` holds none.
     collective_call(collective_call && o) noexcept
         : body_(std::move(o.body_)),
           owner_(std::exchange(o.owner_, nullptr)),
           forgotten_(o.forgotten_),
-          what_(o.what_) {}
+          what_(o.what_),
+          small_(o.small_) {}
     collective_call(const collective_call&) = delete;
     collective_call& operator=(const collective_call&) = delete;
     collective_call& operator=(collective_call&&) = delete;
@@ -45,7 +71,7 @@ public:
     /// Runs the collective; yields its result or rethrows its error.
     auto operator co_await()&& noexcept {
         owner_ = nullptr;
-        return std::move(body_).operator co_await();
+        return awaiter{std::move(body_).operator co_await(), &small_};
     }
 
     /// The collective as a plain task (to keep in a `std::vector<task<T>>`); that task runs
@@ -59,10 +85,33 @@ public:
     const char* name() const noexcept { return what_; }
 
 private:
+    using task_awaiter = decltype(std::declval<task<T>>().operator co_await());
+    // The task's awaiter, first offered to the small call: a call run at once is not
+    // suspended for, and its task is never started (the call's end destroys it).
+    struct awaiter {
+        task_awaiter inner;
+        const small_call* small;
+        bool ran = false;
+        bool await_ready() {
+            if (small->run != nullptr && small->run(*small)) return ran = true;
+            return inner.await_ready();
+        }
+        decltype(auto) await_suspend(std::coroutine_handle<> h) noexcept {
+            return inner.await_suspend(h);
+        }
+        decltype(auto) await_resume() {
+            if constexpr (std::is_void_v<T>) {
+                if (ran) return;
+            }
+            return inner.await_resume();
+        }
+    };
+
     task<T> body_;
     void* owner_;
     forgotten_fn forgotten_;
     const char* what_;
+    small_call small_;
 };
 
 COROCOLL_END_NAMESPACE

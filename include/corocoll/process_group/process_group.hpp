@@ -349,7 +349,8 @@ public:
                         [bytes, src, algo, hosts = &topology_](collectives::context& c) {
                             return collectives::broadcast(c, algo, *hosts, bytes, src);
                         },
-                        algo));
+                        algo),
+                    at_once(kind, element_of<R>(), std::ranges::size(data), src, algo, bytes));
     }
 
     /// Reduces `data` over every rank with `op`, in place; every rank gets the result.
@@ -610,6 +611,9 @@ public:
 
     /// The transport underneath (for collectives and tests).
     transport::engine& engine() noexcept { return engine_; }
+    /// Collectives of this rank on the group that ran at once when awaited, without their
+    /// task: small broadcasts through the arena's lines where nothing in them had to wait.
+    std::uint64_t calls_run_at_once() const noexcept { return calls_at_once_; }
 
 private:
     friend struct detail::group_disposer;
@@ -728,9 +732,20 @@ private:
     template <class T>
     task<> scatter_object_list_run(T& out, const std::vector<T>& in, int src);
 
-    collective_call<> call(const char* what, task<> body) noexcept {
-        return {std::move(body), this, &forgotten, what};
+    collective_call<> call(const char* what, task<> body, small_call small = {}) noexcept {
+        return {std::move(body), this, &forgotten, what, small};
     }
+
+    // How a call of `kind` on `data` may run at once when awaited (`run_at_once`), where its
+    // algorithm has a path for that (a broadcast in the arena's lines); none otherwise.
+    small_call at_once(collectives::collective_kind kind, dtype type, std::size_t count, int root,
+                       collectives::algorithm algo, std::span<std::byte> data) noexcept;
+    // Runs the small call `p` to its end now, as `collective` would run its task, where no
+    // part of it would wait: the group open and sound, no collective of its before this one
+    // (the lock free), nothing to catch up on, and the algorithm ready (see
+    // collectives::broadcast_shm_ready). True when done (or thrown: the call's error); false
+    // having done nothing, and the task runs the call.
+    static bool run_at_once(const small_call& p);
 
     // A collective_call of this group was dropped without being awaited: the collective never
     // ran, and the other ranks wait in it. The group fails from this rank, with words that
@@ -822,6 +837,7 @@ private:
         local_async_mutex* lock = nullptr;
     } unlock_item_;
     std::uint64_t collective_seq_ = 0;
+    std::uint64_t calls_at_once_ = 0;
     std::size_t chunk_bytes_ = std::size_t{1} << 20;
     collectives::scratch_buffers scratch_;
     collectives::topology topology_;

@@ -8,21 +8,47 @@ COROCOLL_BEGIN_NAMESPACE
 
 namespace collectives {
 
+namespace {
+
+// The root's part of a broadcast in its lines, once they are free: it writes them and goes on.
+void broadcast_lines_from_root(transport::shm_arena& a, transport::engine& e,
+                               const transport::collective_meta& meta,
+                               std::span<const std::byte> data) {
+    a.will_go_on(e, meta);
+    a.declare(meta);
+    if (!data.empty()) std::memcpy(a.small(a.rank(), a.next_step()), data.data(), data.size());
+    a.arrive_and_go(e, meta, true);
+}
+
+}  // namespace
+
+COROCOLL_DECL void broadcast_shm_now(transport::shm_arena& a, transport::engine& e,
+                                     const transport::collective_meta& meta,
+                                     std::span<std::byte> data, int root) {
+    if (a.rank() == root) {
+        broadcast_lines_from_root(a, e, meta, data);
+        return;
+    }
+    const std::uint64_t s = a.next_step();
+    a.declare(meta);
+    // The root is there (seen already): the wait is complete; what it does at its end is
+    // what is left, the comparison of the calls.
+    a.arrive(e, meta, std::chrono::steady_clock::time_point::max(), true, root).await_resume();
+    if (!data.empty()) std::memcpy(data.data(), a.small(root, s), data.size());
+}
+
 COROCOLL_DECL task<> broadcast_shm(context& c, std::span<std::byte> data, int root) {
     transport::shm_arena& a = *c.arena;
     const bool is_root = a.rank() == root;
-    if (data.size() <= transport::shm_arena::line_bytes &&
-        !a.single_copy(transport::single_copy_use::broadcast, data.size())) {
+    if (broadcast_shm_in_lines(a, data.size())) {
         // In the root's lines, which it may write again before every reader is done with
         // the last call's (settle_lines): a loop of small broadcasts runs as a queue.
         if (!a.lines_settled()) co_await a.settle_lines(c.net, c.meta, c.deadline);
-        if (is_root) a.will_go_on(c.net, c.meta);
-        a.declare(c.meta);
-        const std::uint64_t s = a.next_step();
         if (is_root) {
-            if (!data.empty()) std::memcpy(a.small(root, s), data.data(), data.size());
-            a.arrive_and_go(c.net, c.meta, true);
+            broadcast_lines_from_root(a, c.net, c.meta, data);
         } else {
+            a.declare(c.meta);
+            const std::uint64_t s = a.next_step();
             co_await a.arrive(c.net, c.meta, c.deadline, true, root);
             if (!data.empty()) std::memcpy(data.data(), a.small(root, s), data.size());
         }

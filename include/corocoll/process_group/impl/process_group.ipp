@@ -2,6 +2,7 @@
 // inline where corocoll is header-only, compiled once in separate compilation (version.hpp).
 #pragma once
 
+#include <corocoll/collectives/broadcast_shm.hpp>
 #include <corocoll/process_group/process_group.hpp>
 
 COROCOLL_BEGIN_NAMESPACE
@@ -221,6 +222,63 @@ COROCOLL_DECL task<> process_group::close_then_delete(process_group* g) {
     } catch (...) {
     }
     delete g;
+}
+
+COROCOLL_DECL small_call process_group::at_once(collectives::collective_kind kind, dtype type,
+                                                std::size_t count, int root,
+                                                collectives::algorithm algo,
+                                                std::span<std::byte> data) noexcept {
+    if (!arena_ || algo != collectives::algorithm::shm ||
+        kind != collectives::collective_kind::broadcast ||
+        !collectives::broadcast_shm_in_lines(*arena_, data.size())) {
+        return {};
+    }
+    small_call p;
+    p.run = &run_at_once;
+    p.group = this;
+    p.data = data;
+    p.count = count;
+    p.root = root;
+    p.kind = static_cast<std::uint8_t>(kind);
+    p.type = static_cast<std::uint8_t>(type);
+    p.algorithm = static_cast<std::uint8_t>(algo);
+    return p;
+}
+
+COROCOLL_DECL bool process_group::run_at_once(const small_call& p) {
+    auto& g = *static_cast<process_group*>(p.group);
+    transport::shm_arena& a = *g.arena_;
+    // What `collective` does, less its frame, its context and its waits. A call that would
+    // wait anywhere goes by its task, and so does one on a closed or failed group (whose task
+    // throws the words for that) or one that must catch up first.
+    if (g.closed_ || g.engine_.failed() || g.engine_.must_catch_up() ||
+        !collectives::broadcast_shm_ready(a, p.root) || !g.collective_lock_.try_lock()) {
+        return false;
+    }
+    // Nobody waited for the lock (it was free) and nobody can meanwhile: nothing here
+    // suspends, so it comes free at once, without the reactor's queue.
+    struct release {
+        process_group& g;
+        ~release() {
+            g.engine_.end_collective();
+            g.collective_lock_.unlock();
+        }
+    } release_at_end{g};
+    transport::collective_meta meta;
+    meta.collective = p.kind;
+    meta.dtype = p.type;
+    meta.algorithm = p.algorithm;
+    meta.root = static_cast<std::uint32_t>(p.root);
+    meta.count = p.count;
+    meta.seq = ++g.collective_seq_;
+    g.engine_.begin_collective(meta);
+    // A frame a peer sent ahead for another call of this number fails the group here.
+    g.engine_.raise_if_failed(meta);
+    a.announce(meta);
+    collectives::broadcast_shm_now(a, g.engine_, meta, p.data, p.root);
+    g.engine_.raise_if_failed(meta);
+    ++g.calls_at_once_;
+    return true;
 }
 
 COROCOLL_DECL void process_group::check_open(const char* what) const {

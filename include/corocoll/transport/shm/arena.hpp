@@ -321,6 +321,9 @@ public:
     /// io::poll_entry). Set from `engine_options::shm_futex_wait`.
     void sleep_on_futex(bool on) noexcept { futex_wanted_ = on; }
 
+    /// Whether rank `r` is known to have reached step `s` (from the last look, else a look at
+    /// its line now): a wait of this rank for `r` alone at `s` would not wait.
+    bool arrived(int r, std::uint64_t s) noexcept { return seen_at(r, s); }
     /// The step the next `arrive` publishes.
     std::uint64_t next_step() const noexcept { return step_ + 1; }
 
