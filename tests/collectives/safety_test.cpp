@@ -354,22 +354,31 @@ TEST_CASE("monitored_barrier names every rank that did not arrive, on every rank
     for (const auto& e : fine) CHECK(e == "");
 }
 
-// A small broadcast in the arena's lines runs at once when awaited, without starting its task,
-// where nothing in it would wait: on the root once the others are done with its lines (here
-// after a barrier), on the others once the root has arrived (here after a message the root
-// sends behind its broadcast). The counts say which way each call went.
-TEST_CASE("a small broadcast that would not wait runs at once, without its task") {
+// A small broadcast, reduce, gather or scatter in the arena's lines runs at once when awaited,
+// without starting its task, where nothing in it would wait: on a rank that writes and goes on
+// (a broadcast's or scatter's root, the others of a reduce or gather) once the others are done
+// with its lines (here after a barrier); on a rank that waits once those it waits for have
+// arrived (here after a message each sends behind its call). The counts say which way each
+// call went.
+TEST_CASE("a small rooted call that would not wait runs at once, without its task") {
     constexpr int rounds = 3;
     std::vector<std::uint64_t> at_once(2);
     // Without an arena (the suite's run over TCP) every call goes by its task.
     int arenas = 0;
     auto errors = errors_of(2, [&at_once, &arenas](cc::process_group& pg) -> cc::task<> {
         if (pg.has_arena() && pg.rank() == 0) ++arenas;
-        std::vector<std::int64_t> v(2), token(1);
+        std::vector<std::int64_t> v(2), all(4), token(1);
         const std::uint64_t before = pg.calls_run_at_once();
+        const int me = pg.rank();
+        auto check = [](bool ok, const char* what, int round) {
+            if (!ok)
+                throw std::runtime_error(std::string("wrong ") + what + " in round " +
+                                         std::to_string(round));
+        };
         for (int round = 0; round < rounds; ++round) {
+            // broadcast and scatter from 0: rank 0 writes, then tells rank 1.
             co_await pg.barrier();
-            if (pg.rank() == 0) {
+            if (me == 0) {
                 v = {round, round + 10};
                 co_await pg.broadcast(v, 0);
                 co_await pg.send(token, 1);
@@ -377,15 +386,46 @@ TEST_CASE("a small broadcast that would not wait runs at once, without its task"
                 co_await pg.recv(token, 0);
                 v = {-1, -1};
                 co_await pg.broadcast(v, 0);
-                if (v != std::vector<std::int64_t>{round, round + 10})
-                    throw std::runtime_error("wrong broadcast in round " + std::to_string(round));
+                check(v == std::vector<std::int64_t>{round, round + 10}, "broadcast", round);
+            }
+            co_await pg.barrier();
+            all = {round, round + 1, round + 2, round + 3};
+            if (me == 0) {
+                co_await pg.scatter_from(v, all, 0);
+                co_await pg.send(token, 1);
+                check(v == std::vector<std::int64_t>{round, round + 1}, "scatter", round);
+            } else {
+                co_await pg.recv(token, 0);
+                co_await pg.scatter_from(v, all, 0);
+                check(v == std::vector<std::int64_t>{round + 2, round + 3}, "scatter", round);
+            }
+            // reduce and gather to 0: rank 1 writes, then tells rank 0.
+            co_await pg.barrier();
+            v = {me + round, 1};
+            if (me == 1) {
+                co_await pg.reduce(v, 0);
+                co_await pg.send(token, 0);
+            } else {
+                co_await pg.recv(token, 1);
+                co_await pg.reduce(v, 0);
+                check(v == std::vector<std::int64_t>{1 + 2 * round, 2}, "reduce", round);
+            }
+            co_await pg.barrier();
+            v = {me, round};
+            if (me == 1) {
+                co_await pg.gather_into(v, all, 0);
+                co_await pg.send(token, 0);
+            } else {
+                co_await pg.recv(token, 1);
+                co_await pg.gather_into(v, all, 0);
+                check(all == std::vector<std::int64_t>{0, round, 1, round}, "gather", round);
             }
         }
-        at_once[static_cast<std::size_t>(pg.rank())] = pg.calls_run_at_once() - before;
+        at_once[static_cast<std::size_t>(me)] = pg.calls_run_at_once() - before;
     });
     for (const auto& e : errors) CHECK(e == "");
-    CHECK(at_once[0] == (arenas == 1 ? rounds : 0));
-    CHECK(at_once[1] == (arenas == 1 ? rounds : 0));
+    CHECK(at_once[0] == (arenas == 1 ? 4 * rounds : 0));
+    CHECK(at_once[1] == (arenas == 1 ? 4 * rounds : 0));
 }
 
 TEST_CASE("a small broadcast run at once still compares the calls") {
@@ -402,6 +442,25 @@ TEST_CASE("a small broadcast run at once still compares the calls") {
             std::vector<std::int64_t> v(3);
             co_await pg.recv(token, 0);
             co_await pg.broadcast(v, 0);
+        }
+        co_await pg.barrier();  // see check_every_rank_failed_with
+    });
+    check_every_rank_failed_with(errors, {"int64 x 2", "int64 x 3"});
+}
+
+TEST_CASE("a small gather run at once on its root still compares the calls") {
+    // Rank 1 gathers 2 elements to rank 0 and tells it; rank 0 comes with 3, runs at once (rank
+    // 1 arrived) and finds the mismatch there; rank 1, gone on, learns it at its barrier.
+    auto errors = errors_of(2, [](cc::process_group& pg) -> cc::task<> {
+        std::vector<std::int64_t> token(1);
+        if (pg.rank() == 1) {
+            std::vector<std::int64_t> in(2, 7), out;
+            co_await pg.gather_into(in, out, 0);
+            co_await pg.send(token, 0);
+        } else {
+            std::vector<std::int64_t> in(3), out(6);
+            co_await pg.recv(token, 1);
+            co_await pg.gather_into(in, out, 0);
         }
         co_await pg.barrier();  // see check_every_rank_failed_with
     });

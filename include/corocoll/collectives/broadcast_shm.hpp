@@ -44,19 +44,11 @@ inline bool broadcast_shm_in_lines(const transport::shm_arena& a, std::size_t by
            !a.single_copy(transport::single_copy_use::broadcast, bytes);
 }
 
-/// Whether broadcast_shm in the root's lines would run to its end without waiting now: the
-/// root's lines are free again (`lines_settled`) and, on the others, the root has arrived at
-/// the step already. Reads the others' lines, changes nothing else.
-inline bool broadcast_shm_ready(transport::shm_arena& a, int root) noexcept {
-    return a.lines_settled() && (a.rank() == root || a.arrived(root, a.next_step()));
-}
-
-/// broadcast_shm of `data` in the root's lines where `broadcast_shm_ready` said so, without
-/// a coroutine: the call must be `meta`, begun (process_group::run_at_once). Throws what the
-/// comparison of the calls finds, as broadcast_shm would.
-COROCOLL_DECL void broadcast_shm_now(transport::shm_arena& a, transport::engine& e,
-                                     const transport::collective_meta& meta,
-                                     std::span<std::byte> data, int root);
+/// broadcast_shm of `data` in the root's lines, run to its end now, without a coroutine,
+/// where collectives::rooted_shm_ready (root writes) said so: `c` is the call, begun
+/// (process_group::run_at_once); its deadline is not read. Throws what the comparison of the
+/// calls finds, as broadcast_shm would.
+COROCOLL_DECL void broadcast_shm_now(context& c, std::span<std::byte> data, int root);
 
 }  // namespace collectives
 

@@ -58,6 +58,45 @@ inline bool reduce_shm_carries(const transport::shm_arena& a, std::size_t bytes,
     return rooted_shm_fits(bytes) || a.slot_bytes() >= elem;
 }
 
+/// Whether gather_shm carries blocks of `block` bytes in the ranks' lines (its small path).
+inline bool gather_shm_in_lines(const transport::shm_arena& a, std::size_t block) noexcept {
+    return rooted_shm_fits(block) && !a.single_copy(transport::single_copy_use::gather, block);
+}
+
+/// Whether scatter_shm carries blocks of `block` bytes in the root's lines (its small path).
+inline bool scatter_shm_in_lines(const transport::shm_arena& a, std::size_t block) noexcept {
+    return rooted_shm_fits(block * static_cast<std::size_t>(a.size())) &&
+           !a.single_copy(transport::single_copy_use::scatter, block);
+}
+
+/// Whether the small path of a rooted call in the lines would run to its end now without
+/// waiting: this rank's lines are free again (`lines_settled`) and, where this rank waits,
+/// those it waits for have arrived at the step already: the root alone where the root writes
+/// and goes on (`root_writes`: broadcast, scatter), else every other rank (the root of a
+/// reduce or gather). Reads the others' lines; changes nothing else.
+inline bool rooted_shm_ready(transport::shm_arena& a, int root, bool root_writes) noexcept {
+    if (!a.lines_settled()) return false;
+    const bool is_root = a.rank() == root;
+    if (is_root == root_writes) return true;  // this rank writes and goes on
+    const std::uint64_t s = a.next_step();
+    if (!is_root) return a.arrived(root, s);
+    for (int r = 0; r < a.size(); ++r) {
+        if (r != root && !a.arrived(r, s)) return false;
+    }
+    return true;
+}
+
+/// reduce_shm, gather_shm and scatter_shm of what fits the lines, run to their end now,
+/// without a coroutine, where `rooted_shm_ready` said so: `c` is the call, begun
+/// (process_group::run_at_once); its deadline is not read. They throw what the comparison of
+/// the calls finds, as the coroutines do.
+COROCOLL_DECL void reduce_shm_now(context& c, std::span<std::byte> data, const reduction& red,
+                                  int root);
+COROCOLL_DECL void gather_shm_now(context& c, std::span<const std::byte> in,
+                                  std::span<std::byte> out, int root);
+COROCOLL_DECL void scatter_shm_now(context& c, std::span<const std::byte> in,
+                                   std::span<std::byte> out, int root);
+
 /// `data` of rank `root` gets the reduction over every rank's `data`, in rank order; the
 /// other ranks' buffers are left as they were.
 COROCOLL_DECL task<> reduce_shm(context& c, std::span<std::byte> data, const reduction& red,

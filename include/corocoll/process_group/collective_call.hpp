@@ -20,11 +20,15 @@ struct small_call {
     /// runs it then). Null: the call always goes by its task.
     bool (*run)(const small_call&) = nullptr;
     void* group = nullptr;
+    /// What the call writes (a broadcast's or reduce's buffer, a gather's or scatter's output)
+    /// and what it only reads (a gather's or scatter's input).
     std::span<std::byte> data;
+    std::span<const std::byte> in;
     std::uint64_t count = 0;
     int root = 0;
     std::uint8_t kind = 0;
     std::uint8_t type = 0;
+    std::uint8_t redop = 0;
     std::uint8_t algorithm = 0;
 };
 

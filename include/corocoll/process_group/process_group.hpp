@@ -350,7 +350,7 @@ public:
                             return collectives::broadcast(c, algo, *hosts, bytes, src);
                         },
                         algo),
-                    at_once(kind, element_of<R>(), std::ranges::size(data), src, algo, bytes));
+                    at_once(kind, element_of<R>(), std::ranges::size(data), 0, src, algo, bytes));
     }
 
     /// Reduces `data` over every rank with `op`, in place; every rank gets the result.
@@ -386,7 +386,9 @@ public:
                         [bytes, red, dst, algo](collectives::context& c) {
                             return collectives::reduce(c, algo, bytes, red, dst);
                         },
-                        algo));
+                        algo),
+                    at_once(kind, red.type, std::ranges::size(data), static_cast<std::uint8_t>(op),
+                            dst, algo, bytes));
     }
 
     /// Gathers every rank's `in` into `out` (size() blocks of in.size() elements, in rank
@@ -429,13 +431,15 @@ public:
         }
         auto kind = collectives::collective_kind::gather;
         auto algo = choose(kind, in_bytes.size());
-        return call("gather_into", collective(
-                                       kind, element_of<I>(), std::ranges::size(in), 0, dst,
-                                       [in_bytes, out_bytes, dst, algo](collectives::context& c) {
-                                           return collectives::gather(c, algo, in_bytes, out_bytes,
-                                                                      dst);
-                                       },
-                                       algo));
+        return call("gather_into",
+                    collective(
+                        kind, element_of<I>(), std::ranges::size(in), 0, dst,
+                        [in_bytes, out_bytes, dst, algo](collectives::context& c) {
+                            return collectives::gather(c, algo, in_bytes, out_bytes, dst);
+                        },
+                        algo),
+                    at_once(kind, element_of<I>(), std::ranges::size(in), 0, dst, algo, out_bytes,
+                            in_bytes));
     }
 
     /// torch's gather: on `dst`, `gather_list[r]` receives rank r's `in`; elsewhere the list is
@@ -457,13 +461,15 @@ public:
         }
         auto kind = collectives::collective_kind::scatter;
         auto algo = choose(kind, out_bytes.size());
-        return call("scatter_from", collective(
-                                        kind, element_of<O>(), std::ranges::size(out), 0, src,
-                                        [in_bytes, out_bytes, src, algo](collectives::context& c) {
-                                            return collectives::scatter(c, algo, in_bytes,
-                                                                        out_bytes, src);
-                                        },
-                                        algo));
+        return call("scatter_from",
+                    collective(
+                        kind, element_of<O>(), std::ranges::size(out), 0, src,
+                        [in_bytes, out_bytes, src, algo](collectives::context& c) {
+                            return collectives::scatter(c, algo, in_bytes, out_bytes, src);
+                        },
+                        algo),
+                    at_once(kind, element_of<O>(), std::ranges::size(out), 0, src, algo, out_bytes,
+                            in_bytes));
     }
 
     /// torch's scatter: rank r gets `scatter_list[r]` of rank `src` in `out`.
@@ -612,7 +618,8 @@ public:
     /// The transport underneath (for collectives and tests).
     transport::engine& engine() noexcept { return engine_; }
     /// Collectives of this rank on the group that ran at once when awaited, without their
-    /// task: small broadcasts through the arena's lines where nothing in them had to wait.
+    /// task: small broadcasts, reduces, gathers and scatters through the arena's lines where
+    /// nothing in them had to wait.
     std::uint64_t calls_run_at_once() const noexcept { return calls_at_once_; }
 
 private:
@@ -736,10 +743,12 @@ private:
         return {std::move(body), this, &forgotten, what, small};
     }
 
-    // How a call of `kind` on `data` may run at once when awaited (`run_at_once`), where its
-    // algorithm has a path for that (a broadcast in the arena's lines); none otherwise.
-    small_call at_once(collectives::collective_kind kind, dtype type, std::size_t count, int root,
-                       collectives::algorithm algo, std::span<std::byte> data) noexcept;
+    // How a call of `kind` that writes `data` and reads `in` may run at once when awaited
+    // (`run_at_once`), where its algorithm has a path for that (broadcast, reduce, gather and
+    // scatter in the arena's lines); none otherwise.
+    small_call at_once(collectives::collective_kind kind, dtype type, std::size_t count,
+                       std::uint8_t redop, int root, collectives::algorithm algo,
+                       std::span<std::byte> data, std::span<const std::byte> in = {}) noexcept;
     // Runs the small call `p` to its end now, as `collective` would run its task, where no
     // part of it would wait: the group open and sound, no collective of its before this one
     // (the lock free), nothing to catch up on, and the algorithm ready (see

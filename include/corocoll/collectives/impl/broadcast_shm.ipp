@@ -11,30 +11,33 @@ namespace collectives {
 namespace {
 
 // The root's part of a broadcast in its lines, once they are free: it writes them and goes on.
-void broadcast_lines_from_root(transport::shm_arena& a, transport::engine& e,
-                               const transport::collective_meta& meta,
-                               std::span<const std::byte> data) {
-    a.will_go_on(e, meta);
-    a.declare(meta);
+void broadcast_lines_from_root(context& c, std::span<const std::byte> data) {
+    transport::shm_arena& a = *c.arena;
+    a.will_go_on(c.net, c.meta);
+    a.declare(c.meta);
     if (!data.empty()) std::memcpy(a.small(a.rank(), a.next_step()), data.data(), data.size());
-    a.arrive_and_go(e, meta, true);
+    a.arrive_and_go(c.net, c.meta, true);
+}
+
+// Another rank's, once the root arrived at step `s`: the data out of the root's lines.
+void broadcast_lines_take(context& c, std::span<std::byte> data, int root, std::uint64_t s) {
+    if (!data.empty()) std::memcpy(data.data(), c.arena->small(root, s), data.size());
 }
 
 }  // namespace
 
-COROCOLL_DECL void broadcast_shm_now(transport::shm_arena& a, transport::engine& e,
-                                     const transport::collective_meta& meta,
-                                     std::span<std::byte> data, int root) {
+COROCOLL_DECL void broadcast_shm_now(context& c, std::span<std::byte> data, int root) {
+    transport::shm_arena& a = *c.arena;
     if (a.rank() == root) {
-        broadcast_lines_from_root(a, e, meta, data);
+        broadcast_lines_from_root(c, data);
         return;
     }
+    a.declare(c.meta);
     const std::uint64_t s = a.next_step();
-    a.declare(meta);
     // The root is there (seen already): the wait is complete; what it does at its end is
     // what is left, the comparison of the calls.
-    a.arrive(e, meta, std::chrono::steady_clock::time_point::max(), true, root).await_resume();
-    if (!data.empty()) std::memcpy(data.data(), a.small(root, s), data.size());
+    a.arrive(c.net, c.meta, c.deadline, true, root).await_resume();
+    broadcast_lines_take(c, data, root, s);
 }
 
 COROCOLL_DECL task<> broadcast_shm(context& c, std::span<std::byte> data, int root) {
@@ -45,12 +48,12 @@ COROCOLL_DECL task<> broadcast_shm(context& c, std::span<std::byte> data, int ro
         // the last call's (settle_lines): a loop of small broadcasts runs as a queue.
         if (!a.lines_settled()) co_await a.settle_lines(c.net, c.meta, c.deadline);
         if (is_root) {
-            broadcast_lines_from_root(a, c.net, c.meta, data);
+            broadcast_lines_from_root(c, data);
         } else {
             a.declare(c.meta);
             const std::uint64_t s = a.next_step();
             co_await a.arrive(c.net, c.meta, c.deadline, true, root);
-            if (!data.empty()) std::memcpy(data.data(), a.small(root, s), data.size());
+            broadcast_lines_take(c, data, root, s);
         }
         co_return;
     }

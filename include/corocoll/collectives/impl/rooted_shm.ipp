@@ -35,12 +35,97 @@ inline std::size_t scatter_shm_offset(int r, int root, std::size_t block) {
     return static_cast<std::size_t>(r < root ? r : r - 1) * block;
 }
 
+// A rank that only writes `what` for the step, its lines free: says so, declares the call,
+// writes and goes on (a reduce's or gather's non-root).
+inline void rooted_shm_go_on(context& c, std::span<const std::byte> what) {
+    c.arena->will_go_on(c.net, c.meta);
+    c.arena->declare(c.meta);
+    rooted_shm_write(c, what);
+}
+
+// A reduce's root, its lines free: declares the call and puts its own copy in its own lines,
+// in rank order with the others' as all_reduce_shm does (no other rank reads them in a
+// reduce); the step the copies go with.
+inline std::uint64_t reduce_lines_own(context& c, std::span<const std::byte> data) {
+    transport::shm_arena& a = *c.arena;
+    a.declare(c.meta);
+    const std::uint64_t s = a.next_step();
+    if (!data.empty()) std::memcpy(a.small(a.rank(), s), data.data(), data.size());
+    return s;
+}
+
+// A reduce's root, every rank arrived at step `s`: reduces every copy into `data`.
+inline void reduce_lines_collect(context& c, std::span<std::byte> data, const reduction& red,
+                                 std::uint64_t s) {
+    if (data.empty()) return;
+    transport::shm_arena& a = *c.arena;
+    const std::size_t count = data.size() / red.elem();
+    std::memcpy(data.data(), a.small(0, s), data.size());
+    for (int r = 1; r < a.size(); ++r) red(data.data(), a.small(r, s), count);
+    red.finish(data.data(), count, a.size());
+}
+
+// A gather's root, every rank arrived at step `s`: every block into place.
+inline void gather_lines_collect(context& c, std::span<const std::byte> in,
+                                 std::span<std::byte> out, std::uint64_t s) {
+    transport::shm_arena& a = *c.arena;
+    const std::size_t block = in.size();
+    for (int r = 0; r < a.size() && block > 0; ++r) {
+        std::memcpy(out.data() + static_cast<std::size_t>(r) * block,
+                    r == a.rank() ? in.data() : a.small(r, s), block);
+    }
+}
+
+// A scatter's root, its lines free: says it goes on, declares the call, writes every other
+// rank's block and goes on; its own block straight into `out`.
+inline void scatter_lines_from_root(context& c, std::span<const std::byte> in,
+                                    std::span<std::byte> out) {
+    const std::size_t block = out.size();
+    const std::size_t mine = static_cast<std::size_t>(c.arena->rank()) * block;
+    c.arena->will_go_on(c.net, c.meta);
+    c.arena->declare(c.meta);
+    rooted_shm_write(c, in, mine, block);
+    if (block > 0) std::memcpy(out.data(), in.data() + mine, block);
+}
+
+// A scatter's other rank, the root arrived at step `s`: its block out of the root's lines.
+inline void scatter_lines_take(context& c, std::span<std::byte> out, int root, std::uint64_t s) {
+    const std::size_t block = out.size();
+    if (block == 0) return;
+    std::memcpy(out.data(),
+                c.arena->small(root, s) + scatter_shm_offset(c.arena->rank(), root, block), block);
+}
+
 }  // namespace detail
+
+COROCOLL_DECL void gather_shm_now(context& c, std::span<const std::byte> in,
+                                  std::span<std::byte> out, int root) {
+    if (c.arena->rank() != root) {
+        detail::rooted_shm_go_on(c, in);
+        return;
+    }
+    c.arena->declare(c.meta);
+    const std::uint64_t s = c.arena->next_step();
+    c.arena->arrive(c.net, c.meta, c.deadline, true).await_resume();
+    detail::gather_lines_collect(c, in, out, s);
+}
+
+COROCOLL_DECL void scatter_shm_now(context& c, std::span<const std::byte> in,
+                                   std::span<std::byte> out, int root) {
+    if (c.arena->rank() == root) {
+        detail::scatter_lines_from_root(c, in, out);
+        return;
+    }
+    c.arena->declare(c.meta);
+    const std::uint64_t s = c.arena->next_step();
+    c.arena->arrive(c.net, c.meta, c.deadline, true, root).await_resume();
+    detail::scatter_lines_take(c, out, root, s);
+}
 
 COROCOLL_DECL task<> reduce_shm(context& c, std::span<std::byte> data, const reduction& red,
                                 int root) {
     transport::shm_arena& a = *c.arena;
-    const int n = a.size(), me = a.rank();
+    const int me = a.rank();
     if (!rooted_shm_fits(data.size())) {
         // Beyond the lines: in slices, as all_reduce_shm's large path, the root alone copying
         // the result out.
@@ -50,22 +135,24 @@ COROCOLL_DECL task<> reduce_shm(context& c, std::span<std::byte> data, const red
         co_return;
     }
     if (!a.lines_settled()) co_await a.settle_lines(c.net, c.meta, c.deadline);
-    if (me != root) a.will_go_on(c.net, c.meta);
-    a.declare(c.meta);
     if (me != root) {
-        detail::rooted_shm_write(c, data);
+        detail::rooted_shm_go_on(c, data);
         co_return;
     }
-    // In rank order, as all_reduce_shm does: this rank's copy goes in its own lines too (no
-    // other rank reads them in a reduce), and every copy is reduced from there.
-    const std::uint64_t s = a.next_step();
-    if (!data.empty()) std::memcpy(a.small(me, s), data.data(), data.size());
+    const std::uint64_t s = detail::reduce_lines_own(c, data);
     co_await a.arrive(c.net, c.meta, c.deadline, true);
-    if (data.empty()) co_return;
-    const std::size_t count = data.size() / red.elem();
-    std::memcpy(data.data(), a.small(0, s), data.size());
-    for (int r = 1; r < n; ++r) red(data.data(), a.small(r, s), count);
-    red.finish(data.data(), count, n);
+    detail::reduce_lines_collect(c, data, red, s);
+}
+
+COROCOLL_DECL void reduce_shm_now(context& c, std::span<std::byte> data, const reduction& red,
+                                  int root) {
+    if (c.arena->rank() != root) {
+        detail::rooted_shm_go_on(c, data);
+        return;
+    }
+    const std::uint64_t s = detail::reduce_lines_own(c, data);
+    c.arena->arrive(c.net, c.meta, c.deadline, true).await_resume();
+    detail::reduce_lines_collect(c, data, red, s);
 }
 
 COROCOLL_DECL task<> gather_shm(context& c, std::span<const std::byte> in, std::span<std::byte> out,
@@ -74,19 +161,16 @@ COROCOLL_DECL task<> gather_shm(context& c, std::span<const std::byte> in, std::
     const int n = a.size(), me = a.rank();
     const std::size_t block = in.size();
     auto at = [block](int r) { return static_cast<std::size_t>(r) * block; };
-    if (rooted_shm_fits(block) && !a.single_copy(transport::single_copy_use::gather, block)) {
+    if (gather_shm_in_lines(a, block)) {
         if (!a.lines_settled()) co_await a.settle_lines(c.net, c.meta, c.deadline);
-        if (me != root) a.will_go_on(c.net, c.meta);
-        a.declare(c.meta);
         if (me != root) {
-            detail::rooted_shm_write(c, in);
+            detail::rooted_shm_go_on(c, in);
             co_return;
         }
+        a.declare(c.meta);
         const std::uint64_t s = a.next_step();
         co_await a.arrive(c.net, c.meta, c.deadline, true);
-        for (int r = 0; r < n && block > 0; ++r) {
-            std::memcpy(out.data() + at(r), r == me ? in.data() : a.small(r, s), block);
-        }
+        detail::gather_lines_collect(c, in, out, s);
         co_return;
     }
     co_await a.settle(c.net, c.deadline);
@@ -144,22 +228,16 @@ COROCOLL_DECL task<> scatter_shm(context& c, std::span<const std::byte> in,
     const std::size_t block = out.size();
     const std::size_t mine = static_cast<std::size_t>(me) * block;
     const bool is_root = me == root;
-    if (rooted_shm_fits(block * static_cast<std::size_t>(n)) &&
-        !a.single_copy(transport::single_copy_use::scatter, block)) {
+    if (scatter_shm_in_lines(a, block)) {
         if (!a.lines_settled()) co_await a.settle_lines(c.net, c.meta, c.deadline);
-        if (is_root) a.will_go_on(c.net, c.meta);
-        a.declare(c.meta);
         if (is_root) {
-            detail::rooted_shm_write(c, in, mine, block);
-            if (block > 0) std::memcpy(out.data(), in.data() + mine, block);
+            detail::scatter_lines_from_root(c, in, out);
             co_return;
         }
+        a.declare(c.meta);
         const std::uint64_t s = a.next_step();
         co_await a.arrive(c.net, c.meta, c.deadline, true, root);
-        if (block > 0) {
-            std::memcpy(out.data(), a.small(root, s) + detail::scatter_shm_offset(me, root, block),
-                        block);
-        }
+        detail::scatter_lines_take(c, out, root, s);
         co_return;
     }
     co_await a.settle(c.net, c.deadline);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <corocoll/collectives/broadcast_shm.hpp>
+#include <corocoll/collectives/rooted_shm.hpp>
 #include <corocoll/process_group/process_group.hpp>
 
 COROCOLL_BEGIN_NAMESPACE
@@ -225,34 +226,57 @@ COROCOLL_DECL task<> process_group::close_then_delete(process_group* g) {
 }
 
 COROCOLL_DECL small_call process_group::at_once(collectives::collective_kind kind, dtype type,
-                                                std::size_t count, int root,
+                                                std::size_t count, std::uint8_t redop, int root,
                                                 collectives::algorithm algo,
-                                                std::span<std::byte> data) noexcept {
-    if (!arena_ || algo != collectives::algorithm::shm ||
-        kind != collectives::collective_kind::broadcast ||
-        !collectives::broadcast_shm_in_lines(*arena_, data.size())) {
-        return {};
+                                                std::span<std::byte> data,
+                                                std::span<const std::byte> in) noexcept {
+    using collectives::collective_kind;
+    if (!arena_ || algo != collectives::algorithm::shm) return {};
+    // Where the algorithm's own small path would carry the call (its test, the same here).
+    const transport::shm_arena& a = *arena_;
+    bool in_lines = false;
+    switch (kind) {
+        case collective_kind::broadcast:
+            in_lines = collectives::broadcast_shm_in_lines(a, data.size());
+            break;
+        case collective_kind::reduce:
+            in_lines = collectives::rooted_shm_fits(data.size());
+            break;
+        case collective_kind::gather:
+            in_lines = collectives::gather_shm_in_lines(a, in.size());
+            break;
+        case collective_kind::scatter:
+            in_lines = collectives::scatter_shm_in_lines(a, data.size());
+            break;
+        default:
+            break;
     }
+    if (!in_lines) return {};
     small_call p;
     p.run = &run_at_once;
     p.group = this;
     p.data = data;
+    p.in = in;
     p.count = count;
     p.root = root;
     p.kind = static_cast<std::uint8_t>(kind);
     p.type = static_cast<std::uint8_t>(type);
+    p.redop = redop;
     p.algorithm = static_cast<std::uint8_t>(algo);
     return p;
 }
 
 COROCOLL_DECL bool process_group::run_at_once(const small_call& p) {
+    using collectives::collective_kind;
     auto& g = *static_cast<process_group*>(p.group);
     transport::shm_arena& a = *g.arena_;
-    // What `collective` does, less its frame, its context and its waits. A call that would
-    // wait anywhere goes by its task, and so does one on a closed or failed group (whose task
-    // throws the words for that) or one that must catch up first.
+    const auto kind = static_cast<collective_kind>(p.kind);
+    const bool root_writes = kind == collective_kind::broadcast || kind == collective_kind::scatter;
+    // What `collective` does, less its frame, its context's deadline and its waits. A call
+    // that would wait anywhere goes by its task, and so does one on a closed or failed group
+    // (whose task throws the words for that) or one that must catch up first.
     if (g.closed_ || g.engine_.failed() || g.engine_.must_catch_up() ||
-        !collectives::broadcast_shm_ready(a, p.root) || !g.collective_lock_.try_lock()) {
+        !collectives::rooted_shm_ready(a, p.root, root_writes) || !g.collective_lock_.try_lock()) {
         return false;
     }
     // Nobody waited for the lock (it was free) and nobody can meanwhile: nothing here
@@ -266,6 +290,7 @@ COROCOLL_DECL bool process_group::run_at_once(const small_call& p) {
     } release_at_end{g};
     transport::collective_meta meta;
     meta.collective = p.kind;
+    meta.redop = p.redop;
     meta.dtype = p.type;
     meta.algorithm = p.algorithm;
     meta.root = static_cast<std::uint32_t>(p.root);
@@ -275,7 +300,27 @@ COROCOLL_DECL bool process_group::run_at_once(const small_call& p) {
     // A frame a peer sent ahead for another call of this number fails the group here.
     g.engine_.raise_if_failed(meta);
     a.announce(meta);
-    collectives::broadcast_shm_now(a, g.engine_, meta, p.data, p.root);
+    // Nothing here waits, so the deadline is never read.
+    collectives::context c{g.engine_, meta, std::chrono::steady_clock::time_point::max(),
+                           g.chunk_bytes_, &g.scratch_};
+    c.arena = &a;
+    switch (kind) {
+        case collective_kind::broadcast:
+            collectives::broadcast_shm_now(c, p.data, p.root);
+            break;
+        case collective_kind::reduce:
+            collectives::reduce_shm_now(
+                c, p.data,
+                collectives::reduction{static_cast<reduce_op>(p.redop), static_cast<dtype>(p.type)},
+                p.root);
+            break;
+        case collective_kind::gather:
+            collectives::gather_shm_now(c, p.in, p.data, p.root);
+            break;
+        default:
+            collectives::scatter_shm_now(c, p.in, p.data, p.root);
+            break;
+    }
     g.engine_.raise_if_failed(meta);
     ++g.calls_at_once_;
     return true;
