@@ -19,16 +19,23 @@ struct small_call {
     /// Runs the call now and returns true, or returns false having done nothing (its task
     /// runs it then). Null: the call always goes by its task.
     bool (*run)(const small_call&) = nullptr;
+    /// The group the call is on (what `run` runs it on).
     void* group = nullptr;
-    /// What the call writes (a broadcast's or reduce's buffer, a gather's or scatter's output)
-    /// and what it only reads (a gather's or scatter's input).
+    /// What the call writes: a broadcast's or reduce's buffer, a gather's or scatter's output.
     std::span<std::byte> data;
+    /// What the call only reads: a gather's or scatter's input.
     std::span<const std::byte> in;
+    /// Elements, as the call's metadata counts them (collective_meta::count).
     std::uint64_t count = 0;
+    /// The root rank.
     int root = 0;
+    /// The collective (collectives::collective_kind).
     std::uint8_t kind = 0;
+    /// The element type (dtype).
     std::uint8_t type = 0;
+    /// The reduction (reduce_op; 0 where the call reduces nothing).
     std::uint8_t redop = 0;
+    /// The algorithm chosen (collectives::algorithm).
     std::uint8_t algorithm = 0;
 };
 
