@@ -551,17 +551,21 @@ TEST_CASE("without futex waits a rank at an arena step pauses between looks") {
 
 namespace {
 
+// A new empty file named from `pattern` (ending in XXXXXX), for ranks to leave words in.
+std::string new_temp_file(std::string pattern) {
+    int fd = ::mkstemp(pattern.data());
+    REQUIRE(fd >= 0);
+    ::close(fd);
+    return pattern;
+}
+
 // Runs `call` in a loop on 3 ranks over shared memory (64 MiB of floats); rank 2 starts one
 // call and is killed with SIGKILL 200 ms later, or at once with `at_once` (its call then
 // still in its first step). Every other rank must fail naming rank 2, not by a timeout, and
 // /dev/shm must be as it was.
 void kill_rank_2_during(cc::task<> (*call)(cc::process_group&, std::vector<float>&), bool at_once) {
     auto shm_before = dev_shm_entries();
-    char stamp_path[] = "/tmp/corocoll-shm-kill-XXXXXX";
-    int fd = ::mkstemp(stamp_path);
-    REQUIRE(fd >= 0);
-    ::close(fd);
-    std::string stamp = stamp_path;
+    std::string stamp = new_temp_file("/tmp/corocoll-shm-kill-XXXXXX");
     scoped_env env("COROCOLL_TRANSPORT", "shm");
     cc::spawn_options o;
     o.stop_others_on_failure = false;  // the survivors report what they saw
@@ -648,11 +652,7 @@ namespace {
 // it gone. Rank 0's error must be the revoke (rank 1 left its abort notice beside its channel),
 // whether rank 0 was copying then or waiting: not "its process is gone", nor "left the call".
 void revoke_while_copied(bool then_exit) {
-    char path[] = "/tmp/corocoll-shm-revoke-XXXXXX";
-    int fd = ::mkstemp(path);
-    REQUIRE(fd >= 0);
-    ::close(fd);
-    std::string out = path;
+    std::string out = new_temp_file("/tmp/corocoll-shm-revoke-XXXXXX");
     scoped_env env("COROCOLL_TRANSPORT", "shm");
     cc::spawn_options o;
     o.stop_others_on_failure = false;

@@ -743,6 +743,12 @@ private:
         return {std::move(body), this, &forgotten, what, small};
     }
 
+    // The next collective's metadata, numbered, shown to the engine (begin_collective) and
+    // the arena (announce): what every call does once it holds the lock (`collective`,
+    // `run_at_once`). A call on a failed group throws here first.
+    COROCOLL_DECL transport::collective_meta begin_call(std::uint8_t kind, dtype type,
+                                                        std::size_t count, std::uint8_t redop,
+                                                        int root, std::uint8_t algo);
     // How a call of `kind` that writes `data` and reads `in` may run at once when awaited
     // (`run_at_once`), where its algorithm has a path for that (broadcast, reduce, gather and
     // scatter in the arena's lines); none otherwise.

@@ -33,21 +33,8 @@ task<> process_group::collective(collectives::collective_kind kind, dtype type, 
             }
         }
     } release_at_end{*this};
-    transport::collective_meta meta;
-    meta.collective = static_cast<std::uint8_t>(kind);
-    meta.redop = redop;
-    meta.dtype = static_cast<std::uint8_t>(type);
-    meta.algorithm = static_cast<std::uint8_t>(algo);
-    meta.root = static_cast<std::uint32_t>(root);
-    meta.count = count;
-    meta.seq = ++collective_seq_;
-    // A call on a failed group fails here, before it shows itself to the others: announced in
-    // the arena, it would be a mismatch to a rank still waiting in its own call of that number
-    // that has not read the failure yet (a barrier after a revoke, against the others'
-    // all_reduce), and that rank would report the mismatch instead of the revoke.
-    engine_.raise_if_failed(meta);
-    engine_.begin_collective(meta);
-    if (arena_) arena_->announce(meta);
+    transport::collective_meta meta = begin_call(static_cast<std::uint8_t>(kind), type, count,
+                                                 redop, root, static_cast<std::uint8_t>(algo));
     collectives::context c{engine_, meta, deadline(), chunk_bytes_, &scratch_};
     c.arena = arena_.get();
     co_await body(c);

@@ -225,6 +225,28 @@ COROCOLL_DECL task<> process_group::close_then_delete(process_group* g) {
     delete g;
 }
 
+COROCOLL_DECL transport::collective_meta process_group::begin_call(std::uint8_t kind, dtype type,
+                                                                   std::size_t count,
+                                                                   std::uint8_t redop, int root,
+                                                                   std::uint8_t algo) {
+    transport::collective_meta meta;
+    meta.collective = kind;
+    meta.redop = redop;
+    meta.dtype = static_cast<std::uint8_t>(type);
+    meta.algorithm = algo;
+    meta.root = static_cast<std::uint32_t>(root);
+    meta.count = count;
+    meta.seq = ++collective_seq_;
+    // A call on a failed group fails here, before it shows itself to the others: announced in
+    // the arena, it would be a mismatch to a rank still waiting in its own call of that number
+    // that has not read the failure yet (a barrier after a revoke, against the others'
+    // all_reduce), and that rank would report the mismatch instead of the revoke.
+    engine_.raise_if_failed(meta);
+    engine_.begin_collective(meta);
+    if (arena_) arena_->announce(meta);
+    return meta;
+}
+
 COROCOLL_DECL small_call process_group::at_once(collectives::collective_kind kind, dtype type,
                                                 std::size_t count, std::uint8_t redop, int root,
                                                 collectives::algorithm algo,
@@ -288,18 +310,10 @@ COROCOLL_DECL bool process_group::run_at_once(const small_call& p) {
             g.collective_lock_.unlock();
         }
     } release_at_end{g};
-    transport::collective_meta meta;
-    meta.collective = p.kind;
-    meta.redop = p.redop;
-    meta.dtype = p.type;
-    meta.algorithm = p.algorithm;
-    meta.root = static_cast<std::uint32_t>(p.root);
-    meta.count = p.count;
-    meta.seq = ++g.collective_seq_;
-    g.engine_.begin_collective(meta);
-    // A frame a peer sent ahead for another call of this number fails the group here.
+    const transport::collective_meta meta =
+        g.begin_call(p.kind, static_cast<dtype>(p.type), p.count, p.redop, p.root, p.algorithm);
+    // A frame a peer sent ahead for another call of this number failed the group there.
     g.engine_.raise_if_failed(meta);
-    a.announce(meta);
     // Nothing here waits, so the deadline is never read.
     collectives::context c{g.engine_, meta, std::chrono::steady_clock::time_point::max(),
                            g.chunk_bytes_, &g.scratch_};
