@@ -13,12 +13,16 @@
 
 COROCOLL_BEGIN_NAMESPACE
 
-/// A small call that its group may run at once when awaited, without starting its task,
-/// where nothing in it would wait (process_group::run_at_once): what it is and on what.
+/// A rooted call (broadcast, reduce, gather, scatter) described whole: what it is and on what.
+/// Its group builds the call's task from it only when the task is needed (`make`), and may
+/// run a small call at once when awaited, without any task, where nothing in it would wait
+/// (process_group::run_at_once).
 struct small_call {
     /// Runs the call now and returns true, or returns false having done nothing (its task
     /// runs it then). Null: the call always goes by its task.
     bool (*run)(const small_call&) = nullptr;
+    /// Builds the call's task (not started). Null: the call came with its task.
+    task<> (*make)(const small_call&) = nullptr;
     /// The group the call is on (what `run` runs it on).
     void* group = nullptr;
     /// What the call writes: a broadcast's or reduce's buffer, a gather's or scatter's output.
@@ -57,7 +61,8 @@ public:
     using forgotten_fn = void (*)(void* owner, const char* what) noexcept;
 
     /// Takes `body`, not started; `forgotten(owner, what)` runs if the call is dropped unawaited.
-    /// `small`: how it may run without `body` when awaited (see `small_call`).
+    /// `small`: how it may run without `body` when awaited, and how `body` is built where it
+    /// came empty (see `small_call`).
     collective_call(task<T> body, void* owner, forgotten_fn forgotten, const char* what,
                     small_call small = {}) noexcept
         : body_(std::move(body)),
@@ -82,13 +87,14 @@ public:
     /// Runs the collective; yields its result or rethrows its error.
     auto operator co_await()&& noexcept {
         owner_ = nullptr;
-        return awaiter{std::move(body_).operator co_await(), &small_};
+        return awaiter{this};
     }
 
     /// The collective as a plain task (to keep in a `std::vector<task<T>>`); that task runs
     /// it when awaited, and is no longer watched for a forgotten co_await.
-    operator task<T>()&& noexcept {  // NOLINT(google-explicit-constructor): a task stands in
+    operator task<T>()&& {  // NOLINT(google-explicit-constructor): a task stands in
         owner_ = nullptr;
+        build();
         return std::move(body_);
     }
 
@@ -97,14 +103,24 @@ public:
 
 private:
     using task_awaiter = decltype(std::declval<task<T>>().operator co_await());
-    // The task's awaiter, first offered to the small call: a call run at once is not
-    // suspended for, and its task is never started (the call's end destroys it).
+    // The task, built from the small call where it came without one.
+    void build() {
+        if constexpr (std::is_void_v<T>) {
+            if (!body_ && small_.make != nullptr) body_ = small_.make(small_);
+        }
+    }
+    // The call is first offered to the small call: a call run at once is not suspended for,
+    // and its task is never built (or, where it came with one, started: the call's end
+    // destroys it). The call lives until the end of the co_await expression.
     struct awaiter {
-        task_awaiter inner;
-        const small_call* small;
+        collective_call* call;
+        task_awaiter inner{};
         bool ran = false;
         bool await_ready() {
-            if (small->run != nullptr && small->run(*small)) return ran = true;
+            const small_call& small = call->small_;
+            if (small.run != nullptr && small.run(small)) return ran = true;
+            call->build();
+            inner = std::move(call->body_).operator co_await();
             return inner.await_ready();
         }
         decltype(auto) await_suspend(std::coroutine_handle<> h) noexcept {

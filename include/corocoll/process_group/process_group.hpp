@@ -343,14 +343,8 @@ public:
         check_root("broadcast", src);
         auto kind = collectives::collective_kind::broadcast;
         auto algo = choose(kind, bytes.size());
-        return call("broadcast",
-                    collective(
-                        kind, element_of<R>(), std::ranges::size(data), 0, src,
-                        [bytes, src, algo, hosts = &topology_](collectives::context& c) {
-                            return collectives::broadcast(c, algo, *hosts, bytes, src);
-                        },
-                        algo),
-                    at_once(kind, element_of<R>(), std::ranges::size(data), 0, src, algo, bytes));
+        return call("broadcast", {},
+                    rooted(kind, element_of<R>(), std::ranges::size(data), 0, src, algo, bytes));
     }
 
     /// Reduces `data` over every rank with `op`, in place; every rank gets the result.
@@ -380,15 +374,9 @@ public:
         check_root("reduce", dst);
         auto kind = collectives::collective_kind::reduce;
         auto algo = choose(kind, bytes.size());
-        return call("reduce",
-                    collective(
-                        kind, red.type, std::ranges::size(data), static_cast<std::uint8_t>(op), dst,
-                        [bytes, red, dst, algo](collectives::context& c) {
-                            return collectives::reduce(c, algo, bytes, red, dst);
-                        },
-                        algo),
-                    at_once(kind, red.type, std::ranges::size(data), static_cast<std::uint8_t>(op),
-                            dst, algo, bytes));
+        return call("reduce", {},
+                    rooted(kind, red.type, std::ranges::size(data), static_cast<std::uint8_t>(op),
+                           dst, algo, bytes));
     }
 
     /// Gathers every rank's `in` into `out` (size() blocks of in.size() elements, in rank
@@ -431,15 +419,9 @@ public:
         }
         auto kind = collectives::collective_kind::gather;
         auto algo = choose(kind, in_bytes.size());
-        return call("gather_into",
-                    collective(
-                        kind, element_of<I>(), std::ranges::size(in), 0, dst,
-                        [in_bytes, out_bytes, dst, algo](collectives::context& c) {
-                            return collectives::gather(c, algo, in_bytes, out_bytes, dst);
-                        },
-                        algo),
-                    at_once(kind, element_of<I>(), std::ranges::size(in), 0, dst, algo, out_bytes,
-                            in_bytes));
+        return call("gather_into", {},
+                    rooted(kind, element_of<I>(), std::ranges::size(in), 0, dst, algo, out_bytes,
+                           in_bytes));
     }
 
     /// torch's gather: on `dst`, `gather_list[r]` receives rank r's `in`; elsewhere the list is
@@ -461,15 +443,9 @@ public:
         }
         auto kind = collectives::collective_kind::scatter;
         auto algo = choose(kind, out_bytes.size());
-        return call("scatter_from",
-                    collective(
-                        kind, element_of<O>(), std::ranges::size(out), 0, src,
-                        [in_bytes, out_bytes, src, algo](collectives::context& c) {
-                            return collectives::scatter(c, algo, in_bytes, out_bytes, src);
-                        },
-                        algo),
-                    at_once(kind, element_of<O>(), std::ranges::size(out), 0, src, algo, out_bytes,
-                            in_bytes));
+        return call("scatter_from", {},
+                    rooted(kind, element_of<O>(), std::ranges::size(out), 0, src, algo, out_bytes,
+                           in_bytes));
     }
 
     /// torch's scatter: rank r gets `scatter_list[r]` of rank `src` in `out`.
@@ -749,12 +725,15 @@ private:
     COROCOLL_DECL transport::collective_meta begin_call(std::uint8_t kind, dtype type,
                                                         std::size_t count, std::uint8_t redop,
                                                         int root, std::uint8_t algo);
-    // How a call of `kind` that writes `data` and reads `in` may run at once when awaited
-    // (`run_at_once`), where its algorithm has a path for that (broadcast, reduce, gather and
-    // scatter in the arena's lines); none otherwise.
-    small_call at_once(collectives::collective_kind kind, dtype type, std::size_t count,
-                       std::uint8_t redop, int root, collectives::algorithm algo,
-                       std::span<std::byte> data, std::span<const std::byte> in = {}) noexcept;
+    // The rooted call (broadcast, reduce, gather, scatter) of `kind` that writes `data` and
+    // reads `in`, described whole: its task is built from it when needed (`make_rooted`), and
+    // it may run at once when awaited (`run_at_once`) where its algorithm has a path for that
+    // (in the arena's lines).
+    small_call rooted(collectives::collective_kind kind, dtype type, std::size_t count,
+                      std::uint8_t redop, int root, collectives::algorithm algo,
+                      std::span<std::byte> data, std::span<const std::byte> in = {}) noexcept;
+    // The task of the rooted call `p` (`collective` with the call's algorithm), not started.
+    static task<> make_rooted(const small_call& p);
     // Runs the small call `p` to its end now, as `collective` would run its task, where no
     // part of it would wait: the group open and sound, no collective of its before this one
     // (the lock free), nothing to catch up on, and the algorithm ready (see

@@ -247,13 +247,24 @@ COROCOLL_DECL transport::collective_meta process_group::begin_call(std::uint8_t 
     return meta;
 }
 
-COROCOLL_DECL small_call process_group::at_once(collectives::collective_kind kind, dtype type,
-                                                std::size_t count, std::uint8_t redop, int root,
-                                                collectives::algorithm algo,
-                                                std::span<std::byte> data,
-                                                std::span<const std::byte> in) noexcept {
-    using collectives::collective_kind;
-    if (!arena_ || algo != collectives::algorithm::shm) return {};
+COROCOLL_DECL small_call process_group::rooted(collectives::collective_kind kind, dtype type,
+                                               std::size_t count, std::uint8_t redop, int root,
+                                               collectives::algorithm algo,
+                                               std::span<std::byte> data,
+                                               std::span<const std::byte> in) noexcept {
+    using collective_kind = collectives::collective_kind;
+    small_call p;
+    p.make = &make_rooted;
+    p.group = this;
+    p.data = data;
+    p.in = in;
+    p.count = count;
+    p.root = root;
+    p.kind = static_cast<std::uint8_t>(kind);
+    p.type = static_cast<std::uint8_t>(type);
+    p.redop = redop;
+    p.algorithm = static_cast<std::uint8_t>(algo);
+    if (!arena_ || algo != collectives::algorithm::shm) return p;
     // Where the algorithm's own small path would carry the call (its test, the same here).
     const transport::shm_arena& a = *arena_;
     bool in_lines = false;
@@ -273,19 +284,33 @@ COROCOLL_DECL small_call process_group::at_once(collectives::collective_kind kin
         default:
             break;
     }
-    if (!in_lines) return {};
-    small_call p;
-    p.run = &run_at_once;
-    p.group = this;
-    p.data = data;
-    p.in = in;
-    p.count = count;
-    p.root = root;
-    p.kind = static_cast<std::uint8_t>(kind);
-    p.type = static_cast<std::uint8_t>(type);
-    p.redop = redop;
-    p.algorithm = static_cast<std::uint8_t>(algo);
+    if (in_lines) p.run = &run_at_once;
     return p;
+}
+
+COROCOLL_DECL task<> process_group::make_rooted(const small_call& p) {
+    using collective_kind = collectives::collective_kind;
+    auto& g = *static_cast<process_group*>(p.group);
+    const auto kind = static_cast<collective_kind>(p.kind);
+    return g.collective(
+        kind, static_cast<dtype>(p.type), p.count, p.redop, p.root,
+        // The reduction lives here: the algorithms keep a reference to it.
+        [p, hosts = &g.topology_,
+         red = collectives::reduction{static_cast<reduce_op>(p.redop), static_cast<dtype>(p.type)}](
+            collectives::context& c) {
+            const auto algo = static_cast<collectives::algorithm>(p.algorithm);
+            switch (static_cast<collective_kind>(p.kind)) {
+                case collective_kind::broadcast:
+                    return collectives::broadcast(c, algo, *hosts, p.data, p.root);
+                case collective_kind::reduce:
+                    return collectives::reduce(c, algo, p.data, red, p.root);
+                case collective_kind::gather:
+                    return collectives::gather(c, algo, p.in, p.data, p.root);
+                default:
+                    return collectives::scatter(c, algo, p.in, p.data, p.root);
+            }
+        },
+        static_cast<collectives::algorithm>(p.algorithm));
 }
 
 COROCOLL_DECL bool process_group::run_at_once(const small_call& p) {
