@@ -88,6 +88,37 @@ TEST_CASE("a collective kept as a task or started later runs; only a dropped one
     for (const auto& e : errors) CHECK(e == "");
 }
 
+TEST_CASE("a rooted call kept as a task runs: its task is built when it is handed over") {
+    // Broadcast, reduce, gather and scatter describe their call and build its task only when
+    // it is needed: here by the conversion to a task, before any of them runs. Small and
+    // large (the arena's lines, and beyond them).
+    for (std::size_t n : {std::size_t{2}, std::size_t{20000}}) {
+        auto errors = errors_of(2, [n](cc::process_group& pg) -> cc::task<> {
+            const int me = pg.rank();
+            std::vector<int> b(n, me == 0 ? 7 : 0), r(n, me + 1), g(n, me + 10), out(2 * n);
+            std::vector<int> s(2 * n), one(n);
+            for (std::size_t i = 0; i < s.size(); ++i) s[i] = static_cast<int>(i);
+            std::vector<cc::task<>> kept;
+            kept.push_back(pg.broadcast(b, 0));
+            kept.push_back(pg.reduce(r, 0));
+            kept.push_back(pg.gather_into(g, out, 0));
+            kept.push_back(pg.scatter_from(one, s, 0));
+            for (auto& t : kept) co_await std::move(t);
+            for (std::size_t i = 0; i < n; ++i) {
+                if (b[i] != 7) throw std::runtime_error("broadcast: wrong element");
+                if (r[i] != (me == 0 ? 3 : 2)) throw std::runtime_error("reduce: wrong element");
+                if (me == 0 && (out[i] != 10 || out[n + i] != 11)) {
+                    throw std::runtime_error("gather: wrong element");
+                }
+                if (one[i] != static_cast<int>(static_cast<std::size_t>(me) * n + i)) {
+                    throw std::runtime_error("scatter: wrong element");
+                }
+            }
+        });
+        for (const auto& e : errors) CHECK(e == "");
+    }
+}
+
 TEST_CASE("a rank with another size, root, type or op makes every rank fail, saying so") {
     SUBCASE("size") {
         auto errors = errors_of(3, [](cc::process_group& pg) -> cc::task<> {
