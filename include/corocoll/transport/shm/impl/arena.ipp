@@ -300,13 +300,21 @@ COROCOLL_DECL shm_arena::step_wait shm_arena::settle(
 COROCOLL_DECL bool shm_arena::lines_settled() noexcept {
     // The next step's place was last used by step next - steps_, which every rank is
     // done with once it arrived at the step after. Nothing to read where every rank was seen
-    // that far (the last look at r's place for this rank's latest step, first, may show r
-    // far enough for a few calls more).
+    // that far.
     const std::uint64_t next = next_step();
     const std::uint64_t s = next > steps_ ? next - steps_ + 1 : 0;
     if (s <= confirmed_) return true;
+    // Where a rank's line must be read, it must show that rank half the places behind at
+    // most, as `settle_lines` then waits for (s > 0: next >= steps_). A look that found it
+    // only just far enough would be needed again at the very next call, at the line that
+    // rank has just written: a transfer at each call, and each of its later writes of that
+    // place would take the line back first. Half the places: the next steps_ / 2 calls
+    // read nothing of it. (The last look at r's place for this rank's latest step, first,
+    // may show r further still.)
+    const std::uint64_t half = std::max(s, next - steps_ / 2);
     for (int r = 0; r < size_; ++r) {
-        if (r != rank_ && !seen_at(r, s, step_)) return false;
+        if (r == rank_ || seen_steps_[static_cast<std::size_t>(r)] >= s) continue;
+        if (!seen_at(r, half, step_)) return false;
     }
     return true;
 }
