@@ -251,9 +251,6 @@ public:
     /// whichever rank, is a mismatch at once, even if no posted receive would ever match it.
     /// `end_collective` when done.
     void begin_collective(collective_meta& meta);
-    /// The fingerprint of the collectives this rank finished (what `begin_collective` stamps
-    /// into the next one's `history`).
-    std::uint32_t fingerprint() const noexcept { return fingerprint_; }
     /// The running collective is over (done or failed): it joins the fingerprint.
     void end_collective() noexcept;
     /// How many buffered frames `begin_collective` has looked at, in all (a count for tests:

@@ -9,9 +9,6 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
-#if defined(__SSE2__) && defined(__x86_64__)
-#include <emmintrin.h>
-#endif
 #include <string>
 
 COROCOLL_BEGIN_NAMESPACE
@@ -132,42 +129,6 @@ struct collective_meta {
     /// The fingerprint of every collective the rank ran before this one (`fold`): ranks whose
     /// earlier calls differed disagree here even when this call is the same.
     std::uint32_t history = 0;
-    /// Always 0: the four words are all fields, so that a copy of the metadata reads it in the
-    /// two halves `whole` writes (a copy of 28 bytes reads bytes 12-27 across both).
-    std::uint32_t unused = 0;
-
-    /// The metadata of a call, written whole: on x86-64 as two 16-byte stores, so that the
-    /// copies made of it at once (which the compiler makes 16 bytes at a time) read it from
-    /// those stores; written field by field, each such read waits until every store before
-    /// it has left the processor, the arena's step line of the call before included.
-    static collective_meta whole(std::uint8_t collective, std::uint8_t redop, std::uint8_t dtype,
-                                 std::uint8_t algorithm, std::uint32_t root, std::uint64_t count,
-                                 std::uint64_t seq, std::uint32_t history) noexcept {
-        collective_meta m;
-#if defined(__SSE2__) && defined(__x86_64__)
-        const std::uint64_t first = std::uint64_t{collective} | std::uint64_t{redop} << 8 |
-                                    std::uint64_t{dtype} << 16 | std::uint64_t{algorithm} << 24 |
-                                    std::uint64_t{root} << 32;
-        static_assert(
-            offsetof(collective_meta, root) == 4 && offsetof(collective_meta, count) == 8 &&
-            offsetof(collective_meta, seq) == 16 && offsetof(collective_meta, history) == 24);
-        auto* at = reinterpret_cast<__m128i*>(&m);
-        _mm_storeu_si128(
-            at, _mm_set_epi64x(static_cast<long long>(count), static_cast<long long>(first)));
-        _mm_storeu_si128(
-            at + 1, _mm_set_epi64x(static_cast<long long>(history), static_cast<long long>(seq)));
-#else
-        m.collective = collective;
-        m.redop = redop;
-        m.dtype = dtype;
-        m.algorithm = algorithm;
-        m.root = root;
-        m.count = count;
-        m.seq = seq;
-        m.history = history;
-#endif
-        return m;
-    }
 
     /// Writes the metadata into `h`'s fields.
     void apply_to(frame_header& h) const noexcept;

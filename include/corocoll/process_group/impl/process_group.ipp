@@ -229,9 +229,14 @@ COROCOLL_DECL transport::collective_meta process_group::begin_call(std::uint8_t 
                                                                    std::size_t count,
                                                                    std::uint8_t redop, int root,
                                                                    std::uint8_t algo) {
-    transport::collective_meta meta = transport::collective_meta::whole(
-        kind, redop, static_cast<std::uint8_t>(type), algo, static_cast<std::uint32_t>(root), count,
-        ++collective_seq_, engine_.fingerprint());
+    transport::collective_meta meta;
+    meta.collective = kind;
+    meta.redop = redop;
+    meta.dtype = static_cast<std::uint8_t>(type);
+    meta.algorithm = algo;
+    meta.root = static_cast<std::uint32_t>(root);
+    meta.count = count;
+    meta.seq = ++collective_seq_;
     // A call on a failed group fails here, before it shows itself to the others: announced in
     // the arena, it would be a mismatch to a rank still waiting in its own call of that number
     // that has not read the failure yet (a barrier after a revoke, against the others'

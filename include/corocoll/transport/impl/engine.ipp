@@ -76,9 +76,7 @@ COROCOLL_DECL recv_op<recv_yields::length> engine::recv_coll(std::span<std::byte
 }
 
 COROCOLL_DECL void engine::begin_collective(collective_meta& meta) {
-    // Stamped already where the call was made whole (collective_meta::whole): a store here
-    // would again make the copy below wait for every store before it.
-    if (meta.history != fingerprint_) meta.history = fingerprint_;
+    meta.history = fingerprint_;
     active_ = meta;
     has_active_ = true;
     for (int p = 0; p < size_ && !failure_; ++p) {
