@@ -112,6 +112,9 @@ public:
     static bool host_busy() noexcept;
     /// Looks in a row that `host_busy` needs.
     static constexpr int host_busy_looks = 3;
+    /// This host's runnable tasks now (the running count of /proc/loadavg, the caller
+    /// included), or -1 where /proc cannot be read.
+    static int runnable_tasks() noexcept;
     /// The processors this process may run on.
     static int processors() noexcept;
 
@@ -308,11 +311,14 @@ private:
         return !options_.busy_poll_when_crowded && waited >= options_.yield_after;
     }
     // sched_yield between polls; where many yields give the processor to another task, on a
-    // host that is not crowded, moves this thread to another of its processors
-    // (`reactor_stats::moves`).
+    // host whose runnable tasks leave a processor idle, moves this thread to another of its
+    // processors (`reactor_stats::moves`).
     void yield_processor() noexcept;
-    // A yield that took this long gave the processor away ...
-    static constexpr std::chrono::microseconds handover_time{4};
+    // A yield that took this long gave the processor away (a Xeon of model 207: a yield with
+    // nothing else to run returns within 0.5 us 99.7% of the time; one that hands over to a
+    // peer that yields straight back takes 1.5-3 us, and 4, the value before, missed every
+    // hand-over of a release build's ping-pong) ...
+    static constexpr std::chrono::microseconds handover_time{1};
     // ... and this many such of `yield_window` yields, the peer shares this processor (a
     // ping-pong on one processor hands over at one yield in three or more; ranks on
     // processors of their own, only when some other task takes theirs for a moment).
@@ -322,6 +328,14 @@ private:
     static constexpr int handover_streak = 4;
     // The least time between two moves.
     static constexpr std::chrono::milliseconds move_interval{10};
+    // A decided move waits 1 to this many yields (`yield_processor`).
+    static constexpr int move_stagger = 32;
+    // False where this job's ranks outnumber the processors and the host's runnable tasks,
+    // read now, do too: every processor has work, and a move would crowd another.
+    static bool room_elsewhere() noexcept;
+    // Bars this thread from its processor and lets it back (it is migrated at once and stays);
+    // counts the move.
+    void move_elsewhere(std::chrono::steady_clock::time_point now) noexcept;
 
     // Submits and sleeps in the kernel until a completion or for `d`, whichever is first.
     void wait_at_most(std::chrono::steady_clock::duration d) noexcept;
@@ -382,6 +396,7 @@ private:
     int handovers_ = 0;        // of those, yields that gave the processor away
     int handover_streak_ = 0;  // such yields in a row, the last one included
     std::chrono::steady_clock::time_point last_move_{};
+    int move_in_ = 0;  // yields until a decided move is made; 0: none decided
     std::chrono::steady_clock::time_point last_enter_{};
     reactor_stats stats_;
     int depth_ = 0;

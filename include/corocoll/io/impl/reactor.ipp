@@ -66,7 +66,7 @@ COROCOLL_DECL reactor::reactor(reactor_options options) : options_(options) {
             slack_thread_ = std::this_thread::get_id();
         }
     }
-    if (options_.yield_when_host_busy) loadavg_fd();  // opened now, not while the loop runs
+    loadavg_fd();  // opened now, not while the loop runs (`host_busy`, moves)
     current_ref() = this;
     live_reactors().fetch_add(1, std::memory_order_relaxed);
 }
@@ -89,24 +89,30 @@ COROCOLL_DECL bool reactor::host_busy() noexcept {
         !next_look.compare_exchange_strong(due, now + 10'000'000, std::memory_order_relaxed)) {
         return busy.load(std::memory_order_relaxed);
     }
-    // "0.52 0.58 0.59 3/128 4242": the fourth field is runnable/all.
-    char text[128];
-    ssize_t n = -1;
-    if (int fd = loadavg_fd(); fd >= 0) n = ::pread(fd, text, sizeof(text) - 1, 0);
-    if (n <= 0) return busy.load(std::memory_order_relaxed);
-    text[n] = '\0';
-    int fields = 0;
-    const char* p = text;
-    while (*p != '\0' && fields < 3) {
-        if (*p++ == ' ') ++fields;
-    }
-    const int over = std::atoi(p) > processors()
+    const int running = runnable_tasks();
+    if (running < 0) return busy.load(std::memory_order_relaxed);
+    const int over = running > processors()
                          ? std::min(looks_over.load(std::memory_order_relaxed) + 1, host_busy_looks)
                          : 0;
     looks_over.store(over, std::memory_order_relaxed);
     const bool now_busy = over >= host_busy_looks;
     busy.store(now_busy, std::memory_order_relaxed);
     return now_busy;
+}
+
+COROCOLL_DECL int reactor::runnable_tasks() noexcept {
+    // "0.52 0.58 0.59 3/128 4242": the fourth field is runnable/all.
+    char text[128];
+    ssize_t n = -1;
+    if (int fd = loadavg_fd(); fd >= 0) n = ::pread(fd, text, sizeof(text) - 1, 0);
+    if (n <= 0) return -1;
+    text[n] = '\0';
+    int fields = 0;
+    const char* p = text;
+    while (*p != '\0' && fields < 3) {
+        if (*p++ == ' ') ++fields;
+    }
+    return std::atoi(p);
 }
 
 COROCOLL_DECL int reactor::processors() noexcept {
@@ -563,14 +569,21 @@ COROCOLL_DECL void reactor::yield_processor() noexcept {
     } else {
         handover_streak_ = 0;
     }
+    if (move_in_ > 0) {
+        // A move was decided: it is made after a few more yields, if they handed over too.
+        if (--move_in_ == 0 && handover_streak_ >= handover_streak && room_elsewhere()) {
+            move_elsewhere(back);
+        }
+        return;
+    }
     if (++yields_seen_ < yield_window) return;
     // The last few yields handed over too: a peer that has just moved away leaves this one
     // alone on its processor, and its quick yields keep it from following.
     const bool shared = handovers_ >= handovers_to_move && handover_streak_ >= handover_streak;
     yields_seen_ = handovers_ = 0;
     if (!shared) return;
-    // Handed over at a good part of its yields, on a host whose ranks do not outnumber its
-    // processors: the task that ran is most likely the peer this loop waits for (each answer
+    // Handed over at a good part of its yields, on a host whose runnable tasks do not outnumber
+    // its processors: the task that ran is most likely the peer this loop waits for (each answer
     // needs it to run), sharing this processor while another may stand idle. The scheduler
     // keeps such a pair together a long time (each one's wake-ups pull the other back; tasks
     // that ran moments ago count as cache-hot and are not moved), so the thread moves itself:
@@ -579,7 +592,28 @@ COROCOLL_DECL void reactor::yield_processor() noexcept {
     // hand-overs. Where other programs keep every processor busy a move gains nothing but
     // costs little: at most one per `move_interval`. (Not skipped where `host_busy`: two ranks
     // on one processor and a moment's third task look busy, and that is when a move helps.)
-    if (crowded() || back - last_move_ < move_interval) return;
+    // Where the job's ranks outnumber the processors (`crowded`), a move helps only while some
+    // of them sleep: two ranks that ping-pong while the others wait in a barrier leave
+    // processors idle, and the scheduler keeps the pair together as above (coll_perf --nproc 4
+    // --coll ping_pong on 2 processors: 1.45 or 2.4 us per message in 7 runs of 10, against
+    // 0.7 apart). The host's runnable tasks, read now, tell: more than its processors, and every
+    // processor has work; a move would only crowd another.
+    if (back - last_move_ < move_interval || !room_elsewhere()) return;
+    // The pair's windows end together (their yields alternate), so both would decide at once,
+    // and a peer that moves while this one's last yields hand over to it moves it too: both
+    // land on the same processor again (3 jobs in 40 of shm_test's, each a move 10 ms
+    // later at best). Each waits a yield count of its own, from the clock's low bits, and moves
+    // only if its yields still hand over then: the first one's move ends the other's streak.
+    move_in_ = 1 + static_cast<int>((back.time_since_epoch().count() >> 4) % move_stagger);
+}
+
+COROCOLL_DECL bool reactor::room_elsewhere() noexcept {
+    if (!crowded()) return true;
+    const int running = runnable_tasks();
+    return running >= 0 && running <= processors();
+}
+
+COROCOLL_DECL void reactor::move_elsewhere(std::chrono::steady_clock::time_point now) noexcept {
     cpu_set_t allowed;
     CPU_ZERO(&allowed);
     if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0 || CPU_COUNT(&allowed) < 2) return;
@@ -589,7 +623,7 @@ COROCOLL_DECL void reactor::yield_processor() noexcept {
     CPU_CLR(here, &elsewhere);
     if (::sched_setaffinity(0, sizeof(elsewhere), &elsewhere) != 0) return;
     ::sched_setaffinity(0, sizeof(allowed), &allowed);
-    last_move_ = back;
+    last_move_ = now;
     ++stats_.moves;
 }
 
