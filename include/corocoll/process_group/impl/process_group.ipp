@@ -243,6 +243,9 @@ COROCOLL_DECL transport::collective_meta process_group::begin_call(std::uint8_t 
     // all_reduce), and that rank would report the mismatch instead of the revoke.
     engine_.raise_if_failed(meta);
     engine_.begin_collective(meta);
+    // A frame a peer sent ahead for another call of this number failed the group just now:
+    // the call fails before it shows itself here too.
+    engine_.raise_if_failed(meta);
     if (arena_) arena_->announce(meta);
     return meta;
 }
@@ -337,8 +340,6 @@ COROCOLL_DECL bool process_group::run_at_once(const small_call& p) {
     } release_at_end{g};
     const transport::collective_meta meta =
         g.begin_call(p.kind, static_cast<dtype>(p.type), p.count, p.redop, p.root, p.algorithm);
-    // A frame a peer sent ahead for another call of this number failed the group there.
-    g.engine_.raise_if_failed(meta);
     // Nothing here waits, so the deadline is never read.
     collectives::context c{g.engine_, meta, std::chrono::steady_clock::time_point::max(),
                            g.chunk_bytes_, &g.scratch_};
