@@ -1,6 +1,6 @@
-// The benchmarks' one command-line parser: coll_perf, gpu_coll_perf, overlap, startup_probe and
-// compare/gloo_perf read their options through it. Standard library only and C++17, so that
-// the comparison programs that do not use corocoll include it too.
+// The benchmarks' one command-line parser: coll_perf, gpu_coll_perf, overlap, startup_probe,
+// move_apart and compare/gloo_perf read their options through it. Standard library only and
+// C++17, so that the comparison programs that do not use corocoll include it too.
 //
 // An option is declared against the variable it sets; the variable's value before parsing is
 // the default --help shows. Every option but --help takes one value, written `-b 4`, `-b4`,

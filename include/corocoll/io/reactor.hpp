@@ -305,10 +305,14 @@ private:
 
     // Whether busy polling gives the processor away between polls (see `reactor_options`).
     bool yield_between_polls() const noexcept;
-    // Whether a wait that has polled for `waited` yields between its further polls
-    // (`reactor_options::yield_after`).
+    // Whether a wait that has polled for `waited` yields between its further polls: it polled
+    // `reactor_options::yield_after`, or this thread's last yield gave the processor away (the
+    // peer it waits for likely shares the processor, and a poll cannot see it answer before
+    // it runs: a pair on one processor otherwise spends `yield_after` at every wait, 16 us a
+    // hand-over in all, and takes milliseconds to count the hand-overs that move it).
     bool polled_long_enough(std::chrono::steady_clock::duration waited) const noexcept {
-        return !options_.busy_poll_when_crowded && waited >= options_.yield_after;
+        return !options_.busy_poll_when_crowded &&
+               (waited >= options_.yield_after || handover_streak_ > 0);
     }
     // sched_yield between polls; where many yields give the processor to another task, on a
     // host whose runnable tasks leave a processor idle, moves this thread to another of its
@@ -326,8 +330,13 @@ private:
     static constexpr int handovers_to_move = 16;
     // ... the last this many of them included.
     static constexpr int handover_streak = 4;
-    // The least time between two moves.
-    static constexpr std::chrono::milliseconds move_interval{10};
+    // So many hand-overs in a row decide at once, before the window ends.
+    static constexpr int handovers_in_a_row = 8;
+    // The least time between two moves: where this job's ranks outnumber the processors, and
+    // elsewhere (a move at start-up, before the scheduler put the pair together again, held
+    // the next one off for 10 ms: 4 jobs of 12 ran together for 770-950 ping-pongs).
+    static constexpr std::chrono::milliseconds crowded_move_interval{10};
+    static constexpr std::chrono::milliseconds move_interval{1};
     // A decided move waits 1 to this many yields (`yield_processor`).
     static constexpr int move_stagger = 32;
     // False where this job's ranks outnumber the processors and the host's runnable tasks,

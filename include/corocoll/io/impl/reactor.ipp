@@ -576,10 +576,12 @@ COROCOLL_DECL void reactor::yield_processor() noexcept {
         }
         return;
     }
-    if (++yields_seen_ < yield_window) return;
+    const bool in_a_row = !crowded() && handover_streak_ >= handovers_in_a_row;
+    if (++yields_seen_ < yield_window && !in_a_row) return;
     // The last few yields handed over too: a peer that has just moved away leaves this one
     // alone on its processor, and its quick yields keep it from following.
-    const bool shared = handovers_ >= handovers_to_move && handover_streak_ >= handover_streak;
+    const bool shared =
+        in_a_row || (handovers_ >= handovers_to_move && handover_streak_ >= handover_streak);
     yields_seen_ = handovers_ = 0;
     if (!shared) return;
     // Handed over at a good part of its yields, on a host whose runnable tasks do not outnumber
@@ -598,7 +600,10 @@ COROCOLL_DECL void reactor::yield_processor() noexcept {
     // --coll ping_pong on 2 processors: 1.45 or 2.4 us per message in 7 runs of 10, against
     // 0.7 apart). The host's runnable tasks, read now, tell: more than its processors, and every
     // processor has work; a move would only crowd another.
-    if (back - last_move_ < move_interval || !room_elsewhere()) return;
+    if (back - last_move_ < (crowded() ? crowded_move_interval : move_interval) ||
+        !room_elsewhere()) {
+        return;
+    }
     // The pair's windows end together (their yields alternate), so both would decide at once,
     // and a peer that moves while this one's last yields hand over to it moves it too: both
     // land on the same processor again (3 jobs in 40 of shm_test's, each a move 10 ms
