@@ -15,6 +15,8 @@
 #include <dirent.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +25,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -978,7 +981,12 @@ TEST_CASE("two ranks left on one processor move apart while the job's other rank
                     apart = mine[0] != theirs[0];
                 }
                 if (!apart && mine[1] + theirs[1] == 0 && pg.rank() == 0) {
-                    throw still_together("600 ping-pongs", mine.data(), theirs.data());
+                    // The host's runnable tasks now: other programs that keep every processor
+                    // busy (a build beside the test) leave no room to move to.
+                    throw still_together("600 ping-pongs (runnable tasks on the host now: " +
+                                             std::to_string(cc::io::reactor::runnable_tasks()) +
+                                             ")",
+                                         mine.data(), theirs.data());
                 }
                 co_await pg.barrier();
             },
@@ -987,6 +995,85 @@ TEST_CASE("two ranks left on one processor move apart while the job's other rank
             CAPTURE(rank.describe());
             CHECK(rank.ok());
         }
+    }
+}
+
+namespace {
+
+// Processes that spin until this is destroyed, which kills and reaps them (or until the process
+// that made them ends).
+struct spinners {
+    std::vector<pid_t> pids;
+    explicit spinners(int n) {
+        for (int i = 0; i < n; ++i) {
+            const pid_t parent = ::getpid();
+            const pid_t p = ::fork();
+            if (p == 0) {
+                // Gone with the rank that started it, however that ends.
+                ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+                if (::getppid() != parent) ::_exit(0);
+                for (;;) {
+                    std::atomic_signal_fence(std::memory_order_seq_cst);
+                }
+            }
+            if (p < 0) throw std::system_error(errno, std::generic_category(), "fork");
+            pids.push_back(p);
+        }
+    }
+    spinners(const spinners&) = delete;
+    ~spinners() {
+        for (pid_t p : pids) ::kill(p, SIGKILL);
+        for (pid_t p : pids) ::waitpid(p, nullptr, 0);
+    }
+};
+
+}  // namespace
+
+TEST_CASE("two ranks on one processor of a host whose processors all have work do not move") {
+    // A program that keeps every processor busy (here a spinning process per processor) takes
+    // the ranks' processors at their yields: they hand over at each, as to a peer on the same
+    // processor, but a move would only crowd another processor. The host's runnable tasks tell
+    // (reactor::room_elsewhere). Before, on a host whose job's ranks did not outnumber the
+    // processors, the reactor moved regardless: a `yes` loop beside a 2-rank coll_perf
+    // all_gather of 4 B-1 MiB, 114-141 migrations (18-20 after) and each size slower.
+    cpu_set_t all = allowed_cpus();
+    const int cpus = CPU_COUNT(&all);
+    if (cpus < 2 || cpus > 8) {
+        MESSAGE("2 to 8 processors needed (a spinning process on each)");
+        return;
+    }
+    const int cpu = first_cpu_of(all);
+    cc::spawn_options o;
+    o.timeout = 60s;
+    cc::init_options init;
+    init.limits.transport = cc::transport::transport_choice::shm;
+    auto result = cc::spawn_ranks(
+        2,
+        [cpu, all, cpus](cc::process_group& pg) -> cc::task<> {
+            start_on(cpu, all);
+            co_await pg.barrier();
+            std::vector<int> both(8);
+            {
+                // Rank 0 starts them, after the barrier: set-up runs without them.
+                std::unique_ptr<spinners> busy;
+                if (pg.rank() == 0) busy = std::make_unique<spinners>(cpus);
+                auto before = pg.reactor().stats();
+                std::vector<int> v(1);
+                co_await ping_pong(pg, v, 300);
+                co_await pg.all_gather_into(both, placement(pg, before));
+            }
+            if (pg.rank() == 0 && (both[1] != 0 || both[5] != 0)) {
+                throw std::runtime_error(
+                    "with a spinning process on each of the " + std::to_string(cpus) +
+                    " processors, ranks 0 and 1 moved " + std::to_string(both[1]) + " and " +
+                    std::to_string(both[5]) + " times in 300 ping-pongs (yields " +
+                    std::to_string(both[2]) + " and " + std::to_string(both[6]) + ")");
+            }
+        },
+        init, o);
+    for (const auto& rank : result.ranks) {
+        CAPTURE(rank.describe());
+        CHECK(rank.ok());
     }
 }
 

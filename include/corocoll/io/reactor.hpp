@@ -337,10 +337,14 @@ private:
     // the next one off for 10 ms: 4 jobs of 12 ran together for 770-950 ping-pongs).
     static constexpr std::chrono::milliseconds crowded_move_interval{10};
     static constexpr std::chrono::milliseconds move_interval{1};
+    // The least time between two looks at the host's runnable tasks (`room_elsewhere`), made
+    // at a decision: a streak of hand-overs to another program decides at every yield.
+    static constexpr std::chrono::microseconds look_interval{100};
     // A decided move waits 1 to this many yields (`yield_processor`).
     static constexpr int move_stagger = 32;
-    // False where this job's ranks outnumber the processors and the host's runnable tasks,
-    // read now, do too: every processor has work, and a move would crowd another.
+    // False where the host's runnable tasks, read now, outnumber its processors: every
+    // processor has work, and a move would crowd another. (Where they cannot be read: whether
+    // this job's ranks leave a processor free, `crowded`.)
     static bool room_elsewhere() noexcept;
     // Bars this thread from its processor and lets it back (it is migrated at once and stays);
     // counts the move.
@@ -405,6 +409,9 @@ private:
     int handovers_ = 0;        // of those, yields that gave the processor away
     int handover_streak_ = 0;  // such yields in a row, the last one included
     std::chrono::steady_clock::time_point last_move_{};
+    // The last decision that looked for room elsewhere (`room_elsewhere`): at most one a
+    // `look_interval`.
+    std::chrono::steady_clock::time_point last_look_{};
     int move_in_ = 0;  // yields until a decided move is made; 0: none decided
     std::chrono::steady_clock::time_point last_enter_{};
     reactor_stats stats_;

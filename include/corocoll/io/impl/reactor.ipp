@@ -591,19 +591,21 @@ COROCOLL_DECL void reactor::yield_processor() noexcept {
     // that ran moments ago count as cache-hot and are not moved), so the thread moves itself:
     // barred from this processor it is migrated at once, and let back it stays where it went.
     // Only the one that runs moves; its peer then has the processor to itself and stops seeing
-    // hand-overs. Where other programs keep every processor busy a move gains nothing but
-    // costs little: at most one per `move_interval`. (Not skipped where `host_busy`: two ranks
-    // on one processor and a moment's third task look busy, and that is when a move helps.)
-    // Where the job's ranks outnumber the processors (`crowded`), a move helps only while some
-    // of them sleep: two ranks that ping-pong while the others wait in a barrier leave
-    // processors idle, and the scheduler keeps the pair together as above (coll_perf --nproc 4
-    // --coll ping_pong on 2 processors: 1.45 or 2.4 us per message in 7 runs of 10, against
-    // 0.7 apart). The host's runnable tasks, read now, tell: more than its processors, and every
-    // processor has work; a move would only crowd another.
-    if (back - last_move_ < (crowded() ? crowded_move_interval : move_interval) ||
-        !room_elsewhere()) {
-        return;
-    }
+    // hand-overs. Where other programs keep every processor busy a move gains nothing and
+    // crowds another: the host's runnable tasks, read now, tell (more than its processors:
+    // every processor has work). Without that look, a `yes` loop beside a 2-rank coll_perf
+    // all_gather of 4 B-1 MiB made 464-615 migrations instead of 130-147 once hand-overs in a
+    // row decided, and every size but one ran slower. (Not `host_busy`, which takes three
+    // looks 10 ms apart: two ranks on one processor and a moment's third task look busy, and
+    // that is when a move helps.) Where the job's ranks outnumber the processors (`crowded`),
+    // a move helps only while some of them sleep: two ranks that ping-pong while the others
+    // wait in a barrier leave processors idle, and the scheduler keeps the pair together as
+    // above (coll_perf --nproc 4 --coll ping_pong on 2 processors: 1.45 or 2.4 us per message
+    // in 7 runs of 10, against 0.7 apart).
+    const auto interval = crowded() ? crowded_move_interval : move_interval;
+    if (back - last_move_ < interval || back - last_look_ < look_interval) return;
+    last_look_ = back;
+    if (!room_elsewhere()) return;
     // The pair's windows end together (their yields alternate), so both would decide at once,
     // and a peer that moves while this one's last yields hand over to it moves it too: both
     // land on the same processor again (3 jobs in 40 of shm_test's, each a move 10 ms
@@ -613,9 +615,8 @@ COROCOLL_DECL void reactor::yield_processor() noexcept {
 }
 
 COROCOLL_DECL bool reactor::room_elsewhere() noexcept {
-    if (!crowded()) return true;
     const int running = runnable_tasks();
-    return running >= 0 && running <= processors();
+    return running >= 0 ? running <= processors() : !crowded();
 }
 
 COROCOLL_DECL void reactor::move_elsewhere(std::chrono::steady_clock::time_point now) noexcept {
