@@ -52,8 +52,9 @@ struct reactor_options {
     /// and a wake-up. Yielding hands the processor over at once, and a rank whose yields keep
     /// handing it over moves itself to another processor (`reactor_stats::moves`). Where the peer
     /// has a processor of its own, a sched_yield with nothing else to run returns at once. 0: yield
-    /// from the first poll; `busy_poll` or more: never (but where crowded or busy, above).
-    /// Not with `busy_poll_when_crowded`.
+    /// from the first poll; `busy_poll` or more: never (but where crowded or busy, above, and
+    /// while the thread's last yield handed the processor over: then a wait yields from its
+    /// first poll, its peer likely sharing the processor). Not with `busy_poll_when_crowded`.
     std::chrono::microseconds yield_after{10};
     /// The timer slack (prctl PR_SET_TIMERSLACK) of the thread that makes the reactor, for as
     /// long as the reactor lives (the thread's own value comes back when it goes, if the same
