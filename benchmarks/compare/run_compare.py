@@ -96,6 +96,14 @@ END_MARK = "<!-- compare:end -->"
 # cores (without it, 8 ranks on 2 CPUs ran 2000 iterations of MPICH's small all_reduce at
 # 40-60 ms each, past the time limit of an invocation).
 LATENCY_PER_PEER_US = 20.0
+# ... and where every system of the run is a shared-memory one (SHARED_MEMORY) and the ranks
+# are at most twice the CPUs, 1 µs, and up to SHARED_MEMORY_MAX_ITERS: with the 20 µs above, a
+# 2-rank cell of 4 B ran 2,000 calls, 0.3 ms at 0.15 µs a call, and one pause of the machine
+# decided its ratio (a sweep's rechecks of one cell: 0.12, 1.04 and 1.27 µs). More crowded
+# runs keep the 20 µs: MPICH's calls take milliseconds there (above).
+SHARED_MEMORY = ("corocoll_shm", "ompi_vader", "mpich")
+SHARED_MEMORY_LATENCY_PER_PEER_US = 1.0
+SHARED_MEMORY_MAX_ITERS = 100000
 BYTES_PER_US = 1e3
 MIN_ITERS = 5
 # Warm-up iterations at least: the first calls of a fresh group run slower while its ranks settle
@@ -105,7 +113,7 @@ MIN_WARMUP = 10
 MAX_ITERS = 10000
 # Iterations are rounded down to 1, 2, 5 times a power of ten, so that neighbouring sizes share
 # a count and one invocation covers them (torch and mpirun take a second or more to start).
-NICE_ITERS = sorted({m * 10**e for e in range(5) for m in (1, 2, 5)} | {MAX_ITERS})
+NICE_ITERS = sorted({m * 10**e for e in range(6) for m in (1, 2, 5)} | {MAX_ITERS})
 
 
 def parse_size(text):
@@ -214,8 +222,11 @@ def iterations(a, size, ranks):
     if a.iters is not None:
         n = a.iters
     else:
-        estimate_us = LATENCY_PER_PEER_US * (ranks - 1) * crowding(ranks) + size / BYTES_PER_US
-        raw = min(max(a.time_per_size * 1e6 / estimate_us, MIN_ITERS), MAX_ITERS)
+        shm = all(s in SHARED_MEMORY for s in a.systems) and crowding(ranks) <= 2
+        latency = SHARED_MEMORY_LATENCY_PER_PEER_US if shm else LATENCY_PER_PEER_US
+        estimate_us = latency * (ranks - 1) * crowding(ranks) + size / BYTES_PER_US
+        most = SHARED_MEMORY_MAX_ITERS if shm else MAX_ITERS
+        raw = min(max(a.time_per_size * 1e6 / estimate_us, MIN_ITERS), most)
         n = max(x for x in NICE_ITERS if x <= raw)
     return n, max(MIN_WARMUP, n // 10)
 
