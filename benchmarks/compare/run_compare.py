@@ -96,11 +96,12 @@ END_MARK = "<!-- compare:end -->"
 # cores (without it, 8 ranks on 2 CPUs ran 2000 iterations of MPICH's small all_reduce at
 # 40-60 ms each, past the time limit of an invocation).
 LATENCY_PER_PEER_US = 20.0
-# ... and where every system of the run is a shared-memory one (SHARED_MEMORY) and the ranks
-# are at most twice the CPUs, 1 µs, and up to SHARED_MEMORY_MAX_ITERS: with the 20 µs above, a
-# 2-rank cell of 4 B ran 2,000 calls, 0.3 ms at 0.15 µs a call, and one pause of the machine
-# decided its ratio (a sweep's rechecks of one cell: 0.12, 1.04 and 1.27 µs). More crowded
-# runs keep the 20 µs: MPICH's calls take milliseconds there (above).
+# ... and where every system of the run is a shared-memory one (SHARED_MEMORY) and every rank
+# has a CPU, 1 µs, and up to SHARED_MEMORY_MAX_ITERS: with the 20 µs above, a 2-rank cell of
+# 4 B ran 2,000 calls, 0.3 ms at 0.15 µs a call, and one pause of the machine decided its
+# ratio (a sweep's rechecks of one cell: 0.12, 1.04 and 1.27 µs). Crowded runs keep the 20 µs:
+# MPICH's calls take milliseconds there (above; 4 ranks on 2 CPUs, 10,000 all_reduces of
+# 4 B-2 KiB outlasted the 600 s limit).
 SHARED_MEMORY = ("corocoll_shm", "ompi_vader", "mpich")
 SHARED_MEMORY_LATENCY_PER_PEER_US = 1.0
 SHARED_MEMORY_MAX_ITERS = 100000
@@ -222,7 +223,7 @@ def iterations(a, size, ranks):
     if a.iters is not None:
         n = a.iters
     else:
-        shm = all(s in SHARED_MEMORY for s in a.systems) and crowding(ranks) <= 2
+        shm = all(s in SHARED_MEMORY for s in a.systems) and crowding(ranks) <= 1
         latency = SHARED_MEMORY_LATENCY_PER_PEER_US if shm else LATENCY_PER_PEER_US
         estimate_us = latency * (ranks - 1) * crowding(ranks) + size / BYTES_PER_US
         most = SHARED_MEMORY_MAX_ITERS if shm else MAX_ITERS
