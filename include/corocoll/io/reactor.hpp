@@ -19,6 +19,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -343,8 +344,9 @@ private:
     // A decided move waits 1 to this many yields (`yield_processor`).
     static constexpr int move_stagger = 32;
     // False where the host's runnable tasks, read now, outnumber its processors: every
-    // processor has work, and a move would crowd another. (Where they cannot be read: whether
-    // this job's ranks leave a processor free, `crowded`.)
+    // processor has work, and a move would crowd another. (Where they cannot be read, or the
+    // process may not use every processor of the host: whether this job's ranks leave a
+    // processor free, `crowded`.)
     static bool room_elsewhere() noexcept;
     // Bars this thread from its processor and lets it back (it is migrated at once and stays);
     // counts the move.

@@ -565,7 +565,8 @@ COROCOLL_DECL void reactor::yield_processor() noexcept {
     const auto back = std::chrono::steady_clock::now();
     if (back - before >= handover_time) {
         ++handovers_;
-        ++handover_streak_;
+        // Saturated: a rank that shares its processor for hours hands over at every yield.
+        if (handover_streak_ < handovers_in_a_row) ++handover_streak_;
     } else {
         handover_streak_ = 0;
     }
@@ -576,7 +577,10 @@ COROCOLL_DECL void reactor::yield_processor() noexcept {
         }
         return;
     }
-    const bool in_a_row = !crowded() && handover_streak_ >= handovers_in_a_row;
+    // (A streak may go on for long, past a look that found no room: at most one look per
+    // `look_interval` for streaks; a window's end is 64 yields after the last.)
+    const bool in_a_row =
+        !crowded() && handover_streak_ >= handovers_in_a_row && back - last_look_ >= look_interval;
     if (++yields_seen_ < yield_window && !in_a_row) return;
     // The last few yields handed over too: a peer that has just moved away leaves this one
     // alone on its processor, and its quick yields keep it from following.
@@ -602,8 +606,7 @@ COROCOLL_DECL void reactor::yield_processor() noexcept {
     // wait in a barrier leave processors idle, and the scheduler keeps the pair together as
     // above (coll_perf --nproc 4 --coll ping_pong on 2 processors: 1.45 or 2.4 us per message
     // in 7 runs of 10, against 0.7 apart).
-    const auto interval = crowded() ? crowded_move_interval : move_interval;
-    if (back - last_move_ < interval || back - last_look_ < look_interval) return;
+    if (back - last_move_ < (crowded() ? crowded_move_interval : move_interval)) return;
     last_look_ = back;
     if (!room_elsewhere()) return;
     // The pair's windows end together (their yields alternate), so both would decide at once,
@@ -615,11 +618,17 @@ COROCOLL_DECL void reactor::yield_processor() noexcept {
 }
 
 COROCOLL_DECL bool reactor::room_elsewhere() noexcept {
-    const int running = runnable_tasks();
+    // /proc/loadavg counts the whole host's tasks: they say whether this job's processors have
+    // room only where the job may use every processor of the host (not under a cpuset or
+    // taskset that leaves it a few, where other jobs' tasks elsewhere would bar every move).
+    static const bool whole_host = processors() >= ::get_nprocs();
+    const int running = whole_host ? runnable_tasks() : -1;
     return running >= 0 ? running <= processors() : !crowded();
 }
 
 COROCOLL_DECL void reactor::move_elsewhere(std::chrono::steady_clock::time_point now) noexcept {
+    // A move that cannot be made counts as one too: the next try waits as long.
+    last_move_ = now;
     cpu_set_t allowed;
     CPU_ZERO(&allowed);
     if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0 || CPU_COUNT(&allowed) < 2) return;
@@ -629,7 +638,6 @@ COROCOLL_DECL void reactor::move_elsewhere(std::chrono::steady_clock::time_point
     CPU_CLR(here, &elsewhere);
     if (::sched_setaffinity(0, sizeof(elsewhere), &elsewhere) != 0) return;
     ::sched_setaffinity(0, sizeof(allowed), &allowed);
-    last_move_ = now;
     ++stats_.moves;
 }
 
