@@ -31,6 +31,7 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 using namespace corocoll_test;
@@ -751,6 +752,16 @@ void start_on(int cpu, const cpu_set_t& all) {
     }
 }
 
+// Spawn and init options of the tests below that start their ranks on one processor: a
+// minute at most, every pair through shared memory.
+std::pair<cc::spawn_options, cc::init_options> shm_job() {
+    cc::spawn_options o;
+    o.timeout = 60s;
+    cc::init_options init;
+    init.limits.transport = cc::transport::transport_choice::shm;
+    return {o, init};
+}
+
 // Where the calling rank runs and what its reactor did since `before`: processor, moves,
 // yields, kernel waits.
 std::vector<int> placement(cc::process_group& pg, const cc::io::reactor_stats& before) {
@@ -901,10 +912,7 @@ TEST_CASE("two ranks left on one processor of several move apart") {
     int cpu = first_cpu_of(all);
     // Shared memory only: over TCP each wake-up from the network stack pulls the woken rank
     // back beside its waker, and a move does not last (architecture.md, the reactor).
-    cc::spawn_options o;
-    o.timeout = 60s;
-    cc::init_options init;
-    init.limits.transport = cc::transport::transport_choice::shm;
+    auto [o, init] = shm_job();
     // Both ranks start on one processor (pinned, then allowed every processor again, which
     // moves neither) and exchange 300 small messages; then each says where it runs. A move can
     // go wrong once: where the scheduler pulls the mover back for a moment, its peer sees
@@ -951,10 +959,7 @@ TEST_CASE("two ranks left on one processor move apart while the job's other rank
         return;
     }
     const int cpu = first_cpu_of(all);
-    cc::spawn_options o;
-    o.timeout = 60s;
-    cc::init_options init;
-    init.limits.transport = cc::transport::transport_choice::shm;
+    auto [o, init] = shm_job();
     for (int job = 0; job < 4; ++job) {
         CAPTURE(job);
         auto result = cc::spawn_ranks(
@@ -1037,7 +1042,7 @@ TEST_CASE("two ranks on one processor of a host whose processors all have work d
     // processor, but a move would only crowd another processor. The host's runnable tasks tell
     // (reactor::room_elsewhere). Before, on a host whose job's ranks did not outnumber the
     // processors, the reactor moved regardless: a `yes` loop beside a 2-rank coll_perf
-    // all_gather of 4 B-1 MiB, 114-141 migrations (18-20 after) and each size slower.
+    // all_gather of 4 B-1 MiB, 114-190 migrations (10-20 after) and each size slower.
     cpu_set_t all = allowed_cpus();
     const int cpus = CPU_COUNT(&all);
     if (cpus < 2 || cpus > 8) {
@@ -1045,10 +1050,7 @@ TEST_CASE("two ranks on one processor of a host whose processors all have work d
         return;
     }
     const int cpu = first_cpu_of(all);
-    cc::spawn_options o;
-    o.timeout = 60s;
-    cc::init_options init;
-    init.limits.transport = cc::transport::transport_choice::shm;
+    auto [o, init] = shm_job();
     auto result = cc::spawn_ranks(
         2,
         [cpu, all, cpus](cc::process_group& pg) -> cc::task<> {

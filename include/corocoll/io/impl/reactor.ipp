@@ -598,7 +598,7 @@ COROCOLL_DECL void reactor::yield_processor() noexcept {
     // hand-overs. Where other programs keep every processor busy a move gains nothing and
     // crowds another: the host's runnable tasks, read now, tell (more than its processors:
     // every processor has work). Without that look, a `yes` loop beside a 2-rank coll_perf
-    // all_gather of 4 B-1 MiB made 464-615 migrations instead of 130-147 once hand-overs in a
+    // all_gather of 4 B-1 MiB made 464-615 migrations instead of 114-190 once hand-overs in a
     // row decided, and every size but one ran slower. (Not `host_busy`, which takes three
     // looks 10 ms apart: two ranks on one processor and a moment's third task look busy, and
     // that is when a move helps.) Where the job's ranks outnumber the processors (`crowded`),
