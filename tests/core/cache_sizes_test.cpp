@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -226,4 +227,22 @@ TEST_CASE("COROCOLL_CACHE_L2 moves a group's thresholds, and the group still com
         CAPTURE(rank.describe());
         CHECK(rank.ok());
     }
+}
+
+TEST_CASE(
+    "a prefetch for writing changes nothing, and faults on no page, not even a read-only one") {
+    // A hint (core/prefetch.hpp), not a store: an arena rank asks for a step place it will
+    // write two steps on, which a reader may still be reading.
+    const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    void* p = ::mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(p != MAP_FAILED);
+    auto* bytes = static_cast<unsigned char*>(p);
+    for (std::size_t i = 0; i < page; ++i) bytes[i] = static_cast<unsigned char>(i * 7);
+    REQUIRE(::mprotect(bytes + page, page, PROT_READ) == 0);
+    for (std::size_t i = 0; i < 2 * page; i += 64) cc::prefetch_for_write(bytes + i);
+    std::size_t changed = 0;
+    for (std::size_t i = 0; i < page; ++i) changed += bytes[i] != static_cast<unsigned char>(i * 7);
+    for (std::size_t i = page; i < 2 * page; ++i) changed += bytes[i] != 0;
+    CHECK(changed == 0);
+    ::munmap(p, 2 * page);
 }

@@ -526,6 +526,21 @@ step_sleep_counts step_sleep_and_wake(bool futex_wait) {
 
 }  // namespace
 
+TEST_CASE(
+    "an arena arrival asks for as many lines of a later place as its data filled, at most 16") {
+    // The counter's line carries the call and the first 16 bytes; each 64 bytes more fill a
+    // line; from 1,008 bytes more the copy waits for its lines at once (arena.hpp).
+    using arena = cc::transport::shm_arena;
+    CHECK(arena::lines_prepared_for(0) == 1);
+    CHECK(arena::lines_prepared_for(arena::small_bytes) == 1);
+    CHECK(arena::lines_prepared_for(arena::small_bytes + 1) == 2);
+    CHECK(arena::lines_prepared_for(arena::small_bytes + 64) == 2);
+    CHECK(arena::lines_prepared_for(arena::small_bytes + 65) == 3);
+    CHECK(arena::lines_prepared_for(arena::small_bytes + 15 * 64) == arena::prepared_lines);
+    CHECK(arena::lines_prepared_for(arena::line_bytes) == arena::prepared_lines);
+    CHECK(arena::prepared_lines == 16);
+}
+
 TEST_CASE("a rank waiting at an arena step sleeps on a futex until the last rank arrives") {
     // Before, a step wait that outlasted its busy polling paused between looks (1/32 of the
     // wait so far, at most 500 µs: some 200 waits in the kernel over 50 ms), and every rank

@@ -26,7 +26,7 @@ COROCOLL_DECL task<> all_gather_shm(context& c, std::span<std::byte> out,
         // In this rank's lines for the step: every rank waits there for all, so no rank
         // writes a place again before every other is done with it.
         const std::uint64_t s = a.next_step();
-        if (block > 0) std::memcpy(a.small(me, s), in.data(), block);
+        if (block > 0) std::memcpy(a.own_small(block), in.data(), block);
         co_await a.arrive(c.net, c.meta, c.deadline, true);
         for (int r = 0; r < n && block > 0; ++r) {
             std::memcpy(out.data() + at(r) * block, a.small(r, s), block);

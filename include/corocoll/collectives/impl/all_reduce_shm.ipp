@@ -22,7 +22,9 @@ COROCOLL_DECL task<> all_reduce_shm(context& c, std::span<std::byte> data, const
         auto copy_of = [&](int r) {
             return small ? a.small(r, s) : a.set(s) + static_cast<std::size_t>(r) * slot;
         };
-        if (!data.empty()) std::memcpy(copy_of(me), data.data(), data.size());
+        if (!data.empty()) {
+            std::memcpy(small ? a.own_small(data.size()) : copy_of(me), data.data(), data.size());
+        }
         co_await a.arrive(c.net, c.meta, c.deadline, true);
         if (data.empty()) co_return;
         const std::size_t count = data.size() / elem;

@@ -15,7 +15,7 @@ void broadcast_lines_from_root(context& c, std::span<const std::byte> data) {
     transport::shm_arena& a = *c.arena;
     a.will_go_on(c.net, c.meta);
     a.declare(c.meta);
-    if (!data.empty()) std::memcpy(a.small(a.rank(), a.next_step()), data.data(), data.size());
+    if (!data.empty()) std::memcpy(a.own_small(data.size()), data.data(), data.size());
     a.arrive_and_go(c.net, c.meta, true);
 }
 

@@ -27,7 +27,7 @@ task<> exchange_shm(context& c, std::span<const std::byte> in, std::size_t block
     a.declare(c.meta);
     if (in.size() <= transport::shm_arena::small_bytes) {
         const std::uint64_t s = a.next_step();
-        if (!in.empty()) std::memcpy(a.small(me, s), in.data(), in.size());
+        if (!in.empty()) std::memcpy(a.own_small(in.size()), in.data(), in.size());
         co_await a.arrive(c.net, c.meta, c.deadline, true);
         if (block > 0) take(0, block, [&](int r) { return a.small(r, s) + at(me) * block; });
         co_return;

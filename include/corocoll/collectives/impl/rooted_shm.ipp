@@ -22,7 +22,7 @@ namespace detail {
 inline void rooted_shm_write(context& c, std::span<const std::byte> what, std::size_t skip_at = 0,
                              std::size_t skip = 0) {
     transport::shm_arena& a = *c.arena;
-    std::byte* to = a.small(a.rank(), a.next_step());
+    std::byte* to = a.own_small(what.size() - skip);
     if (skip_at > 0) std::memcpy(to, what.data(), skip_at);
     const std::size_t rest = skip_at + skip;
     if (rest < what.size()) std::memcpy(to + skip_at, what.data() + rest, what.size() - rest);
@@ -50,7 +50,7 @@ inline std::uint64_t reduce_lines_own(context& c, std::span<const std::byte> dat
     transport::shm_arena& a = *c.arena;
     a.declare(c.meta);
     const std::uint64_t s = a.next_step();
-    if (!data.empty()) std::memcpy(a.small(a.rank(), s), data.data(), data.size());
+    if (!data.empty()) std::memcpy(a.own_small(data.size()), data.data(), data.size());
     return s;
 }
 

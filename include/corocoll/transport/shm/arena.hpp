@@ -54,6 +54,7 @@
 // gone once every rank has unmapped it or died.
 
 #include <corocoll/core/error.hpp>
+#include <corocoll/core/prefetch.hpp>
 #include <corocoll/core/task.hpp>
 #include <corocoll/io/futex.hpp>
 #include <corocoll/io/reactor.hpp>
@@ -202,6 +203,19 @@ public:
     /// Bytes of data a rank's step carries in all (`small`: its lines, which a rank that went
     /// past steps without waiting may write again sooner than the data sets; `settle_lines`).
     static constexpr std::size_t line_bytes = sizeof(detail::arena_step_line::small);
+    /// The most cache lines of a later step place that an arrival asks for writing
+    /// (`prepare_place`): the counter's line and 1,008 bytes of data. From about 1 KiB the
+    /// copy into the lines has stores enough in flight to wait for many lines at once, and
+    /// asking for more made no difference (docs/performance.md, "Lines asked for before
+    /// they are written").
+    static constexpr std::size_t prepared_lines = 16;
+    /// The cache lines of a step place that an arrival asks for writing where this rank wrote
+    /// `bytes` of data into its lines (`own_small`): the counter's line, which holds the call
+    /// and the first `small_bytes`, then one for each 64 bytes more, at most `prepared_lines`.
+    static constexpr std::size_t lines_prepared_for(std::size_t bytes) noexcept {
+        const std::size_t more = bytes > small_bytes ? (bytes - small_bytes + 63) / 64 : 0;
+        return 1 + std::min(more, prepared_lines - 1);
+    }
 
     /// Bytes of one rank's lines in an arena of `ranks` ranks: its step places, then its
     /// `arena_line` (an even count of places keeps that 128-byte aligned).
@@ -333,6 +347,13 @@ public:
     }
     /// Rank `r`'s small buffer for step `s` (`line_bytes`).
     std::byte* small(int r, std::uint64_t s) const noexcept { return place(r, s).small; }
+    /// This rank's small buffer for its next step, into which it writes `bytes` bytes (at
+    /// most `line_bytes`): as many lines of a later place are asked for writing when it
+    /// arrives (`publish_arrival`), so that a loop of such calls finds its lines ready.
+    std::byte* own_small(std::size_t bytes) noexcept {
+        small_written_ = bytes;
+        return small(rank_, next_step());
+    }
     /// What rank `r` declared with step `s` (see `declare`).
     const collective_meta& meta(int r, std::uint64_t s) const noexcept { return place(r, s).meta; }
     /// Declares this rank's call with the next step; the ranks compare it when they meet
@@ -479,11 +500,21 @@ private:
     };
     static void prepare_futex(io::detail::io_op* op, io_uring* ring) noexcept;
     static void complete_futex(io::detail::io_op* op, int res) noexcept;
-    // Stores this rank's arrival at `step_` (release: after what the step carries) and wakes
-    // the ranks asleep until it came. The order is fixed, not a parameter: g++ 12 compiles a
-    // store whose order is only known at run time to the sequentially consistent one (a
-    // locked exchange on x86, which waits for the line to come back from the reader's cache).
+    // Stores this rank's arrival at `step_` (release: after what the step carries), asks for
+    // the lines of its place two steps on for writing (as many as this step wrote: see
+    // `prepare_place`) and wakes the ranks asleep until it came. The order is fixed, not a
+    // parameter: g++ 12 compiles a store whose order is only known at run time to the sequentially
+    // consistent one (a locked exchange on x86, which waits for the line to come back from the
+    // reader's cache).
     COROCOLL_DECL void publish_arrival() noexcept;
+    // Asks for the first lines of this rank's place for step `s` for writing: its counter's
+    // line and those that `small_written_` bytes of data fill, at most `prepared_lines`. The
+    // place was last read by the others steps_ steps before (a reader that went on, or the
+    // ranks that met there); without it the rank's first store to it waits for the line to
+    // come back, and every store after it waits behind that one (core/prefetch.hpp). Two
+    // steps on, not one: a rank that waits for this one's next arrival looks at the next
+    // place meanwhile, and would take the line straight back.
+    COROCOLL_DECL void prepare_place(std::uint64_t s) noexcept;
     // Stores `went_on` for step `s` and compares this rank's call with those of the ranks
     // that go on there too (see `will_go_on`).
     COROCOLL_DECL void compare_going_on(engine& e, const collective_meta& meta, std::uint64_t s);
@@ -556,6 +587,8 @@ private:
     std::size_t l2_bytes_ = 0;
     bool single_copy_allowed_ = false;
     bool backward_ = false;
+    // Bytes of data this rank wrote into its lines for its next step (`own_small`).
+    std::size_t small_written_ = 0;
     // This rank's `wakes`, raised by `wake_sleepers`.
     std::uint32_t wakes_ = 0;
     // The futex wait (see `sleep_on_futex`): made at the first sleep; armed while in the ring,

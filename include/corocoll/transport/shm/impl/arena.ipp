@@ -60,7 +60,15 @@ COROCOLL_DECL task<> shm_arena::close() {
 
 COROCOLL_DECL void shm_arena::publish_arrival() noexcept {
     place(rank_, step_).arrived.store(step_, std::memory_order_release);
+    prepare_place(step_ + 2);
+    small_written_ = 0;
     wake_sleepers();
+}
+
+COROCOLL_DECL void shm_arena::prepare_place(std::uint64_t s) noexcept {
+    const auto* p = reinterpret_cast<const std::byte*>(&place(rank_, s));
+    const std::size_t lines = lines_prepared_for(small_written_);
+    for (std::size_t i = 0; i < lines; ++i) prefetch_for_write(p + i * 64);
 }
 
 COROCOLL_DECL void shm_arena::wake_sleepers() noexcept {
