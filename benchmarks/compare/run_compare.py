@@ -6,7 +6,8 @@
         [--build-dir DIR] [--coll-perf PATH] [--corocollrun PATH] [--python PATH]
         [--timeout SECONDS] [--quick] [--section NAME]
 
-Every system runs the same ops at the same sizes with the same iterations, timed the way
+Every system runs the same ops at the same sizes with the same iterations (a cell that ran
+for less than a quarter of its time runs again with more: LENGTHEN_BELOW), timed the way
 corocoll's coll_perf times them (barrier, warm-up, barrier, timed loop, mean per iteration,
 largest over the ranks) and checked once per size (-c 1): coll_perf for corocoll, and for the
 others the programs beside this file (torch_perf.py, gloo_perf.cpp, mpi_perf.c), which print
@@ -115,6 +116,15 @@ MAX_ITERS = 10000
 # Iterations are rounded down to 1, 2, 5 times a power of ten, so that neighbouring sizes share
 # a count and one invocation covers them (torch and mpirun take a second or more to start).
 NICE_ITERS = sorted({m * 10**e for e in range(6) for m in (1, 2, 5)} | {MAX_ITERS})
+# The model cannot fit every system: with 4 ranks on 2 CPUs, MPICH's small calls take
+# milliseconds (it polls without yielding) and corocoll's and vader's 3-5 µs, so the 500 calls
+# that keep MPICH's cell within its time ran corocoll's and vader's for 2 ms, and a cell's runs
+# spread 2-3x (all_to_all of 128 B: 2.65-6.24 µs over 8 runs). A cell that ran for less than
+# LENGTHEN_BELOW of --time-per-size is run again with as many calls as fill it (at most
+# LENGTHENED_MAX_ITERS, at least twice as many as before), and keeps that run: every cell runs
+# for about --time-per-size on every system, or as long as the model's count made it.
+LENGTHEN_BELOW = 0.25
+LENGTHENED_MAX_ITERS = 100000
 
 
 def parse_size(text):
@@ -229,18 +239,57 @@ def iterations(a, size, ranks):
         most = SHARED_MEMORY_MAX_ITERS if shm else MAX_ITERS
         raw = min(max(a.time_per_size * 1e6 / estimate_us, MIN_ITERS), most)
         n = max(x for x in NICE_ITERS if x <= raw)
-    return n, max(MIN_WARMUP, n // 10)
+    return n, warmup_for(n)
 
 
-def segments(a, ranks):
-    """Runs of neighbouring sizes that share their iterations: (first, last, iters, warmup)."""
-    out = []
+def segments(a, ranks, counts=None):
+    """Runs of neighbouring sizes that share their iterations: (first, last, iters, warmup).
+    `counts`: {size: iterations} for the sizes to run (others left out), instead of the
+    model's."""
+    out, last = [], None
     for s in sizes(a):
-        n, w = iterations(a, s, ranks)
-        if out and out[-1][2:] == (n, w):
+        if counts is not None and s not in counts:
+            last = None
+            continue
+        n, w = iterations(a, s, ranks) if counts is None else (counts[s], warmup_for(counts[s]))
+        if out and last == out[-1][1] and out[-1][2:] == (n, w):
             out[-1] = (out[-1][0], s, n, w)
         else:
             out.append((s, s, n, w))
+        last = s
+    return out
+
+
+def warmup_for(n):
+    """Warm-up iterations before `n` timed ones."""
+    return max(MIN_WARMUP, n // 10)
+
+
+def asked_sizes(a, op, ranks, size):
+    """The sizes asked for that move `size` bytes (a split op moves whole elements per rank:
+    a row's size can be below the size asked)."""
+    parts = ranks if op in SPLIT_OPS else 1
+    return [s for s in sizes(a) if s // 4 // parts * 4 * parts == size]
+
+
+def lengthened(a, op, ranks, rows):
+    """{asked size: iterations} for the rows of one invocation that ran for less than
+    LENGTHEN_BELOW of --time-per-size: as many calls as fill it, rounded down as the model's
+    are, at most LENGTHENED_MAX_ITERS, and only where that is at least twice what ran. None
+    where --iters fixed the count."""
+    if a.iters is not None:
+        return {}
+    budget_us = a.time_per_size * 1e6
+    out = {}
+    for r in rows:
+        ran_us = r["time_us"] * r["iters"]
+        if r["wrong"] > 0 or r["time_us"] <= 0 or ran_us >= LENGTHEN_BELOW * budget_us:
+            continue
+        raw = min(budget_us / r["time_us"], LENGTHENED_MAX_ITERS)
+        n = max(x for x in NICE_ITERS if x <= max(raw, 1))
+        want = asked_sizes(a, op, ranks, r["size"])
+        if n >= 2 * r["iters"] and want:
+            out[want[0]] = n
     return out
 
 
@@ -441,7 +490,28 @@ def measure(a, system, op, ranks, build_error):
     out = Outcome(error=build_error or "")
     if out.error:
         return out
-    for first, last, n, w in segments(a, ranks):
+    run_segments(a, system, op, ranks, segments(a, ranks), out)
+    if out.error or out.not_available:
+        return out
+    # Cells that ran too short for their time (LENGTHEN_BELOW), again with more calls.
+    longer = Outcome()
+    run_segments(a, system, op, ranks, segments(a, ranks, lengthened(a, op, ranks, out.rows)),
+                 longer)
+    out.commands += longer.commands
+    if any(r["wrong"] > 0 for r in longer.rows):
+        out.error, out.stderr = longer.error, longer.stderr  # a wrong result is never dropped
+    elif longer.error:  # a run cut short: the first runs of its sizes stand
+        print(f"  {system:>12} {op} {ranks} ranks: a longer run failed ({longer.error}); the "
+              "first runs of its sizes stand", file=sys.stderr)
+    again = {r["size"]: r for r in longer.rows if r["wrong"] <= 0}
+    out.rows = [again.get(r["size"], r) for r in out.rows]
+    return out
+
+
+def run_segments(a, system, op, ranks, runs, out):
+    """Runs `system`'s program for each (first, last, iters, warmup) of `runs`, adding its rows,
+    its commands, and the first error or n/a to `out`; stops at the first of those."""
+    for first, last, n, w in runs:
         perf_args = ["--coll", op, "-b", str(first), "-e", str(last), "-f", repr(a.factor),
                      "-n", str(n), "-w", str(w), "-c", "1"]
         with tempfile.TemporaryDirectory(prefix=f"run_compare.{system}.") as scratch:
@@ -466,7 +536,6 @@ def measure(a, system, op, ranks, build_error):
               + (f", n/a: {out.not_available}" if out.not_available else ""), file=sys.stderr)
         if out.error or out.not_available:
             break  # the larger sizes would likely fail the same way
-    return out
 
 
 def recheck(a, results):
@@ -489,13 +558,10 @@ def recheck(a, results):
                 targets |= {(ref, op, ranks, size), (who, op, ranks, size)}
     for system, op, ranks, size, _, bigger, _ in sweep_summary.cliffs(rows):
         targets |= {(system, op, ranks, size), (system, op, ranks, bigger)}
-    asked = sizes(a)
     done = 0
     for system, op, ranks, size in sorted(targets):
         row = next((r for r in results[(system, op, ranks)].rows if r["size"] == size), None)
-        # The size asked for that moved `size` bytes (a split op moves whole elements per rank).
-        parts = ranks if op in SPLIT_OPS else 1
-        want = [s for s in asked if s // 4 // parts * 4 * parts == size]
+        want = asked_sizes(a, op, ranks, size)
         if row is None or not want:
             continue
         one = argparse.Namespace(**vars(a))
@@ -704,7 +770,14 @@ def section(a, m, results, plots, summary):
         policy = (f"at each size, n timed iterations: {a.time_per_size} s / estimate, clamped "
                   f"to [{MIN_ITERS}, {MAX_ITERS}] and rounded down to 1, 2 or 5 × 10^k, where "
                   f"the estimate is {LATENCY_PER_PEER_US:g} µs × (ranks − 1) × max(1, ranks / "
-                  f"CPUs) + size at 1 GB/s; max({MIN_WARMUP}, n / 10) warm-up iterations")
+                  f"CPUs) + size at 1 GB/s (where every system is a shared-memory one and no "
+                  f"rank shares a CPU: {SHARED_MEMORY_LATENCY_PER_PEER_US:g} µs, and up to "
+                  f"{SHARED_MEMORY_MAX_ITERS:,}); max({MIN_WARMUP}, n / 10) warm-up iterations. "
+                  f"A system's cell that ran for less than {LENGTHEN_BELOW:g} × "
+                  f"{a.time_per_size} s runs again with as many calls as fill "
+                  f"{a.time_per_size} s (rounded down the same way, at most "
+                  f"{LENGTHENED_MAX_ITERS:,}, at least twice n), and keeps that run "
+                  "(results.json gives each row's iterations)")
     ref = reference(a.systems)
     cpus = m["cpus"] or 0
     oversubscribed = " and ".join(f"{n} ranks" for n in a.ranks if n > cpus)

@@ -1,0 +1,62 @@
+#!/usr/bin/python3
+"""run_compare_test: which cells the runner runs again with more calls, and how it groups them,
+on made-up rows (no system is run)."""
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+sys.dont_write_bytecode = True
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+spec = importlib.util.spec_from_file_location("run_compare", HERE / "run_compare.py")
+run_compare = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(run_compare)
+
+
+def row(size, time_us, iters, wrong=0):
+    return {"size": size, "time_us": time_us, "iters": iters, "wrong": wrong}
+
+
+def main():
+    failures = []
+
+    def expect(what, got, want):
+        if got != want:
+            failures.append(f"{what}: got {got!r}, want {want!r}")
+
+    a = argparse.Namespace(iters=None, time_per_size=0.1, min_bytes=4, max_bytes=64, factor=2)
+    rows = [
+        row(4, 4.0, 500),       # 2 ms of 100: 25,000 calls fill it, rounded down to 20,000
+        row(8, 4.0, 20000),     # 80 ms: long enough
+        row(16, 0.3, 50000),    # 15 ms: 333,333 fill it, at most 100,000 (twice 50,000)
+        row(32, 1000.0, 5),     # 5 ms: 100 calls
+        row(64, 0.3, 60000),    # 18 ms, yet the most (100,000) is not twice 60,000
+    ]
+    expect("lengthened", run_compare.lengthened(a, "broadcast", 2, rows),
+           {4: 20000, 16: 100000, 32: 100})
+    expect("a wrong row is not run again",
+           run_compare.lengthened(a, "broadcast", 2, [row(4, 4.0, 500, wrong=3)]), {})
+    fixed = argparse.Namespace(**vars(a))
+    fixed.iters = 20
+    expect("--iters fixes every count", run_compare.lengthened(fixed, "broadcast", 2, rows), {})
+    # all_gather on 4 ranks moves whole floats per rank: a row of 16 B was asked as 16 B, and
+    # nothing asked moves 20 B.
+    expect("split op's size", run_compare.lengthened(a, "all_gather", 4, [row(16, 4.0, 500)]),
+           {16: 20000})
+    expect("no size moves 20 B", run_compare.lengthened(a, "all_gather", 4, [row(20, 4.0, 500)]),
+           {})
+    expect("segments of the lengthened sizes",
+           run_compare.segments(a, 2, {4: 20000, 16: 100000, 32: 100}),
+           [(4, 4, 20000, 2000), (16, 16, 100000, 10000), (32, 32, 100, 10)])
+    expect("neighbours with one count share a run",
+           run_compare.segments(a, 2, {4: 100, 8: 100, 32: 100, 64: 100}),
+           [(4, 8, 100, 10), (32, 64, 100, 10)])
+    for f in failures:
+        print("run_compare_test:", f, file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
