@@ -125,6 +125,12 @@ NICE_ITERS = sorted({m * 10**e for e in range(6) for m in (1, 2, 5)} | {MAX_ITER
 # for about --time-per-size on every system, or as long as the model's count made it.
 LENGTHEN_BELOW = 0.25
 LENGTHENED_MAX_ITERS = 100000
+# A longer run may take LENGTHENED_SLACK times its sizes' --time-per-size, and 10 s to start,
+# before it is stopped and its sizes keep their first runs: a call's time can change 1000-fold
+# from run to run (MPICH's ping_pong of 4 KiB on 4 ranks and 2 CPUs: 500 calls in 4.6 s, 0.3 s
+# the next time, and the 50,000 that the quick run asked for took 427 s).
+LENGTHENED_SLACK = 10
+LENGTHENED_START_S = 10
 
 
 def parse_size(text):
@@ -493,24 +499,34 @@ def measure(a, system, op, ranks, build_error):
     run_segments(a, system, op, ranks, segments(a, ranks), out)
     if out.error or out.not_available:
         return out
-    # Cells that ran too short for their time (LENGTHEN_BELOW), again with more calls.
-    longer = Outcome()
-    run_segments(a, system, op, ranks, segments(a, ranks, lengthened(a, op, ranks, out.rows)),
-                 longer)
-    out.commands += longer.commands
-    if any(r["wrong"] > 0 for r in longer.rows):
-        out.error, out.stderr = longer.error, longer.stderr  # a wrong result is never dropped
-    elif longer.error:  # a run cut short: the first runs of its sizes stand
-        print(f"  {system:>12} {op} {ranks} ranks: a longer run failed ({longer.error}); the "
-              "first runs of its sizes stand", file=sys.stderr)
-    again = {r["size"]: r for r in longer.rows if r["wrong"] <= 0}
+    # Cells that ran too short for their time (LENGTHEN_BELOW), again with more calls, each
+    # run on its own: one cut short (its sizes keep their first runs) stops no other.
+    again = {}
+    for run in segments(a, ranks, lengthened(a, op, ranks, out.rows)):
+        longer = Outcome()
+        run_segments(a, system, op, ranks, [run], longer, lengthened_timeout)
+        out.commands += longer.commands
+        if any(r["wrong"] > 0 for r in longer.rows):
+            out.error, out.stderr = longer.error, longer.stderr  # a wrong result stands
+            break
+        if longer.error:
+            print(f"  {system:>12} {op} {ranks} ranks: a longer run failed ({longer.error}); "
+                  "its sizes keep their first runs", file=sys.stderr)
+        again.update((r["size"], r) for r in longer.rows)
     out.rows = [again.get(r["size"], r) for r in out.rows]
     return out
 
 
-def run_segments(a, system, op, ranks, runs, out):
+def lengthened_timeout(a, first, last):
+    """Seconds a longer run of the sizes first..last may take (LENGTHENED_SLACK)."""
+    count = sum(1 for s in sizes(a) if first <= s <= last)
+    return min(a.timeout, LENGTHENED_START_S + LENGTHENED_SLACK * a.time_per_size * count)
+
+
+def run_segments(a, system, op, ranks, runs, out, timeout=None):
     """Runs `system`'s program for each (first, last, iters, warmup) of `runs`, adding its rows,
-    its commands, and the first error or n/a to `out`; stops at the first of those."""
+    its commands, and the first error or n/a to `out`; stops at the first of those. `timeout`:
+    the seconds each run may take, from (a, first, last); a.timeout where None."""
     for first, last, n, w in runs:
         perf_args = ["--coll", op, "-b", str(first), "-e", str(last), "-f", repr(a.factor),
                      "-n", str(n), "-w", str(w), "-c", "1"]
@@ -518,7 +534,8 @@ def run_segments(a, system, op, ranks, runs, out):
             commands = launches(a, system, ranks, perf_args, scratch)
             out.commands.append(describe(commands))
             started = time.monotonic()
-            stdout, failure = run_processes(commands, a.timeout)
+            limit = a.timeout if timeout is None else timeout(a, first, last)
+            stdout, failure = run_processes(commands, limit)
         rows = json_rows(stdout)
         for r in rows:
             r.update(system=system, iters=n, warmup=w)

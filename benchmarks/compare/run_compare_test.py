@@ -26,7 +26,8 @@ def main():
         if got != want:
             failures.append(f"{what}: got {got!r}, want {want!r}")
 
-    a = argparse.Namespace(iters=None, time_per_size=0.1, min_bytes=4, max_bytes=64, factor=2)
+    a = argparse.Namespace(iters=None, time_per_size=0.1, min_bytes=4, max_bytes=64, factor=2,
+                           timeout=600)
     rows = [
         row(4, 4.0, 500),       # 2 ms of 100: 25,000 calls fill it, rounded down to 20,000
         row(8, 4.0, 20000),     # 80 ms: long enough
@@ -53,6 +54,11 @@ def main():
     expect("neighbours with one count share a run",
            run_compare.segments(a, 2, {4: 100, 8: 100, 32: 100, 64: 100}),
            [(4, 8, 100, 10), (32, 64, 100, 10)])
+    # A longer run of 4..16 B (3 sizes) may take 10 s to start and 10 x 0.1 s a size.
+    expect("a longer run's time limit", run_compare.lengthened_timeout(a, 4, 16), 13.0)
+    short = argparse.Namespace(**vars(a))
+    short.timeout = 5
+    expect("never past --timeout", run_compare.lengthened_timeout(short, 4, 16), 5)
     for f in failures:
         print("run_compare_test:", f, file=sys.stderr)
     return 1 if failures else 0
