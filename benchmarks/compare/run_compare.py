@@ -121,8 +121,9 @@ NICE_ITERS = sorted({m * 10**e for e in range(6) for m in (1, 2, 5)} | {MAX_ITER
 # that keep MPICH's cell within its time ran corocoll's and vader's for 2 ms, and a cell's runs
 # spread 2-3x (all_to_all of 128 B: 2.65-6.24 µs over 8 runs). A cell that ran for less than
 # LENGTHEN_BELOW of --time-per-size is run again with as many calls as fill it (at most
-# LENGTHENED_MAX_ITERS, at least twice as many as before), and keeps that run: every cell runs
-# for about --time-per-size on every system, or as long as the model's count made it.
+# LENGTHENED_MAX_ITERS; only where that is at least twice as many as before), and keeps that
+# run: every cell runs for about --time-per-size on every system, or as long as the model's
+# count made it.
 LENGTHEN_BELOW = 0.25
 LENGTHENED_MAX_ITERS = 100000
 # A longer run may take LENGTHENED_SLACK times its sizes' --time-per-size, and 10 s to start,
@@ -281,7 +282,7 @@ def asked_sizes(a, op, ranks, size):
 def lengthened(a, op, ranks, rows):
     """{asked size: iterations} for the rows of one invocation that ran for less than
     LENGTHEN_BELOW of --time-per-size: as many calls as fill it, rounded down as the model's
-    are, at most LENGTHENED_MAX_ITERS, and only where that is at least twice what ran. None
+    are, at most LENGTHENED_MAX_ITERS, and only where that is at least twice what ran. Empty
     where --iters fixed the count."""
     if a.iters is not None:
         return {}
@@ -506,13 +507,14 @@ def measure(a, system, op, ranks, build_error):
         longer = Outcome()
         run_segments(a, system, op, ranks, [run], longer, lengthened_timeout)
         out.commands += longer.commands
-        if any(r["wrong"] > 0 for r in longer.rows):
-            out.error, out.stderr = longer.error, longer.stderr  # a wrong result stands
+        again.update((r["size"], r) for r in longer.rows)
+        if longer.error and not longer.error.startswith("timed out"):
+            # A wrong result, a crash, an exit code: the cell's failure, as in a first run.
+            out.error, out.stderr = longer.error, longer.stderr
             break
         if longer.error:
-            print(f"  {system:>12} {op} {ranks} ranks: a longer run failed ({longer.error}); "
-                  "its sizes keep their first runs", file=sys.stderr)
-        again.update((r["size"], r) for r in longer.rows)
+            print(f"  {system:>12} {op} {ranks} ranks: a longer run {longer.error}; the sizes "
+                  "it did not finish keep their first runs", file=sys.stderr)
     out.rows = [again.get(r["size"], r) for r in out.rows]
     return out
 
@@ -793,8 +795,10 @@ def section(a, m, results, plots, summary):
                   f"A system's cell that ran for less than {LENGTHEN_BELOW:g} × "
                   f"{a.time_per_size} s runs again with as many calls as fill "
                   f"{a.time_per_size} s (rounded down the same way, at most "
-                  f"{LENGTHENED_MAX_ITERS:,}, at least twice n), and keeps that run "
-                  "(results.json gives each row's iterations)")
+                  f"{LENGTHENED_MAX_ITERS:,}), where that is at least twice n, and keeps that "
+                  f"run; a longer run that outlasts {LENGTHENED_START_S} s + "
+                  f"{LENGTHENED_SLACK} × its sizes' time is stopped, and the sizes it did not "
+                  "finish keep their first runs (results.json gives each row's iterations)")
     ref = reference(a.systems)
     cpus = m["cpus"] or 0
     oversubscribed = " and ".join(f"{n} ranks" for n in a.ranks if n > cpus)

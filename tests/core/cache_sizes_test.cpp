@@ -1,3 +1,4 @@
+#include <corocoll/core/prefetch.hpp>
 #include <corocoll/corocoll.hpp>
 
 #include <doctest/doctest.h>

@@ -529,7 +529,7 @@ step_sleep_counts step_sleep_and_wake(bool futex_wait) {
 TEST_CASE(
     "an arena arrival asks for as many lines of a later place as its data filled, at most 16") {
     // The counter's line carries the call and the first 16 bytes; each 64 bytes more fill a
-    // line; from 1,008 bytes more the copy waits for its lines at once (arena.hpp).
+    // line; from 976 bytes more the copy waits for its lines at once (arena.hpp).
     using arena = cc::transport::shm_arena;
     CHECK(arena::lines_prepared_for(0) == 1);
     CHECK(arena::lines_prepared_for(arena::small_bytes) == 1);

@@ -140,9 +140,10 @@ constexpr std::uint64_t arena_steps_for(int ranks) noexcept { return ranks <= 8 
 // broadcasts through the arena there, by the tree where the queue is short).
 constexpr bool arena_queue_is_deep(int ranks) noexcept { return arena_steps_for(ranks) >= 32; }
 // shm_arena::place takes s modulo the count with a mask, and an even count keeps each rank's
-// `arena_line` 128-byte aligned after its places.
+// `arena_line` 128-byte aligned after its places. At least 4: an arrival asks for the place two
+// steps on (`shm_arena::prepare_place`), which with 2 would be the place just published.
 static_assert(std::has_single_bit(arena_steps_for(1)) && std::has_single_bit(arena_steps_for(9)) &&
-              arena_steps_for(9) >= 2);
+              arena_steps_for(9) >= 4);
 
 // What one rank brings to one step (see `arena_line`): its first cache line holds the counter,
 // the call and 16 bytes of data, so that a peer that sees the rank arrive has its call and its
@@ -204,10 +205,10 @@ public:
     /// past steps without waiting may write again sooner than the data sets; `settle_lines`).
     static constexpr std::size_t line_bytes = sizeof(detail::arena_step_line::small);
     /// The most cache lines of a later step place that an arrival asks for writing
-    /// (`prepare_place`): the counter's line and 1,008 bytes of data. From about 1 KiB the
-    /// copy into the lines has stores enough in flight to wait for many lines at once, and
-    /// asking for more made no difference (docs/performance.md, "Lines asked for before
-    /// they are written").
+    /// (`prepare_place`): the counter's line (with 16 bytes of data) and 15 more, 976 bytes.
+    /// From about 1 KiB the copy into the lines has stores enough in flight to wait for many
+    /// lines at once, and asking for more made no difference (docs/performance.md, "Lines
+    /// asked for before they are written").
     static constexpr std::size_t prepared_lines = 16;
     /// The cache lines of a step place that an arrival asks for writing where this rank wrote
     /// `bytes` of data into its lines (`own_small`): the counter's line, which holds the call
@@ -509,11 +510,13 @@ private:
     COROCOLL_DECL void publish_arrival() noexcept;
     // Asks for the first lines of this rank's place for step `s` for writing: its counter's
     // line and those that `small_written_` bytes of data fill, at most `prepared_lines`. The
-    // place was last read by the others steps_ steps before (a reader that went on, or the
-    // ranks that met there); without it the rank's first store to it waits for the line to
-    // come back, and every store after it waits behind that one (core/prefetch.hpp). Two
-    // steps on, not one: a rank that waits for this one's next arrival looks at the next
-    // place meanwhile, and would take the line straight back.
+    // place held step s - steps_, which the others read (the ranks that met there, or readers
+    // that went on); without this the rank's first store to it waits for the line to come
+    // back, and every store after it waits behind that one (core/prefetch.hpp). Two steps on,
+    // not one: a rank that waits for this one's next arrival looks at the next place
+    // meanwhile, and would take the line straight back. A reader far behind (settle_lines
+    // lets it be steps_ - 1 back) may still be reading the place: the hint changes no data,
+    // and costs at most a line's transfer each way.
     COROCOLL_DECL void prepare_place(std::uint64_t s) noexcept;
     // Stores `went_on` for step `s` and compares this rank's call with those of the ranks
     // that go on there too (see `will_go_on`).
