@@ -132,6 +132,9 @@ LENGTHENED_MAX_ITERS = 100000
 # the next time, and the 50,000 that the quick run asked for took 427 s).
 LENGTHENED_SLACK = 10
 LENGTHENED_START_S = 10
+# How a run stopped at its time limit is reported (wait_all): a longer run stopped so keeps the
+# first runs of its sizes, where any other failure fails the cell.
+TIMED_OUT = "timed out"
 
 
 def parse_size(text):
@@ -429,7 +432,7 @@ def wait_all(procs, timeout):
         if all(c == 0 for c in codes):
             return None
         if time.monotonic() > deadline:
-            return 0, f"timed out after {timeout:.0f} s"
+            return 0, f"{TIMED_OUT} after {timeout:.0f} s"
         time.sleep(0.02)
 
 
@@ -508,7 +511,7 @@ def measure(a, system, op, ranks, build_error):
         run_segments(a, system, op, ranks, [run], longer, lengthened_timeout)
         out.commands += longer.commands
         again.update((r["size"], r) for r in longer.rows)
-        if longer.error and not longer.error.startswith("timed out"):
+        if longer.error and not longer.error.startswith(TIMED_OUT):
             # A wrong result, a crash, an exit code: the cell's failure, as in a first run.
             out.error, out.stderr = longer.error, longer.stderr
             break
