@@ -19,6 +19,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
@@ -118,6 +119,16 @@ public:
     static int runnable_tasks() noexcept;
     /// The processors this process may run on.
     static int processors() noexcept;
+    /// How long a sched_yield takes, at least, when it gives the processor to another task:
+    /// a yield that took this long handed over, one that returned sooner found nothing else to
+    /// run. Twice the cheapest of a few system calls, read once (a yield that finds nothing
+    /// else is a system call and a look at the run queue; one that hands over to a peer that
+    /// yields straight back is two of them and two switches), and 1 us at least. Read here,
+    /// not fixed: on an Intel Xeon of model 207 a system call takes 0.1-0.3 us and an empty
+    /// yield returns within 0.5 us 99.7% of the time (a hand-over takes 1.5-3 us); on an AMD
+    /// EPYC VM a system call takes 1.0 us and an empty yield 1.25-1.6, and a fixed 1 us took
+    /// every yield for a hand-over.
+    static std::chrono::nanoseconds handover_time() noexcept;
 
     /// What the kernel accepted at set-up.
     const reactor_features& features() const noexcept { return features_; }
@@ -319,12 +330,9 @@ private:
     // host whose runnable tasks leave a processor idle, moves this thread to another of its
     // processors (`reactor_stats::moves`).
     void yield_processor() noexcept;
-    // A yield that took this long gave the processor away (a Xeon of model 207: a yield with
-    // nothing else to run returns within 0.5 us 99.7% of the time; one that hands over to a
-    // peer that yields straight back takes 1.5-3 us, and 4, the value before, missed every
-    // hand-over of a release build's ping-pong) ...
-    static constexpr std::chrono::microseconds handover_time{1};
-    // ... and this many such of `yield_window` yields, the peer shares this processor (a
+    // A yield that took `handover_time()` gave the processor away (4 us, a fixed value long
+    // ago, missed every hand-over of a release build's ping-pong on a Xeon of model 207), and
+    // this many such of `yield_window` yields, the peer shares this processor (a
     // ping-pong on one processor hands over at one yield in three or more; ranks on
     // processors of their own, only when some other task takes theirs for a moment).
     static constexpr int yield_window = 64;

@@ -46,6 +46,7 @@ COROCOLL_DECL reactor::reactor(reactor_options options) : options_(options) {
     if (current_ref() != nullptr) {
         throw std::logic_error("corocoll: this thread already has an io::reactor");
     }
+    handover_time();  // read once, here rather than at the first yield of some wait
     setup_ring();
     wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (wake_fd_ < 0) {
@@ -123,6 +124,20 @@ COROCOLL_DECL int reactor::processors() noexcept {
         return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     }();
     return cpus;
+}
+
+COROCOLL_DECL std::chrono::nanoseconds reactor::handover_time() noexcept {
+    static const std::chrono::nanoseconds least_handover = [] {
+        // The cheapest of a few calls is one that nothing interrupted: the call's own cost.
+        auto cheapest = std::chrono::steady_clock::duration::max();
+        for (int i = 0; i < 64; ++i) {
+            const auto before = std::chrono::steady_clock::now();
+            ::syscall(SYS_getppid);
+            cheapest = std::min(cheapest, std::chrono::steady_clock::now() - before);
+        }
+        return std::max<std::chrono::nanoseconds>(std::chrono::microseconds(1), 2 * cheapest);
+    }();
+    return least_handover;
 }
 
 COROCOLL_DECL void reactor::post(corocoll::detail::work_item& item) noexcept {
@@ -563,7 +578,7 @@ COROCOLL_DECL void reactor::yield_processor() noexcept {
     // A sched_yield with nothing else to run here returns within a microsecond or so; one
     // that took longer gave the processor to another task for a while.
     const auto back = std::chrono::steady_clock::now();
-    if (back - before >= handover_time) {
+    if (back - before >= handover_time()) {
         ++handovers_;
         // Saturated: a rank that shares its processor for hours hands over at every yield.
         if (handover_streak_ < handovers_in_a_row) ++handover_streak_;
