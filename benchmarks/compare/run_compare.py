@@ -560,45 +560,56 @@ def run_segments(a, system, op, ranks, runs, out, timeout=None):
             break  # the larger sizes would likely fail the same way
 
 
-def recheck(a, results):
-    """Measures each flagged cell again (a.recheck times): the corocoll system and the peer
-    that beat it, or the system and both sizes of a cliff, each alone at that size. A single
-    run of a cell on a small shared machine can be slowed by anything (a run of reduce_scatter
-    of 8 B once took 25 µs, and 1.3 µs in every run after); the cell keeps the median of its
-    runs, and its row says how many (`runs`) and what they were (`samples_us`)."""
-    if a.recheck <= 0:
-        return 0
-    rows = [r for o in results.values() for r in o.rows]
-    targets = set()
+def recheck_plan(a, rows):
+    """The runs of a recheck, in order: [(system, op, ranks, size)]. Each flagged cell's two
+    systems (the corocoll system and the peer that beat it), or each cliff's two sizes of one
+    system, run one after the other, a.recheck times over (A B A B), each alone at that size.
+    Not every corocoll run first and every peer's after: a VM's processors can be placed
+    nearer or farther apart for minutes at a time (a 2-vCPU AMD EPYC: a cache line crossed in
+    75-90 ns for a while, in 330 ns for another; Open MPI's 8 B ping-pong 0.13 µs, then 0.45),
+    and the two sides of one comparison must see the machine alike."""
+    groups = []
     for ref in sweep_summary.REFERENCE_SYSTEMS:
         peers = sweep_summary.peers_of(ref, a.systems)
         if ref not in a.systems or not peers:
             continue
         rat = sweep_summary.ratios(sweep_summary.by_cell(rows), ref, peers)
-        for (op, ranks, size), (r, who) in rat.items():
+        for (op, ranks, size), (r, who) in sorted(rat.items()):
             if r > sweep_summary.FLAG_RATIO:
-                targets |= {(ref, op, ranks, size), (who, op, ranks, size)}
+                groups.append(((ref, op, ranks, size), (who, op, ranks, size)))
     for system, op, ranks, size, _, bigger, _ in sweep_summary.cliffs(rows):
-        targets |= {(system, op, ranks, size), (system, op, ranks, bigger)}
-    done = 0
-    for system, op, ranks, size in sorted(targets):
+        groups.append(((system, op, ranks, size), (system, op, ranks, bigger)))
+    plan = []
+    for g in dict.fromkeys(groups):  # a cell flagged and a cliff's is one group, run once
+        plan += list(g) * a.recheck
+    return plan
+
+
+def recheck(a, results):
+    """Measures each flagged cell again (`recheck_plan`). A single run of a cell on a small
+    shared machine can be slowed by anything (a run of reduce_scatter of 8 B once took 25 µs,
+    and 1.3 µs in every run after); the cell keeps the median of its runs, and its row says how
+    many (`runs`) and what they were (`samples_us`)."""
+    if a.recheck <= 0:
+        return 0
+    samples = {}
+    for system, op, ranks, size in recheck_plan(a, [r for o in results.values() for r in o.rows]):
         row = next((r for r in results[(system, op, ranks)].rows if r["size"] == size), None)
         want = asked_sizes(a, op, ranks, size)
         if row is None or not want:
             continue
         one = argparse.Namespace(**vars(a))
         one.min_bytes = one.max_bytes = want[0]
-        samples = [row["time_us"]]
-        for _ in range(a.recheck):
-            again = measure(one, system, op, ranks, None)
-            samples += [r["time_us"] for r in again.rows if r["size"] == size and r["wrong"] <= 0]
-        samples.sort()
-        median = samples[len(samples) // 2]
+        again = measure(one, system, op, ranks, None)
+        runs = samples.setdefault((system, op, ranks, size), (row, [row["time_us"]]))[1]
+        runs += [r["time_us"] for r in again.rows if r["size"] == size and r["wrong"] <= 0]
+    for row, runs in samples.values():
+        runs.sort()
+        median = runs[len(runs) // 2]
         scale = row["time_us"] / median if median > 0 else 1
         row.update(time_us=median, algbw_gbs=row["algbw_gbs"] * scale,
-                   busbw_gbs=row["busbw_gbs"] * scale, runs=len(samples), samples_us=samples)
-        done += 1
-    return done
+                   busbw_gbs=row["busbw_gbs"] * scale, runs=len(runs), samples_us=runs)
+    return len(samples)
 
 
 # ---- the report ----
@@ -842,8 +853,10 @@ def section(a, m, results, plots, summary):
         f"Iterations: {policy}." + (
             f" A cell over {sweep_summary.FLAG_RATIO}x the best peer, or either size of a "
             f"cliff, was measured {a.recheck} more times (the corocoll system and the peer "
-            "that beat it, each alone at that size) and keeps the median of its runs "
-            "(results.json lists them)." if a.recheck > 0 else ""),
+            "that beat it, or the cliff's two sizes, each alone at that size and one after "
+            "the other, A B A B: a VM's processors may sit nearer or farther apart for "
+            "minutes) and keeps the median of its runs (results.json lists them)."
+            if a.recheck > 0 else ""),
         "",
         (f"The machine has {cpus} CPUs, so the runs with {oversubscribed} are "
          "oversubscribed: ranks share cores, which costs most the systems that poll while "
