@@ -13,6 +13,7 @@
 #include <corocoll/transport/tcp/mesh.hpp>
 #include <corocoll/version.hpp>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -35,8 +36,24 @@ namespace detail {
 // makes single copies on 2 ranks only, whatever the option: on more it measured slower (4 ranks),
 // and there every rank reads every other's buffer, so that a rank leaving the call after another
 // was killed made a third blame it, not the killed one.
+// Where one process_vm_readv costs `slow_single_copy` or more before it copies a byte
+// (`copy_cost`, `single_copy_cost()`: a VM that traps system calls), the 2-rank sizes of the
+// other uses move up to where the arena's two copies outgrow the L2: broadcast from a buffer of
+// the L2, all_gather, gather and scatter from blocks of half of it (a whole buffer of the L2),
+// all_to_all from blocks of a sixteenth (docs/performance.md, "Single copies where a system
+// call is slow").
 COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std::size_t option,
-                                               std::size_t l2_bytes);
+                                               std::size_t l2_bytes,
+                                               std::chrono::nanoseconds copy_cost = {});
+
+// From this cost of a process_vm_readv of a few bytes, single copies of 2 ranks wait for larger
+// buffers (`single_copy_from_for`): an AMD EPYC VM whose getppid took 1.0 us paid 1.9-2.1 us,
+// and lost to the arena's two copies from 16 KiB up to 256 KiB-1 MiB by 2-3x.
+inline constexpr std::chrono::nanoseconds slow_single_copy{1000};
+
+// What one process_vm_readv of 64 bytes of this process's own memory costs: the cheapest of 32,
+// measured once (the first call) and kept; 0 where the kernel refuses it.
+COROCOLL_DECL std::chrono::nanoseconds single_copy_cost() noexcept;
 
 // A fresh arena for `ranks` ranks with data sets of `set_bytes`, with `nonce`, the
 // group's single-copy sizes (`single_copy_from_for` of `single_copy_bytes`, see

@@ -4,18 +4,35 @@
 
 #include <corocoll/transport/shm/arena_setup.hpp>
 
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+
 COROCOLL_BEGIN_NAMESPACE
 
 namespace transport {
 namespace detail {
 
 COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std::size_t option,
-                                               std::size_t l2_bytes) {
+                                               std::size_t l2_bytes,
+                                               std::chrono::nanoseconds copy_cost) {
     // all_reduce: 2 ranks only, whatever the option (see the declaration).
     if (u == single_copy_use::all_reduce && ranks != 2) return 0;
     if (option != engine_options::automatic_single_copy) return option;
     if (ranks == 2) {
-        if (u == single_copy_use::all_reduce) return l2_bytes > 0 ? l2_bytes : std::size_t{2} << 20;
+        const std::size_t l2 = l2_bytes > 0 ? l2_bytes : std::size_t{2} << 20;
+        if (u == single_copy_use::all_reduce) return l2;
+        if (copy_cost >= slow_single_copy) {
+            switch (u) {
+                case single_copy_use::broadcast:
+                    return l2;
+                case single_copy_use::all_to_all:
+                    return l2 / 16;
+                default:
+                    return l2 / 2;
+            }
+        }
         return (u == single_copy_use::all_gather ? std::size_t{8} : 16) << 10;
     }
     if (ranks > 8) return 0;
@@ -29,6 +46,27 @@ COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std
     }
 }
 
+COROCOLL_DECL std::chrono::nanoseconds single_copy_cost() noexcept {
+    static const std::chrono::nanoseconds cost = [] {
+        char from[64] = {1};
+        char to[64] = {};
+        auto cheapest = std::chrono::nanoseconds::max();
+        for (int i = 0; i < 32; ++i) {
+            iovec local{to, sizeof(to)};
+            iovec remote{from, sizeof(from)};
+            const auto before = std::chrono::steady_clock::now();
+            if (::process_vm_readv(::getpid(), &local, 1, &remote, 1, 0) !=
+                static_cast<ssize_t>(sizeof(from))) {
+                return std::chrono::nanoseconds{0};
+            }
+            cheapest = std::min<std::chrono::nanoseconds>(
+                cheapest, std::chrono::steady_clock::now() - before);
+        }
+        return cheapest;
+    }();
+    return cost;
+}
+
 COROCOLL_DECL mapping create_arena(int ranks, std::size_t set_bytes, std::uint64_t nonce,
                                    std::size_t single_copy_bytes, std::size_t l2_bytes,
                                    fd_guard& memfd) {
@@ -39,8 +77,9 @@ COROCOLL_DECL mapping create_arena(int ranks, std::size_t set_bytes, std::uint64
     h->ranks = static_cast<std::uint64_t>(ranks);
     h->set_bytes = set_bytes;
     for (std::size_t u = 0; u < single_copy_uses; ++u) {
-        h->single_copy_from[u] = single_copy_from_for(static_cast<single_copy_use>(u), ranks,
-                                                      single_copy_bytes, l2_bytes);
+        h->single_copy_from[u] =
+            single_copy_from_for(static_cast<single_copy_use>(u), ranks, single_copy_bytes,
+                                 l2_bytes, single_copy_cost());
     }
     h->l2_bytes = l2_bytes;
     const std::uint64_t steps = arena_steps_for(ranks);
