@@ -215,8 +215,18 @@ TEST_CASE(
             CHECK(from(single_copy_use::scatter, 2, automatic) == (slow ? m / 2 : 16 * kib));
             CHECK(from(single_copy_use::all_to_all, 2, automatic) == (slow ? m / 16 : 16 * kib));
             CHECK(from(single_copy_use::all_reduce, 2, automatic) == m);
-            CHECK(from(single_copy_use::scatter, 3, automatic) == 64 * kib);
-            CHECK(from(single_copy_use::all_to_all, 8, automatic) == 24 * kib);
+            // 3 to 8 ranks: scatter from blocks of the L2 over the ranks, all_to_all from
+            // blocks of an eighth of it (never below the sizes of a quick process_vm_readv).
+            for (int n : {3, 4, 8}) {
+                CAPTURE(n);
+                const std::size_t per_rank = m / static_cast<std::size_t>(n);
+                CHECK(from(single_copy_use::scatter, n, automatic) ==
+                      (slow ? std::max(64 * kib, per_rank) : 64 * kib));
+                CHECK(from(single_copy_use::all_to_all, n, automatic) ==
+                      (slow ? std::max(24 * kib, m / 8) : 24 * kib));
+                CHECK(from(single_copy_use::broadcast, n, automatic) == 0);
+                CHECK(from(single_copy_use::all_to_all, 9, automatic) == 0);
+            }
             CHECK(from(single_copy_use::broadcast, 2, 16 * kib) == 16 * kib);
         }
     }

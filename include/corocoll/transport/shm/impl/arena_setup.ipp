@@ -20,8 +20,8 @@ COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std
     // all_reduce: 2 ranks only, whatever the option (see the declaration).
     if (u == single_copy_use::all_reduce && ranks != 2) return 0;
     if (option != engine_options::automatic_single_copy) return option;
+    const std::size_t l2 = l2_bytes > 0 ? l2_bytes : std::size_t{2} << 20;
     if (ranks == 2) {
-        const std::size_t l2 = l2_bytes > 0 ? l2_bytes : std::size_t{2} << 20;
         if (u == single_copy_use::all_reduce) return l2;
         if (copy_cost >= slow_single_copy) {
             switch (u) {
@@ -36,11 +36,13 @@ COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std
         return (u == single_copy_use::all_gather ? std::size_t{8} : 16) << 10;
     }
     if (ranks > 8) return 0;
+    const bool slow = copy_cost >= slow_single_copy;
     switch (u) {
         case single_copy_use::scatter:
-            return std::size_t{64} << 10;
+            return slow ? std::max(std::size_t{64} << 10, l2 / static_cast<std::size_t>(ranks))
+                        : std::size_t{64} << 10;
         case single_copy_use::all_to_all:
-            return std::size_t{24} << 10;
+            return slow ? std::max(std::size_t{24} << 10, l2 / 8) : std::size_t{24} << 10;
         default:
             return 0;
     }
