@@ -579,10 +579,9 @@ def recheck_plan(a, rows):
                 groups.append(((ref, op, ranks, size), (who, op, ranks, size)))
     for system, op, ranks, size, _, bigger, _ in sweep_summary.cliffs(rows):
         groups.append(((system, op, ranks, size), (system, op, ranks, bigger)))
-    plan = []
-    for g in dict.fromkeys(groups):  # a cell flagged and a cliff's is one group, run once
-        plan += list(g) * a.recheck
-    return plan
+    # A run that is in two groups (a flagged peer's cell that is also a cliff's size) runs in
+    # both: each comparison keeps its own side by side.
+    return [run for g in groups for run in list(g) * a.recheck]
 
 
 def recheck(a, results):

@@ -2,6 +2,7 @@
 // inline where corocoll is header-only, compiled once in separate compilation (version.hpp).
 #pragma once
 
+#include <corocoll/core/cheapest.hpp>
 #include <corocoll/io/reactor.hpp>
 
 COROCOLL_BEGIN_NAMESPACE
@@ -128,14 +129,11 @@ COROCOLL_DECL int reactor::processors() noexcept {
 
 COROCOLL_DECL std::chrono::nanoseconds reactor::handover_time() noexcept {
     static const std::chrono::nanoseconds least_handover = [] {
-        // The cheapest of a few calls is one that nothing interrupted: the call's own cost.
-        auto cheapest = std::chrono::steady_clock::duration::max();
-        for (int i = 0; i < 64; ++i) {
-            const auto before = std::chrono::steady_clock::now();
+        const auto call = corocoll::detail::cheapest_of(64, [] {
             ::syscall(SYS_getppid);
-            cheapest = std::min(cheapest, std::chrono::steady_clock::now() - before);
-        }
-        return std::max<std::chrono::nanoseconds>(std::chrono::microseconds(1), 2 * cheapest);
+            return true;
+        });
+        return std::max<std::chrono::nanoseconds>(std::chrono::microseconds(1), 2 * call);
     }();
     return least_handover;
 }

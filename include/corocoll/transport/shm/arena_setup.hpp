@@ -41,7 +41,7 @@ namespace detail {
 // other uses move up to where the arena's two copies outgrow the L2: broadcast from a buffer of
 // the L2, all_gather, gather and scatter from blocks of half of it (a whole buffer of the L2),
 // all_to_all from blocks of a sixteenth; on 3 to 8 ranks scatter from blocks of the L2 over
-// the ranks (a whole buffer of the L2) and all_to_all from blocks of an eighth, never below the
+// the ranks (a whole buffer of the L2) and all_to_all from blocks of an eighth; never below the
 // sizes above (docs/performance.md, "Single copies where a system call is slow").
 COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std::size_t option,
                                                std::size_t l2_bytes,

@@ -2,6 +2,7 @@
 // header-only, compiled once in separate compilation (version.hpp).
 #pragma once
 
+#include <corocoll/core/cheapest.hpp>
 #include <corocoll/transport/shm/arena_setup.hpp>
 
 #include <sys/uio.h>
@@ -21,51 +22,47 @@ COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std
     if (u == single_copy_use::all_reduce && ranks != 2) return 0;
     if (option != engine_options::automatic_single_copy) return option;
     const std::size_t l2 = l2_bytes > 0 ? l2_bytes : std::size_t{2} << 20;
+    // The size measured where a process_vm_readv is quick; where it is slow, the one that
+    // follows the L2, never below it.
+    const bool slow = copy_cost >= slow_single_copy;
+    auto from = [slow](std::size_t quick, std::size_t by_l2) {
+        return slow ? std::max(quick, by_l2) : quick;
+    };
+    const std::size_t kib = 1024;
     if (ranks == 2) {
-        if (u == single_copy_use::all_reduce) return l2;
-        if (copy_cost >= slow_single_copy) {
-            switch (u) {
-                case single_copy_use::broadcast:
-                    return l2;
-                case single_copy_use::all_to_all:
-                    return l2 / 16;
-                default:
-                    return l2 / 2;
-            }
+        switch (u) {
+            case single_copy_use::all_reduce:
+                return l2;
+            case single_copy_use::broadcast:
+                return from(16 * kib, l2);
+            case single_copy_use::all_gather:
+                return from(8 * kib, l2 / 2);
+            case single_copy_use::all_to_all:
+                return from(16 * kib, l2 / 16);
+            default:  // gather, scatter
+                return from(16 * kib, l2 / 2);
         }
-        return (u == single_copy_use::all_gather ? std::size_t{8} : 16) << 10;
     }
     if (ranks > 8) return 0;
-    const bool slow = copy_cost >= slow_single_copy;
     switch (u) {
         case single_copy_use::scatter:
-            return slow ? std::max(std::size_t{64} << 10, l2 / static_cast<std::size_t>(ranks))
-                        : std::size_t{64} << 10;
+            return from(64 * kib, l2 / static_cast<std::size_t>(ranks));
         case single_copy_use::all_to_all:
-            return slow ? std::max(std::size_t{24} << 10, l2 / 8) : std::size_t{24} << 10;
+            return from(24 * kib, l2 / 8);
         default:
             return 0;
     }
 }
 
 COROCOLL_DECL std::chrono::nanoseconds single_copy_cost() noexcept {
-    static const std::chrono::nanoseconds cost = [] {
+    static const std::chrono::nanoseconds cost = corocoll::detail::cheapest_of(32, [] {
         char from[64] = {1};
         char to[64] = {};
-        auto cheapest = std::chrono::nanoseconds::max();
-        for (int i = 0; i < 32; ++i) {
-            iovec local{to, sizeof(to)};
-            iovec remote{from, sizeof(from)};
-            const auto before = std::chrono::steady_clock::now();
-            if (::process_vm_readv(::getpid(), &local, 1, &remote, 1, 0) !=
-                static_cast<ssize_t>(sizeof(from))) {
-                return std::chrono::nanoseconds{0};
-            }
-            cheapest = std::min<std::chrono::nanoseconds>(
-                cheapest, std::chrono::steady_clock::now() - before);
-        }
-        return cheapest;
-    }();
+        iovec local{to, sizeof(to)};
+        iovec remote{from, sizeof(from)};
+        return ::process_vm_readv(::getpid(), &local, 1, &remote, 1, 0) ==
+               static_cast<ssize_t>(sizeof(from));
+    });
     return cost;
 }
 
