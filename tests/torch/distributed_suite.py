@@ -3,7 +3,8 @@
 what torch's test/distributed/test_distributed_spawn.py runs) on a backend of ours or Gloo's,
 WORLD_SIZE ranks spawned per test, file:// initialisation, CPU tensors.
 
-  distributed_suite.py --backend corocoll|gloo [--world-size 3] [--only NAME,...]
+  distributed_suite.py --backend corocoll|gloo [--world-size 3] [--start spawn|fork]
+                       [--only NAME,...]
                        [--expected FILE] [--report FILE]
 
 Every test of the suite's class runs, each in a fresh set of spawned ranks; the outcome of each
@@ -109,7 +110,12 @@ def load_suite(backend):
     class TestDistBackendWithSpawn(dt.TestDistBackend, dt.DistributedTest._DistTestBase):
         def setUp(self):
             super().setUp()
-            self._spawn_processes()
+            if os.environ.get("COROCOLL_SUITE_START") == "fork":
+                # Forked ranks start with torch and the suite imported (a spawned one imports
+                # them again, seconds of a short test on a small machine).
+                self._start_processes(torch.multiprocessing.get_context("fork").Process)
+            else:
+                self._spawn_processes()
 
     TestDistBackendWithSpawn.__qualname__ = "TestDistBackendWithSpawn"
     TestDistBackendWithSpawn.__module__ = __name__
@@ -191,6 +197,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", choices=("corocoll", "gloo"), required=True)
     ap.add_argument("--world-size", type=int, default=3)
+    ap.add_argument("--start", choices=("spawn", "fork"), default="spawn",
+                    help="how each test's ranks start (torch's suite spawns them)")
     ap.add_argument("--only", default="", help="comma-separated test names (default: all)")
     ap.add_argument("--expected", help="the expected failures, name: reason per line")
     ap.add_argument("--report", help="write every outcome here as JSON")
@@ -199,6 +207,7 @@ def main():
     args = ap.parse_args()
 
     os.environ["WORLD_SIZE"] = str(args.world_size)
+    os.environ["COROCOLL_SUITE_START"] = args.start
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     temp = tempfile.TemporaryDirectory()
     os.environ["TEMP_DIR"] = temp.name
