@@ -24,7 +24,11 @@ perf/results.json (every row, with its system and iterations). With --section NA
 markers are <!-- compare:NAME:begin --> and <!-- compare:NAME:end --> and the files go to
 perf/NAME/, so that a sweep keeps its own section beside the others. The section opens with
 sweep_summary.py's view: each corocoll system's time over the best peer's at every cell, with
-cells over 1.25x and cliffs (a size over 2x as slow as the next) flagged. Plots need
+cells over 1.25x and cliffs (a size over 2x as slow as the next) flagged, and a paragraph on
+placement: line_crossing.c (built here with gcc) times a cache line's crossing between the
+first two CPUs before and after each system's run of each op, and the runs that saw over 1.5x
+the cheapest crossing are named (on a VM the processors can move apart for minutes, and a
+comparison of two runs minutes apart then compares two machines). Plots need
 matplotlib (Debian's python3-matplotlib, for /usr/bin/python3).
 
 The whole space (issue 32's sweep; hours on 2 cores, so not part of any test):
@@ -494,15 +498,66 @@ class Outcome:
     error: str = ""
     stderr: str = ""  # the end of the failed process's stderr
     not_available: str = ""  # why the system cannot do the op (shown as n/a; not an error)
+    crossing_ns: list = field(default_factory=list)  # `placement` before and after the runs
+
+
+PLACEMENT_FAR = 1.5  # a crossing this many times the sweep's cheapest: the processors moved
+
+
+def placement(a):
+    """How far apart the first two CPUs are now: a cache line's one-way crossing in ns
+    (line_crossing.c, built here once), or None where it cannot be built or run."""
+    exe, src = a.build_dir / "line_crossing", HERE / "line_crossing.c"
+    if not exe.exists() or exe.stat().st_mtime < src.stat().st_mtime:
+        argv = ["gcc", "-O2", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror",
+                "-o", str(exe), str(src), "-pthread"]
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            r = subprocess.CompletedProcess(argv, 1, "", str(e))
+        if r.returncode != 0:
+            print(f"run_compare: no placement probe: {reason(r.stderr)}", file=sys.stderr)
+            return None
+    try:
+        return json.loads(command_output([str(exe)]))["one_way_ns"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def placement_text(entries):
+    """The report's paragraph on placement, from [(system, op, ranks, [ns before, ns after])]."""
+    seen = [ns for *_, pair in entries for ns in pair if ns is not None]
+    if not seen:
+        return "Placement: not measured (line_crossing.c could not be built or run here)."
+    least, most = min(seen), max(seen)
+    text = (f"Placement: a cache line crossed between the first two CPUs in {least:.0f}-"
+            f"{most:.0f} ns (benchmarks/compare/line_crossing.c, the cheapest of 15 batches, "
+            "before and after each system's run of each op; results.json has each).")
+    far = [f"{system} {op} {ranks} ranks ({', '.join(f'{ns:.0f}' for ns in pair)} ns)"
+           for system, op, ranks, pair in entries
+           if any(ns is not None and ns > PLACEMENT_FAR * least for ns in pair)]
+    if not far:
+        return text + f" No run saw more than {PLACEMENT_FAR}x the cheapest: one placement."
+    shown = "; ".join(far[:12]) + (f"; and {len(far) - 12} more" if len(far) > 12 else "")
+    return (text + f" The processors moved during the sweep: {len(far)} of {len(entries)} "
+            f"runs began or ended over {PLACEMENT_FAR}x the cheapest, and compare with the "
+            f"others across placements: {shown}.")
 
 
 def measure(a, system, op, ranks, build_error):
     out = Outcome(error=build_error or "")
     if out.error:
         return out
+    out.crossing_ns.append(placement(a))
+    measure_runs(a, system, op, ranks, out)
+    out.crossing_ns.append(placement(a))
+    return out
+
+
+def measure_runs(a, system, op, ranks, out):
     run_segments(a, system, op, ranks, segments(a, ranks), out)
     if out.error or out.not_available:
-        return out
+        return
     # Cells that ran too short for their time (LENGTHEN_BELOW), again with more calls, each
     # run on its own: one cut short (its sizes keep their first runs) stops no other.
     again = {}
@@ -519,7 +574,6 @@ def measure(a, system, op, ranks, build_error):
             print(f"  {system:>12} {op} {ranks} ranks: a longer run {longer.error}; the sizes "
                   "it did not finish keep their first runs", file=sys.stderr)
     out.rows = [again.get(r["size"], r) for r in out.rows]
-    return out
 
 
 def lengthened_timeout(a, first, last):
@@ -600,14 +654,17 @@ def recheck(a, results):
         one = argparse.Namespace(**vars(a))
         one.min_bytes = one.max_bytes = want[0]
         again = measure(one, system, op, ranks, None)
-        runs = samples.setdefault((system, op, ranks, size), (row, [row["time_us"]]))[1]
-        runs += [r["time_us"] for r in again.rows if r["size"] == size and r["wrong"] <= 0]
+        first = (row["time_us"], (results[(system, op, ranks)].crossing_ns or [None])[0])
+        runs = samples.setdefault((system, op, ranks, size), (row, [first]))[1]
+        runs += [(r["time_us"], again.crossing_ns[0]) for r in again.rows
+                 if r["size"] == size and r["wrong"] <= 0]
     for row, runs in samples.values():
-        runs.sort()
-        median = runs[len(runs) // 2]
+        runs.sort(key=lambda run: run[0])
+        median = runs[len(runs) // 2][0]
         scale = row["time_us"] / median if median > 0 else 1
         row.update(time_us=median, algbw_gbs=row["algbw_gbs"] * scale,
-                   busbw_gbs=row["busbw_gbs"] * scale, runs=len(runs), samples_us=runs)
+                   busbw_gbs=row["busbw_gbs"] * scale, runs=len(runs),
+                   samples_us=[t for t, _ in runs], samples_crossing_ns=[c for _, c in runs])
     return len(samples)
 
 
@@ -878,7 +935,8 @@ def section(a, m, results, plots, summary):
             first.setdefault(system, o.commands[0])
     for s in a.systems:
         out.append(f"| {s} | {SYSTEMS[s]} | `{first.get(s, '(not run)')}` |")
-    out += ["", summary]
+    out += ["", placement_text([(*key, o.crossing_ns) for key, o in results.items()
+                                if o.crossing_ns]), "", summary]
     for ranks in a.ranks:
         for op in a.ops:
             note = f" (oversubscribed: {ranks} ranks on {cpus} CPUs)" if ranks > cpus else ""
@@ -946,7 +1004,9 @@ def main():
            "failures": [{"system": s, "op": op, "ranks": n, "error": o.error, "stderr": o.stderr}
                         for (s, op, n), o in results.items() if o.error],
            "not_available": [{"system": s, "op": op, "ranks": n, "why": o.not_available}
-                             for (s, op, n), o in results.items() if o.not_available]}
+                             for (s, op, n), o in results.items() if o.not_available],
+           "placement": [{"system": s, "op": op, "ranks": n, "crossing_ns": o.crossing_ns}
+                         for (s, op, n), o in results.items() if o.crossing_ns]}
     (perf_dir / "results.json").write_text(json.dumps(raw, indent=1) + "\n")
     summary = sweep_summary.summary(raw["rows"], a.systems, a.ops,
                                     perf_dir if can_plot else None, link)

@@ -79,6 +79,18 @@ def main():
     made_up.append(cell("ompi_vader", "ping_pong", 128, 0.2))
     expect("recheck order with a cliff", run_compare.recheck_plan(twice, made_up),
            flagged + cliff * 2)
+    # Placement: the crossings before and after each run; a run over 1.5x the cheapest is
+    # named, one that did not measure (None) is not.
+    near = [("corocoll_shm", "broadcast", 2, [80.0, 90.0]), ("mpich", "broadcast", 2, [85.0, None])]
+    text = run_compare.placement_text(near)
+    expect("one placement", ("80-90 ns" in text, "one placement" in text, "moved" in text),
+           (True, True, False))
+    moved = near + [("ompi_vader", "broadcast", 2, [88.0, 320.0])]
+    text = run_compare.placement_text(moved)
+    expect("a move named", ("80-320 ns" in text, "1 of 3 runs" in text,
+                            "ompi_vader broadcast 2 ranks (88, 320 ns)" in text), (True,) * 3)
+    expect("none measured", run_compare.placement_text([("mpich", "gather", 2, [None, None])]),
+           "Placement: not measured (line_crossing.c could not be built or run here).")
     for f in failures:
         print("run_compare_test:", f, file=sys.stderr)
     return 1 if failures else 0
