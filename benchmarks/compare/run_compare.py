@@ -506,8 +506,11 @@ PLACEMENT_FAR = 1.5  # a crossing this many times the sweep's cheapest: the proc
 
 def placement(a):
     """How far apart the first two CPUs are now: a cache line's one-way crossing in ns
-    (line_crossing.c, built here once), or None where it cannot be built or run."""
+    (line_crossing.c, built here once), or None where it cannot be built or run (a failed
+    build is told once, and not tried again)."""
     exe, src = a.build_dir / "line_crossing", HERE / "line_crossing.c"
+    if getattr(a, "no_placement", False):
+        return None
     if not exe.exists() or exe.stat().st_mtime < src.stat().st_mtime:
         argv = ["gcc", "-O2", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror",
                 "-o", str(exe), str(src), "-pthread"]
@@ -517,6 +520,7 @@ def placement(a):
             r = subprocess.CompletedProcess(argv, 1, "", str(e))
         if r.returncode != 0:
             print(f"run_compare: no placement probe: {reason(r.stderr)}", file=sys.stderr)
+            a.no_placement = True
             return None
     try:
         return json.loads(command_output([str(exe)]))["one_way_ns"]
