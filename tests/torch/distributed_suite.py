@@ -1,15 +1,16 @@
 #!/usr/bin/python3
 """torch's own distributed test suite (torch.testing._internal.distributed.distributed_test,
 what torch's test/distributed/test_distributed_spawn.py runs) on a backend of ours or Gloo's,
-WORLD_SIZE ranks spawned per test, file:// initialisation, CPU tensors.
+WORLD_SIZE ranks per test, file:// initialisation, CPU tensors.
 
   distributed_suite.py --backend corocoll|gloo [--world-size 3] [--start spawn|fork]
                        [--only NAME,...]
                        [--expected FILE] [--report FILE]
 
-Every test of the suite's class runs, each in a fresh set of spawned ranks; the outcome of each
-(pass, skip and why, failure and its first line) is printed and, with --report, written as
-JSON. With --expected (tests/torch/distributed_suite_expected.txt), a failure listed there
+Every test of the suite's class runs, each in a fresh set of ranks (spawned, as torch's suite
+does, or with --start fork forked from this process, torch already imported: CI's subset);
+the outcome of each (pass, skip and why, failure and its first line) is printed and, with
+--report, written as JSON. With --expected (tests/torch/distributed_suite_expected.txt), a failure listed there
 with its reason is an expected failure; any other failure, or a listed test that passes, makes
 the exit code 1.
 
