@@ -10,9 +10,9 @@ WORLD_SIZE ranks per test, file:// initialisation, CPU tensors.
 Every test of the suite's class runs, each in a fresh set of ranks (spawned, as torch's suite
 does, or with --start fork forked from this process, torch already imported: CI's subset);
 the outcome of each (pass, skip and why, failure and its first line) is printed and, with
---report, written as JSON. With --expected (tests/torch/distributed_suite_expected.txt), a failure listed there
-with its reason is an expected failure; any other failure, or a listed test that passes, makes
-the exit code 1.
+--report, written as JSON. With --expected (tests/torch/distributed_suite_expected.txt), a
+failure listed there with its reason is an expected failure; any other failure, or a listed
+test that passes, makes the exit code 1.
 
 For --backend corocoll the suite's name gates are widened, not bypassed: many tests are
 decorated `skip_if(BACKEND != "gloo")` for what Gloo does and NCCL does not (CPU tensors,
