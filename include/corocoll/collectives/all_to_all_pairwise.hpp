@@ -6,6 +6,7 @@
 // always for all_to_all (equal or given split sizes).
 
 #include <corocoll/collectives/context.hpp>
+#include <corocoll/core/copy.hpp>
 #include <corocoll/version.hpp>
 
 #include <algorithm>
@@ -31,7 +32,7 @@ inline void copy_own_block(std::span<std::byte> out, const std::vector<std::size
                            const std::vector<std::size_t>& in_offsets, int r) {
     auto from = offset_block(in, in_offsets, r);
     auto to = offset_block(out, out_offsets, r);
-    if (!from.empty()) std::memcpy(to.data(), from.data(), std::min(from.size(), to.size()));
+    if (!from.empty()) copy_bytes(to.data(), from.data(), std::min(from.size(), to.size()));
 }
 
 }  // namespace detail

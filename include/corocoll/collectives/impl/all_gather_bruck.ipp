@@ -3,6 +3,7 @@
 #pragma once
 
 #include <corocoll/collectives/all_gather_bruck.hpp>
+#include <corocoll/core/copy.hpp>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -14,7 +15,7 @@ COROCOLL_DECL task<> all_gather_bruck(context& c, std::span<std::byte> out,
     std::size_t block = in.size();
     std::span<std::byte> tmp =
         c.scratch(context::algorithm_slot, block * static_cast<std::size_t>(n));
-    if (block > 0) std::memcpy(tmp.data(), in.data(), block);
+    if (block > 0) copy_bytes(tmp.data(), in.data(), block);
     std::uint32_t round = 0;
     for (int dist = 1; dist < n; dist *= 2, ++round) {
         int blocks = std::min(dist, n - dist);
@@ -24,8 +25,8 @@ COROCOLL_DECL task<> all_gather_bruck(context& c, std::span<std::byte> out,
         co_await c.exchange(send, (r - dist + n) % n, recv, (r + dist) % n, round);
     }
     for (int i = 0; i < n && block > 0; ++i) {
-        std::memcpy(out.data() + block * static_cast<std::size_t>((r + i) % n),
-                    tmp.data() + block * static_cast<std::size_t>(i), block);
+        copy_bytes(out.data() + block * static_cast<std::size_t>((r + i) % n),
+                   tmp.data() + block * static_cast<std::size_t>(i), block);
     }
 }
 

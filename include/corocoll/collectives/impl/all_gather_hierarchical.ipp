@@ -4,6 +4,7 @@
 #pragma once
 
 #include <corocoll/collectives/all_gather_hierarchical.hpp>
+#include <corocoll/core/copy.hpp>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -20,7 +21,7 @@ COROCOLL_DECL task<> all_gather_hierarchical(context& c, const topology& t,
     if (me != leader) {
         co_await c.send(in, leader, 0);
     } else {
-        if (block > 0) std::memcpy(place(me).data(), in.data(), block);
+        if (block > 0) copy_bytes(place(me).data(), in.data(), block);
         std::vector<context::recv_operation> recvs;
         for (int r : local) {
             if (r != me) recvs.push_back(c.recv(place(r), r, 0));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <corocoll/collectives/all_gather_ring.hpp>
+#include <corocoll/core/copy.hpp>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -28,8 +29,8 @@ COROCOLL_DECL task<> all_gather_ring(context& c, std::span<std::byte> data, std:
 COROCOLL_DECL task<> all_gather_ring(context& c, std::span<std::byte> out,
                                      std::span<const std::byte> in, std::size_t elem) {
     if (!in.empty()) {
-        std::memcpy(out.data() + in.size() * static_cast<std::size_t>(c.rank()), in.data(),
-                    in.size());
+        copy_bytes(out.data() + in.size() * static_cast<std::size_t>(c.rank()), in.data(),
+                   in.size());
     }
     return all_gather_ring(c, out, elem);
 }

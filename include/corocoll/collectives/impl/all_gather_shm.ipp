@@ -3,6 +3,7 @@
 #pragma once
 
 #include <corocoll/collectives/all_gather_shm.hpp>
+#include <corocoll/core/copy.hpp>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -26,10 +27,10 @@ COROCOLL_DECL task<> all_gather_shm(context& c, std::span<std::byte> out,
         // In this rank's lines for the step: every rank waits there for all, so no rank
         // writes a place again before every other is done with it.
         const std::uint64_t s = a.next_step();
-        if (block > 0) std::memcpy(a.own_small(block), in.data(), block);
+        if (block > 0) copy_bytes(a.own_small(block), in.data(), block);
         co_await a.arrive(c.net, c.meta, c.deadline, true);
         for (int r = 0; r < n && block > 0; ++r) {
-            std::memcpy(out.data() + at(r) * block, a.small(r, s), block);
+            copy_bytes(out.data() + at(r) * block, a.small(r, s), block);
         }
         co_return;
     }
@@ -38,10 +39,10 @@ COROCOLL_DECL task<> all_gather_shm(context& c, std::span<std::byte> out,
         const std::size_t len = std::min(slot, block - off);
         const std::uint64_t s = a.next_step();
         std::byte* set = a.set(s);
-        std::memcpy(set + at(me) * slot, in.data() + off, len);
+        copy_bytes(set + at(me) * slot, in.data() + off, len);
         co_await a.arrive(c.net, c.meta, c.deadline, std::exchange(check, false));
         for (int r = 0; r < n; ++r) {
-            std::memcpy(out.data() + at(r) * block + off, set + at(r) * slot, len);
+            copy_bytes(out.data() + at(r) * block + off, set + at(r) * slot, len);
         }
     }
 }
@@ -59,7 +60,7 @@ COROCOLL_DECL task<> gather_single_copies(context& c, std::span<const std::byte>
     // Every other call goes backward: its own block last, the others in reverse order, each
     // from its end (shm_arena::next_sweep_backward).
     const bool backward = a.next_sweep_backward();
-    if (copy_mine && !backward) std::memcpy(mine.data(), own.data(), block);
+    if (copy_mine && !backward) copy_bytes(mine.data(), own.data(), block);
     a.offer(offered.data(), offered.size());
     try {
         co_await a.arrive(c.net, c.meta, c.deadline, true);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <corocoll/collectives/all_reduce_shm.hpp>
+#include <corocoll/core/copy.hpp>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -23,12 +24,12 @@ COROCOLL_DECL task<> all_reduce_shm(context& c, std::span<std::byte> data, const
             return small ? a.small(r, s) : a.set(s) + static_cast<std::size_t>(r) * slot;
         };
         if (!data.empty()) {
-            std::memcpy(small ? a.own_small(data.size()) : copy_of(me), data.data(), data.size());
+            copy_bytes(small ? a.own_small(data.size()) : copy_of(me), data.data(), data.size());
         }
         co_await a.arrive(c.net, c.meta, c.deadline, true);
         if (data.empty()) co_return;
         const std::size_t count = data.size() / elem;
-        if (me != 0) std::memcpy(data.data(), copy_of(0), data.size());
+        if (me != 0) copy_bytes(data.data(), copy_of(0), data.size());
         for (int r = 1; r < n; ++r) red(data.data(), copy_of(r), count);
         red.finish(data.data(), count, n);
         co_return;
@@ -96,7 +97,7 @@ COROCOLL_DECL task<> detail::reduce_in_slices(context& c, std::span<std::byte> d
         const std::size_t len = std::min(chunk, data.size() - off);
         const std::uint64_t s = a.next_step();
         std::byte* copies = a.set(s);
-        std::memcpy(copies + static_cast<std::size_t>(me) * slot, data.data() + off, len);
+        copy_bytes(copies + static_cast<std::size_t>(me) * slot, data.data() + off, len);
         co_await a.arrive(c.net, c.meta, c.deadline, std::exchange(check, false));
         // This rank's slice of the chunk, reduced over every rank's copy in rank order.
         auto [first, last] =
@@ -104,7 +105,7 @@ COROCOLL_DECL task<> detail::reduce_in_slices(context& c, std::span<std::byte> d
         std::byte* result = a.set(s + 1);
         if (last > first) {
             std::byte* out = result + first * elem;
-            std::memcpy(out, copies + first * elem, (last - first) * elem);
+            copy_bytes(out, copies + first * elem, (last - first) * elem);
             for (int r = 1; r < n; ++r) {
                 red(out, copies + static_cast<std::size_t>(r) * slot + first * elem, last - first);
             }
@@ -115,7 +116,7 @@ COROCOLL_DECL task<> detail::reduce_in_slices(context& c, std::span<std::byte> d
             co_return;
         }
         co_await a.arrive(c.net, c.meta, c.deadline);
-        if (reads) std::memcpy(data.data() + off, result, len);
+        if (reads) copy_bytes(data.data() + off, result, len);
     }
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <corocoll/collectives/broadcast_shm.hpp>
+#include <corocoll/core/copy.hpp>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -15,13 +16,13 @@ void broadcast_lines_from_root(context& c, std::span<const std::byte> data) {
     transport::shm_arena& a = *c.arena;
     a.will_go_on(c.net, c.meta);
     a.declare(c.meta);
-    if (!data.empty()) std::memcpy(a.own_small(data.size()), data.data(), data.size());
+    if (!data.empty()) copy_bytes(a.own_small(data.size()), data.data(), data.size());
     a.arrive_and_go(c.net, c.meta, true);
 }
 
 // Another rank's, once the root arrived at step `s`: the data out of the root's lines.
 void broadcast_lines_take(context& c, std::span<std::byte> data, int root, std::uint64_t s) {
-    if (!data.empty()) std::memcpy(data.data(), c.arena->small(root, s), data.size());
+    if (!data.empty()) copy_bytes(data.data(), c.arena->small(root, s), data.size());
 }
 
 }  // namespace
@@ -89,11 +90,11 @@ COROCOLL_DECL task<> broadcast_shm(context& c, std::span<std::byte> data, int ro
         if (is_root) {
             // Every rank reached the step before this one: the set is free again.
             if (off > 0) co_await a.settle(c.net, c.deadline);
-            if (len > 0) std::memcpy(at, data.data() + off, len);
+            if (len > 0) copy_bytes(at, data.data() + off, len);
             a.arrive_and_go(c.net, c.meta, std::exchange(check, false));
         } else {
             co_await a.arrive(c.net, c.meta, c.deadline, std::exchange(check, false), root);
-            if (len > 0) std::memcpy(data.data() + off, at, len);
+            if (len > 0) copy_bytes(data.data() + off, at, len);
         }
         off += len;
     } while (off < data.size());

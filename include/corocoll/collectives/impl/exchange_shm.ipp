@@ -4,6 +4,7 @@
 
 #include <corocoll/collectives/all_gather_shm.hpp>
 #include <corocoll/collectives/exchange_shm.hpp>
+#include <corocoll/core/copy.hpp>
 
 #include <cstring>
 
@@ -27,7 +28,7 @@ task<> exchange_shm(context& c, std::span<const std::byte> in, std::size_t block
     a.declare(c.meta);
     if (in.size() <= transport::shm_arena::small_bytes) {
         const std::uint64_t s = a.next_step();
-        if (!in.empty()) std::memcpy(a.own_small(in.size()), in.data(), in.size());
+        if (!in.empty()) copy_bytes(a.own_small(in.size()), in.data(), in.size());
         co_await a.arrive(c.net, c.meta, c.deadline, true);
         if (block > 0) take(0, block, [&](int r) { return a.small(r, s) + at(me) * block; });
         co_return;
@@ -42,7 +43,7 @@ task<> exchange_shm(context& c, std::span<const std::byte> in, std::size_t block
         std::byte* set = a.set(s);
         std::byte* mine = set + at(me) * slot;
         for (int p = 0; p < n; ++p)
-            std::memcpy(mine + at(p) * len, in.data() + at(p) * block + off, len);
+            copy_bytes(mine + at(p) * len, in.data() + at(p) * block + off, len);
         co_await a.arrive(c.net, c.meta, c.deadline, std::exchange(check, false));
         take(off, len, [&](int r) { return set + at(r) * slot + at(me) * len; });
     }
@@ -63,7 +64,7 @@ COROCOLL_DECL task<> reduce_scatter_shm(context& c, std::span<std::byte> out,
     return detail::exchange_shm(c, in, out.size(), elem,
                                 [out, red, n, elem](std::size_t off, std::size_t len, auto from) {
                                     std::byte* dst = out.data() + off;
-                                    std::memcpy(dst, from(0), len);
+                                    copy_bytes(dst, from(0), len);
                                     for (int r = 1; r < n; ++r) red(dst, from(r), len / elem);
                                     red.finish(dst, len / elem, n);
                                 });
@@ -79,8 +80,8 @@ COROCOLL_DECL task<> all_to_all_shm(context& c, std::span<std::byte> out,
         co_await detail::exchange_shm(
             c, in, block, 1, [out, n, block](std::size_t off, std::size_t len, auto from) {
                 for (int r = 0; r < n; ++r) {
-                    std::memcpy(out.data() + static_cast<std::size_t>(r) * block + off, from(r),
-                                len);
+                    copy_bytes(out.data() + static_cast<std::size_t>(r) * block + off, from(r),
+                               len);
                 }
             });
         co_return;

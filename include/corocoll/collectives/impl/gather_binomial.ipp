@@ -3,6 +3,7 @@
 #pragma once
 
 #include <corocoll/collectives/gather_binomial.hpp>
+#include <corocoll/core/copy.hpp>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -16,7 +17,7 @@ COROCOLL_DECL task<> gather_binomial(context& c, std::span<const std::byte> in,
     // Blocks of ranks v .. v + subtree - 1 (relative), own first.
     std::span<std::byte> tmp =
         c.scratch(context::algorithm_slot, block * static_cast<std::size_t>(n));
-    if (block > 0) std::memcpy(tmp.data(), in.data(), block);
+    if (block > 0) copy_bytes(tmp.data(), in.data(), block);
     for (int mask = 1; mask < n; mask <<= 1) {
         if ((v & mask) != 0) {
             int held = std::min(mask, n - v);
@@ -32,8 +33,8 @@ COROCOLL_DECL task<> gather_binomial(context& c, std::span<const std::byte> in,
         }
     }
     for (int i = 0; i < n && block > 0; ++i) {
-        std::memcpy(out.data() + block * static_cast<std::size_t>((i + root) % n),
-                    tmp.data() + block * static_cast<std::size_t>(i), block);
+        copy_bytes(out.data() + block * static_cast<std::size_t>((i + root) % n),
+                   tmp.data() + block * static_cast<std::size_t>(i), block);
     }
 }
 

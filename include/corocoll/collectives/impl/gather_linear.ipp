@@ -3,6 +3,7 @@
 #pragma once
 
 #include <corocoll/collectives/gather_linear.hpp>
+#include <corocoll/core/copy.hpp>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -20,7 +21,7 @@ COROCOLL_DECL task<> gather_linear(context& c, std::span<const std::byte> in,
         // One other rank: its message straight into place, with no list to wait on.
         const int other = 1 - root;
         if (block > 0)
-            std::memcpy(out.data() + block * static_cast<std::size_t>(root), in.data(), block);
+            copy_bytes(out.data() + block * static_cast<std::size_t>(root), in.data(), block);
         co_await c.recv(out.subspan(block * static_cast<std::size_t>(other), block), other, 0);
         co_return;
     }
@@ -28,7 +29,7 @@ COROCOLL_DECL task<> gather_linear(context& c, std::span<const std::byte> in,
     for (int p = 0; p < n; ++p) {
         auto dest = out.subspan(block * static_cast<std::size_t>(p), block);
         if (p == root) {
-            if (block > 0) std::memcpy(dest.data(), in.data(), block);
+            if (block > 0) copy_bytes(dest.data(), in.data(), block);
         } else {
             recvs.push_back(c.recv(dest, p, 0));
         }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <corocoll/collectives/reduce_scatter_ring.hpp>
+#include <corocoll/core/copy.hpp>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -53,13 +54,13 @@ COROCOLL_DECL task<> reduce_scatter_ring(context& c, std::span<std::byte> out,
         co_return;
     }
     std::span<std::byte> work = c.scratch(context::group_slot, in.size());
-    if (!in.empty()) std::memcpy(work.data(), in.data(), in.size());
+    if (!in.empty()) copy_bytes(work.data(), in.data(), in.size());
     co_await reduce_scatter_ring(c, work, red);
     std::size_t count = work.size() / elem;
     auto [first, last] =
         block_range(count, static_cast<std::size_t>(n), static_cast<std::size_t>(r));
     red.finish(work.data() + first * elem, last - first, n);
-    if (!out.empty()) std::memcpy(out.data(), work.data() + first * elem, out.size());
+    if (!out.empty()) copy_bytes(out.data(), work.data() + first * elem, out.size());
 }
 
 }  // namespace collectives

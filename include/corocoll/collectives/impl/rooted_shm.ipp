@@ -4,6 +4,7 @@
 
 #include <corocoll/collectives/all_reduce_shm.hpp>
 #include <corocoll/collectives/rooted_shm.hpp>
+#include <corocoll/core/copy.hpp>
 
 #include <cstring>
 
@@ -23,9 +24,9 @@ inline void rooted_shm_write(context& c, std::span<const std::byte> what, std::s
                              std::size_t skip = 0) {
     transport::shm_arena& a = *c.arena;
     std::byte* to = a.own_small(what.size() - skip);
-    if (skip_at > 0) std::memcpy(to, what.data(), skip_at);
+    if (skip_at > 0) copy_bytes(to, what.data(), skip_at);
     const std::size_t rest = skip_at + skip;
-    if (rest < what.size()) std::memcpy(to + skip_at, what.data() + rest, what.size() - rest);
+    if (rest < what.size()) copy_bytes(to + skip_at, what.data() + rest, what.size() - rest);
     a.arrive_and_go(c.net, c.meta, true);
 }
 
@@ -50,7 +51,7 @@ inline std::uint64_t reduce_lines_own(context& c, std::span<const std::byte> dat
     transport::shm_arena& a = *c.arena;
     a.declare(c.meta);
     const std::uint64_t s = a.next_step();
-    if (!data.empty()) std::memcpy(a.own_small(data.size()), data.data(), data.size());
+    if (!data.empty()) copy_bytes(a.own_small(data.size()), data.data(), data.size());
     return s;
 }
 
@@ -60,7 +61,7 @@ inline void reduce_lines_collect(context& c, std::span<std::byte> data, const re
     if (data.empty()) return;
     transport::shm_arena& a = *c.arena;
     const std::size_t count = data.size() / red.elem();
-    std::memcpy(data.data(), a.small(0, s), data.size());
+    copy_bytes(data.data(), a.small(0, s), data.size());
     for (int r = 1; r < a.size(); ++r) red(data.data(), a.small(r, s), count);
     red.finish(data.data(), count, a.size());
 }
@@ -71,8 +72,8 @@ inline void gather_lines_collect(context& c, std::span<const std::byte> in,
     transport::shm_arena& a = *c.arena;
     const std::size_t block = in.size();
     for (int r = 0; r < a.size() && block > 0; ++r) {
-        std::memcpy(out.data() + static_cast<std::size_t>(r) * block,
-                    r == a.rank() ? in.data() : a.small(r, s), block);
+        copy_bytes(out.data() + static_cast<std::size_t>(r) * block,
+                   r == a.rank() ? in.data() : a.small(r, s), block);
     }
 }
 
@@ -85,15 +86,15 @@ inline void scatter_lines_from_root(context& c, std::span<const std::byte> in,
     c.arena->will_go_on(c.net, c.meta);
     c.arena->declare(c.meta);
     rooted_shm_write(c, in, mine, block);
-    if (block > 0) std::memcpy(out.data(), in.data() + mine, block);
+    if (block > 0) copy_bytes(out.data(), in.data() + mine, block);
 }
 
 // A scatter's other rank, the root arrived at step `s`: its block out of the root's lines.
 inline void scatter_lines_take(context& c, std::span<std::byte> out, int root, std::uint64_t s) {
     const std::size_t block = out.size();
     if (block == 0) return;
-    std::memcpy(out.data(),
-                c.arena->small(root, s) + scatter_shm_offset(c.arena->rank(), root, block), block);
+    copy_bytes(out.data(),
+               c.arena->small(root, s) + scatter_shm_offset(c.arena->rank(), root, block), block);
 }
 
 }  // namespace detail
@@ -194,7 +195,7 @@ COROCOLL_DECL task<> gather_shm(context& c, std::span<const std::byte> in, std::
         for (int r = 0; r < n; ++r) {
             if (r != me) a.copy_from(c.net, c.meta, r, s, 0, out.subspan(at(r), block));
         }
-        std::memcpy(out.data() + at(me), in.data(), block);
+        copy_bytes(out.data() + at(me), in.data(), block);
         a.arrive_and_go(c.net, c.meta);
         co_return;
     }
@@ -208,7 +209,7 @@ COROCOLL_DECL task<> gather_shm(context& c, std::span<const std::byte> in, std::
         if (me != root) {
             // Every rank reached the step before this one: the set is free again.
             if (off > 0) co_await a.settle(c.net, c.deadline);
-            std::memcpy(set + static_cast<std::size_t>(me) * slot, in.data() + off, len);
+            copy_bytes(set + static_cast<std::size_t>(me) * slot, in.data() + off, len);
             a.arrive_and_go(c.net, c.meta, std::exchange(check, false));
             continue;
         }
@@ -216,7 +217,7 @@ COROCOLL_DECL task<> gather_shm(context& c, std::span<const std::byte> in, std::
         for (int r = 0; r < n; ++r) {
             const std::byte* from =
                 r == me ? in.data() + off : set + static_cast<std::size_t>(r) * slot;
-            std::memcpy(out.data() + at(r) + off, from, len);
+            copy_bytes(out.data() + at(r) + off, from, len);
         }
     }
 }
@@ -250,7 +251,7 @@ COROCOLL_DECL task<> scatter_shm(context& c, std::span<const std::byte> in,
             a.offer(in.data(), in.size());
             try {
                 a.arrive_and_go(c.net, c.meta, true);
-                std::memcpy(out.data(), in.data() + mine, block);
+                copy_bytes(out.data(), in.data() + mine, block);
                 a.expect_copies(c.net, block);
                 co_await a.arrive(c.net, c.meta, c.deadline);
             } catch (...) {
@@ -276,14 +277,14 @@ COROCOLL_DECL task<> scatter_shm(context& c, std::span<const std::byte> in,
             if (off > 0) co_await a.settle(c.net, c.deadline);
             for (int r = 0; r < n; ++r) {
                 const std::size_t to = static_cast<std::size_t>(r);
-                if (r != me) std::memcpy(set + to * slot, in.data() + to * block + off, len);
+                if (r != me) copy_bytes(set + to * slot, in.data() + to * block + off, len);
             }
             a.arrive_and_go(c.net, c.meta, std::exchange(check, false));
-            std::memcpy(out.data() + off, in.data() + mine + off, len);
+            copy_bytes(out.data() + off, in.data() + mine + off, len);
             continue;
         }
         co_await a.arrive(c.net, c.meta, c.deadline, std::exchange(check, false), root);
-        std::memcpy(out.data() + off, set + static_cast<std::size_t>(me) * slot, len);
+        copy_bytes(out.data() + off, set + static_cast<std::size_t>(me) * slot, len);
     }
 }
 

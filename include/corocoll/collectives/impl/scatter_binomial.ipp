@@ -3,6 +3,7 @@
 #pragma once
 
 #include <corocoll/collectives/scatter_binomial.hpp>
+#include <corocoll/core/copy.hpp>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -19,8 +20,8 @@ COROCOLL_DECL task<> scatter_binomial(context& c, std::span<const std::byte> in,
     if (v == 0) {
         tmp.resize(block * static_cast<std::size_t>(n));
         for (int i = 0; i < n && block > 0; ++i) {
-            std::memcpy(tmp.data() + block * static_cast<std::size_t>(i),
-                        in.data() + block * static_cast<std::size_t>((i + root) % n), block);
+            copy_bytes(tmp.data() + block * static_cast<std::size_t>(i),
+                       in.data() + block * static_cast<std::size_t>((i + root) % n), block);
         }
         held = n;
         while (top < n) top <<= 1;
@@ -38,7 +39,7 @@ COROCOLL_DECL task<> scatter_binomial(context& c, std::span<const std::byte> in,
                             ((v + mask) + root) % n, 0);
         }
     }
-    if (block > 0) std::memcpy(out.data(), tmp.data(), block);
+    if (block > 0) copy_bytes(out.data(), tmp.data(), block);
 }
 
 }  // namespace collectives

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <corocoll/collectives/scatter_linear.hpp>
+#include <corocoll/core/copy.hpp>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -22,14 +23,14 @@ COROCOLL_DECL task<> scatter_linear(context& c, std::span<const std::byte> in,
         const int other = 1 - root;
         co_await c.send(in.subspan(block * static_cast<std::size_t>(other), block), other, 0);
         if (block > 0)
-            std::memcpy(out.data(), in.data() + block * static_cast<std::size_t>(root), block);
+            copy_bytes(out.data(), in.data() + block * static_cast<std::size_t>(root), block);
         co_return;
     }
     std::vector<task<>> sends;
     for (int p = 0; p < n; ++p) {
         auto src = in.subspan(block * static_cast<std::size_t>(p), block);
         if (p == root) {
-            if (block > 0) std::memcpy(out.data(), src.data(), block);
+            if (block > 0) copy_bytes(out.data(), src.data(), block);
         } else {
             sends.push_back(c.send(src, p, 0));
         }

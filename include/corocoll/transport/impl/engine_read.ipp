@@ -3,6 +3,7 @@
 // Inline where corocoll is header-only, compiled once in separate compilation (version.hpp).
 #pragma once
 
+#include <corocoll/core/copy.hpp>
 #include <corocoll/transport/engine.hpp>
 
 COROCOLL_BEGIN_NAMESPACE
@@ -172,7 +173,7 @@ COROCOLL_DECL task<> engine::read_loop(int p) {
                 late->state = posted_recv::receiving;
                 late->from = p;
                 late->length = h.length;
-                std::memcpy(late->buf.data(), m.data.data(), m.data.size());
+                copy_bytes(late->buf.data(), m.data.data(), m.data.size());
                 std::span<std::byte> rest =
                     late->buf.subspan(m.data.size(), h.length - m.data.size());
                 m.data = {};

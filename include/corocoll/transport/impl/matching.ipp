@@ -2,6 +2,7 @@
 // inline where corocoll is header-only, compiled once in separate compilation (version.hpp).
 #pragma once
 
+#include <corocoll/core/copy.hpp>
 #include <corocoll/transport/matching.hpp>
 
 COROCOLL_BEGIN_NAMESPACE
@@ -121,7 +122,7 @@ COROCOLL_DECL void matcher::fill_from(posted_recv& pr, int p, std::span<const st
     if (data.size() > pr.buf.size()) {
         pr.error = too_long(p, data.size(), pr.buf.size());
     } else if (!data.empty()) {
-        std::memcpy(pr.buf.data(), data.data(), data.size());
+        copy_bytes(pr.buf.data(), data.data(), data.size());
     }
     pr.state = posted_recv::done;
 }

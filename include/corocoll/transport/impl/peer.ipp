@@ -2,6 +2,7 @@
 // inline where corocoll is header-only, compiled once in separate compilation (version.hpp).
 #pragma once
 
+#include <corocoll/core/copy.hpp>
 #include <corocoll/transport/peer.hpp>
 
 #include <algorithm>
@@ -41,7 +42,7 @@ COROCOLL_DECL void peer::fit_staging(std::uint64_t frame_bytes) {
         static_cast<std::size_t>(std::min<std::uint64_t>(std::bit_ceil(frame_bytes), staging_most));
     auto bigger = std::make_unique_for_overwrite<std::byte[]>(size);
     const std::size_t held = staged_end - staged_begin;
-    if (held > 0) std::memcpy(bigger.get(), staged.get() + staged_begin, held);
+    if (held > 0) copy_bytes(bigger.get(), staged.get() + staged_begin, held);
     staged = std::move(bigger);
     staged_begin = 0;
     staged_end = held;
@@ -55,7 +56,7 @@ COROCOLL_DECL void peer::take_header(frame_header& h) noexcept {
 
 COROCOLL_DECL std::span<std::byte> peer::take_staged(std::span<std::byte> out) noexcept {
     std::size_t n = std::min(staged_end - staged_begin, out.size());
-    if (n > 0) std::memcpy(out.data(), staged.get() + staged_begin, n);
+    if (n > 0) copy_bytes(out.data(), staged.get() + staged_begin, n);
     staged_begin += n;
     if (staged_begin == staged_end) staged_begin = staged_end = 0;
     return out.subspan(n);

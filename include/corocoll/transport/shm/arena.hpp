@@ -53,6 +53,7 @@
 // blame, as a receive's does. The segment is a memfd: nothing is named in /dev/shm, and it is
 // gone once every rank has unmapped it or died.
 
+#include <corocoll/core/copy.hpp>
 #include <corocoll/core/error.hpp>
 #include <corocoll/core/prefetch.hpp>
 #include <corocoll/core/task.hpp>
@@ -295,6 +296,10 @@ public:
     /// `backward`: in pieces of `sweep_piece_bytes` from the end (see `next_sweep_backward`).
     /// A failure fails the group through `e`, naming `r` and `what`, and throws it; where `r`
     /// withdrew meanwhile, with the error `r` left with (its abort notice), not `r`'s leaving.
+    /// Where this machine's copies are slow at the offset between `to` and r's buffer
+    /// (`detail::machine_copy_probe`; the kernel copies as memcpy does), each piece of
+    /// `sweep_piece_bytes` lands first at the same place in a page of this rank's own memory
+    /// and goes on by `copy_bytes`: a second copy, of a piece that is still in the cache.
     COROCOLL_DECL void copy_from(engine& e, const collective_meta& meta, int r, std::uint64_t s,
                                  std::size_t offset, std::span<std::byte> to,
                                  bool backward = false);
@@ -313,8 +318,8 @@ public:
     static void copy_backward(void* to, const void* from, std::size_t bytes) noexcept {
         for (std::size_t end = bytes; end > 0;) {
             const std::size_t start = end > sweep_piece_bytes ? end - sweep_piece_bytes : 0;
-            std::memcpy(static_cast<std::byte*>(to) + start,
-                        static_cast<const std::byte*>(from) + start, end - start);
+            copy_bytes(static_cast<std::byte*>(to) + start,
+                       static_cast<const std::byte*>(from) + start, end - start);
             end = start;
         }
     }
@@ -590,6 +595,9 @@ private:
     std::size_t l2_bytes_ = 0;
     bool single_copy_allowed_ = false;
     bool backward_ = false;
+    // Where `copy_from` lands a piece first when the kernel's copy would sit at a slow offset
+    // (core/copy.hpp): `sweep_piece_bytes` and two pages, made at the first such copy.
+    std::unique_ptr<std::byte[]> bounce_;
     // Bytes of data this rank wrote into its lines for its next step (`own_small`).
     std::size_t small_written_ = 0;
     // This rank's `wakes`, raised by `wake_sleepers`.

@@ -177,9 +177,40 @@ COROCOLL_DECL void shm_arena::copy_from(engine& e, const collective_meta& meta, 
             }
         }
     };
+    // Where the kernel's copy into `to` would sit at a slow offset: each piece into the bounce
+    // buffer at the place in a page that r's bytes have, then into `to` by lines (at the same
+    // slow offset: memcpy would be slow there too), the pieces in the order of the sweep.
+    auto read_by_bounce = [&] {
+        if (!bounce_) bounce_.reset(new std::byte[sweep_piece_bytes + 2 * 4096]);
+        const std::size_t pieces = (to.size() + sweep_piece_bytes - 1) / sweep_piece_bytes;
+        for (std::size_t k = 0; k < pieces && why.empty(); ++k) {
+            const std::size_t i = backward ? pieces - 1 - k : k;
+            const std::size_t from = i * sweep_piece_bytes;
+            const std::size_t len = std::min(sweep_piece_bytes, to.size() - from);
+            const auto page_of_bounce =
+                (reinterpret_cast<std::uintptr_t>(bounce_.get()) + 4095) & ~std::uintptr_t{4095};
+            auto* landing = reinterpret_cast<std::byte*>(page_of_bounce + ((base + from) & 4095));
+            for (std::size_t done = 0; why.empty() && done < len;) {
+                iovec local{landing + done, len - done};
+                iovec remote{reinterpret_cast<void*>(base + from + done), len - done};
+                ssize_t got = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+                if (got <= 0) {
+                    failed(got);
+                } else {
+                    done += static_cast<std::size_t>(got);
+                }
+            }
+            if (why.empty()) corocoll::detail::copy_by_lines(to.data() + from, landing, len);
+        }
+    };
+    const auto& probe = corocoll::detail::machine_copy_probe();
     // Above MAX_RW_COUNT (2 GiB less a page) the kernel copies part of one call only.
     constexpr std::size_t one_call_most = 0x7ffff000;
-    if (why.empty() && backward && to.size() > sweep_piece_bytes && to.size() <= one_call_most) {
+    if (why.empty() && probe.misaligned_slow && to.size() >= corocoll::detail::copy_by_lines_from &&
+        corocoll::detail::slow_copy_offset(to.data(), reinterpret_cast<const void*>(base))) {
+        read_by_bounce();
+    } else if (why.empty() && backward && to.size() > sweep_piece_bytes &&
+               to.size() <= one_call_most) {
         // One call, its pieces listed from the last (at most `most` of them).
         constexpr std::size_t most = 64;
         const std::size_t piece = std::max(sweep_piece_bytes, (to.size() + most - 1) / most);

@@ -2,6 +2,7 @@
 // inline where corocoll is header-only, compiled once in separate compilation (version.hpp).
 #pragma once
 
+#include <corocoll/core/copy.hpp>
 #include <corocoll/transport/shm/channel.hpp>
 
 COROCOLL_BEGIN_NAMESPACE
@@ -61,7 +62,7 @@ COROCOLL_DECL std::size_t shm_channel::try_recv(std::span<std::byte> out,
             if (n == 0) break;  // failed: recv reports it
         } else if (expanded_left_ > 0) {
             n = std::min(n, expanded_left_);
-            std::memcpy(
+            copy_bytes(
                 out.data() + got,
                 reinterpret_cast<const std::byte*>(&expanded_) + sizeof(expanded_) - expanded_left_,
                 n);
@@ -189,7 +190,7 @@ COROCOLL_DECL void shm_channel::leave_last_words(std::span<iovec> iov) noexcept 
     std::size_t n = 0;
     for (const iovec& v : iov) {
         std::size_t k = std::min(v.iov_len, sizeof(area) - n);
-        std::memcpy(area + n, v.iov_base, k);
+        copy_bytes(area + n, v.iov_base, k);
         n += k;
     }
     seg_->last_words_length[side_].store(static_cast<std::uint32_t>(n), std::memory_order_release);
@@ -235,8 +236,8 @@ COROCOLL_DECL void shm_channel::copy_in(const void* from, std::size_t n) noexcep
     const auto* src = static_cast<const std::byte*>(from);
     std::size_t at = out_tail_ & mask_;
     std::size_t first = std::min<std::size_t>(n, seg_->ring_bytes - at);
-    std::memcpy(out_ + at, src, first);
-    if (first < n) std::memcpy(out_, src + first, n - first);
+    copy_bytes(out_ + at, src, first);
+    if (first < n) copy_bytes(out_, src + first, n - first);
     out_tail_ += n;
 }
 
@@ -244,8 +245,8 @@ COROCOLL_DECL void shm_channel::copy_out(void* to, std::size_t n) noexcept {
     auto* dst = static_cast<std::byte*>(to);
     std::size_t at = in_head_ & mask_;
     std::size_t first = std::min<std::size_t>(n, seg_->ring_bytes - at);
-    std::memcpy(dst, in_ + at, first);
-    if (first < n) std::memcpy(dst + first, in_, n - first);
+    copy_bytes(dst, in_ + at, first);
+    if (first < n) copy_bytes(dst + first, in_, n - first);
 }
 
 COROCOLL_DECL std::uint64_t shm_channel::begin_record(detail::shm_record::kind_t kind,
