@@ -3,13 +3,14 @@
 // Copying between a caller's buffer and shared memory without the slow case of the C
 // library's memcpy. On some processors REP MOVSB, which glibc's memcpy uses for copies from a
 // few KiB up to a bound (on AMD: the L2's size, glibc 2.33 and later), runs many times slower
-// when the destination sits 1 to 31 bytes past the source, modulo a 4 KiB page; the kernel's
-// copies (process_vm_readv, sockets) use it too. A large buffer from malloc starts 16 bytes
-// into a page (glibc maps it with a 16-byte header), and the arena's sets and the channels'
-// rings start on lines whose place in a page is fixed: a copy from shared memory into such a
-// buffer can sit 16 bytes past its source on every call. `copy_bytes` copies such a range 64
-// bytes at a time with vector moves where a probe found the slow case on this machine
-// (docs/performance.md, "Copies whose destination sits just past their source";
+// when the destination sits 1 to 31 bytes past the source, modulo a 4 KiB page (glibc bug
+// 30994, "REP MOVSB performance suffers from page aliasing on Zen 4"; seen with glibc 2.36 on an
+// AMD EPYC of family 25); the kernel's copies (process_vm_readv, sockets) use it too. A large
+// buffer from malloc starts 16 bytes into a page (glibc maps it with a 16-byte header), and the
+// arena's sets and the channels' rings start on lines whose place in a page is fixed: a copy from
+// shared memory into such a buffer can sit 16 bytes past its source on every call. `copy_bytes`
+// copies such a range 64 bytes at a time with vector moves where a probe found the slow case on
+// this machine (docs/performance.md, "Copies whose destination sits just past their source";
 // `benchmarks/misaligned_copy` measures both ways).
 
 #include <corocoll/core/cache_sizes.hpp>
