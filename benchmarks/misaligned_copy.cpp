@@ -1,7 +1,9 @@
 // memcpy beside corocoll::copy_bytes, one size at a time, with the destination at offsets 0,
 // 16 and 48 bytes past the source modulo a 4 KiB page (a large buffer from malloc starts 16
 // bytes into a page; shared sets and rings at fixed places in one): the cheapest of a few copies of
-// a warm buffer, in µs. Prints what the probe found (core/copy.hpp) and the caches.
+// a warm buffer, in µs, and a process_vm_readv of the same bytes of this process's own memory (the
+// kernel's copy, which a single copy between ranks makes). Prints what the probe found
+// (core/copy.hpp) and the caches.
 //
 //   misaligned_copy [-b SIZE] [-e SIZE] [-f FACTOR] [-n COPIES]   (defaults 1K, 4M, 2, 50)
 
@@ -9,6 +11,9 @@
 #include <corocoll/core/copy.hpp>
 
 #include "common/args.hpp"
+
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -54,7 +59,8 @@ int main(int argc, char** argv) {
         "B below %zu B\n",
         probe.misaligned_slow ? "slow" : "not slow", corocoll::detail::copy_by_lines_from,
         probe.below);
-    std::printf("# %10s %6s %12s %12s\n", "size (B)", "offset", "memcpy us", "copy_bytes us");
+    std::printf("# %10s %6s %12s %14s %18s\n", "size (B)", "offset", "memcpy us", "copy_bytes us",
+                "process_vm_readv us");
     const std::size_t room = sweep.max_bytes + 8192;
     const std::unique_ptr<std::byte[]> a(new std::byte[room]()), b(new std::byte[room]());
     auto* src = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(a.get()) + 4095) &
@@ -72,7 +78,16 @@ int main(int argc, char** argv) {
                 corocoll::copy_bytes(dst, src, n);
                 asm volatile("" : : "r"(dst) : "memory");
             });
-            std::printf("  %10zu %6zu %12.2f %12.2f\n", n, offset, plain, ours);
+            bool read = true;  // false where the kernel refuses process_vm_readv
+            const double kernel = cheapest_us(sweep.iters, [&] {
+                iovec local{dst, n};
+                iovec remote{src, n};
+                read = read && ::process_vm_readv(::getpid(), &local, 1, &remote, 1, 0) >= 0;
+                asm volatile("" : : "r"(dst) : "memory");
+            });
+            char kernel_text[32] = "n/a";
+            if (read) std::snprintf(kernel_text, sizeof kernel_text, "%.2f", kernel);
+            std::printf("  %10zu %6zu %12.2f %14.2f %18s\n", n, offset, plain, ours, kernel_text);
         }
     }
     return 0;

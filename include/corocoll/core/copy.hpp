@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <new>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -100,7 +101,16 @@ inline void copy_by_lines(void* to, const void* from, std::size_t n) noexcept {
 inline copy_probe& copy_probe_kept() noexcept {
     static copy_probe probe = [] {
         constexpr std::size_t bytes = std::size_t{16} << 10;
-        const std::unique_ptr<std::byte[]> room(new std::byte[2 * bytes + 8192]());
+        copy_probe p;
+        std::size_t l2 = 0;
+        try {
+            l2 = machine_cache_sizes().l2;
+        } catch (...) {
+        }
+        p.below = l2 > 0 ? l2 : copy_probe_default_bound;
+        // Without the room to measure in, the offset counts as quick (memcpy everywhere).
+        const std::unique_ptr<std::byte[]> room(new (std::nothrow) std::byte[2 * bytes + 8192]());
+        if (!room) return p;
         auto* src = reinterpret_cast<std::byte*>(
             (reinterpret_cast<std::uintptr_t>(room.get()) + 4095) & ~std::uintptr_t{4095});
         std::byte* dst = src + bytes;  // the same place in a page
@@ -111,14 +121,7 @@ inline copy_probe& copy_probe_kept() noexcept {
                 return true;
             });
         };
-        copy_probe p;
         p.misaligned_slow = misaligned_copy_slow(time_at(0), time_at(16));
-        std::size_t l2 = 0;
-        try {
-            l2 = machine_cache_sizes().l2;
-        } catch (...) {
-        }
-        p.below = l2 > 0 ? l2 : copy_probe_default_bound;
         return p;
     }();
     return probe;
