@@ -299,7 +299,8 @@ public:
     /// Where this machine's copies are slow at the offset between `to` and r's buffer
     /// (`detail::machine_copy_probe`; the kernel copies as memcpy does), each piece of
     /// `sweep_piece_bytes` lands first at the same place in a page of this rank's own memory
-    /// and goes on by `copy_bytes`: a second copy, of a piece that is still in the cache.
+    /// and goes on 64 bytes at a time (`detail::copy_by_lines`): a second copy, of a piece that
+    /// is still in the cache.
     COROCOLL_DECL void copy_from(engine& e, const collective_meta& meta, int r, std::uint64_t s,
                                  std::size_t offset, std::span<std::byte> to,
                                  bool backward = false);

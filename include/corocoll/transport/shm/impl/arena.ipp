@@ -164,16 +164,16 @@ COROCOLL_DECL void shm_arena::copy_from(engine& e, const collective_meta& meta, 
         why = "copying rank " + std::to_string(r) + "'s buffer (process_vm_readv): " +
               std::error_code(err, std::system_category()).message();
     };
-    // [from, end) of `to`, from the same place in r's buffer.
-    auto read = [&](std::size_t from, std::size_t end) {
-        while (why.empty() && from < end) {
-            iovec local{to.data() + from, end - from};
-            iovec remote{reinterpret_cast<void*>(base + from), end - from};
+    // `n` bytes at `from` of r's buffer into `into`.
+    auto read = [&](std::byte* into, std::size_t from, std::size_t n) {
+        for (std::size_t done = 0; why.empty() && done < n;) {
+            iovec local{into + done, n - done};
+            iovec remote{reinterpret_cast<void*>(base + from + done), n - done};
             ssize_t got = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
             if (got <= 0) {
                 failed(got);
             } else {
-                from += static_cast<std::size_t>(got);
+                done += static_cast<std::size_t>(got);
             }
         }
     };
@@ -182,24 +182,15 @@ COROCOLL_DECL void shm_arena::copy_from(engine& e, const collective_meta& meta, 
     // slow offset: memcpy would be slow there too), the pieces in the order of the sweep.
     auto read_by_bounce = [&] {
         if (!bounce_) bounce_.reset(new std::byte[sweep_piece_bytes + 2 * 4096]);
+        const auto page_of_bounce =
+            (reinterpret_cast<std::uintptr_t>(bounce_.get()) + 4095) & ~std::uintptr_t{4095};
         const std::size_t pieces = (to.size() + sweep_piece_bytes - 1) / sweep_piece_bytes;
         for (std::size_t k = 0; k < pieces && why.empty(); ++k) {
             const std::size_t i = backward ? pieces - 1 - k : k;
             const std::size_t from = i * sweep_piece_bytes;
             const std::size_t len = std::min(sweep_piece_bytes, to.size() - from);
-            const auto page_of_bounce =
-                (reinterpret_cast<std::uintptr_t>(bounce_.get()) + 4095) & ~std::uintptr_t{4095};
             auto* landing = reinterpret_cast<std::byte*>(page_of_bounce + ((base + from) & 4095));
-            for (std::size_t done = 0; why.empty() && done < len;) {
-                iovec local{landing + done, len - done};
-                iovec remote{reinterpret_cast<void*>(base + from + done), len - done};
-                ssize_t got = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
-                if (got <= 0) {
-                    failed(got);
-                } else {
-                    done += static_cast<std::size_t>(got);
-                }
-            }
+            read(landing, from, len);
             if (why.empty()) corocoll::detail::copy_by_lines(to.data() + from, landing, len);
         }
     };
@@ -226,10 +217,11 @@ COROCOLL_DECL void shm_arena::copy_from(engine& e, const collective_meta& meta, 
         if (got <= 0) {
             failed(got);
         } else if (static_cast<std::size_t>(got) < to.size()) {
-            read(0, to.size());  // cut short (a fault on the way): all of it again, forward
+            read(to.data(), 0,
+                 to.size());  // cut short (a fault on the way): all of it again, forward
         }
     } else {
-        read(0, to.size());
+        read(to.data(), 0, to.size());
     }
     // A copy that failed or ran while r withdrew its buffer: r left the call with an error
     // (its own, or a failure it saw first: a third rank's death) and may have freed the
