@@ -363,6 +363,10 @@ private:
     // Submits and sleeps in the kernel until a completion or for `d`, whichever is first.
     void wait_at_most(std::chrono::steady_clock::duration d) noexcept;
 
+    // Whether the kernel says it holds completions for us (task work to run, or an overflowed
+    // completion queue): read from the ring's flags where `features_.taskrun_flag`.
+    bool kernel_holds_completions() const noexcept;
+
     // Submits, and runs the completions' task work where the ring defers it (their CQEs show
     // only after entering the kernel; a plain ring's just appear). Never sleeps.
     void submit_and_collect() noexcept;

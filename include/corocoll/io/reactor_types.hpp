@@ -65,7 +65,8 @@ struct reactor_options {
     /// IORING_SETUP_* flags the reactor may try (it still drops those the kernel rejects).
     /// Narrow it to run on the set-up an older kernel would give: 0 means a plain ring.
     unsigned allowed_setup_flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN |
-                                   IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SUBMIT_ALL;
+                                   IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SUBMIT_ALL |
+                                   IORING_SETUP_TASKRUN_FLAG;
 };
 
 /// The ring set-up flags a reactor asked for and the kernel accepted.
@@ -75,6 +76,10 @@ struct reactor_features {
     bool coop_taskrun = false;   ///< IORING_SETUP_COOP_TASKRUN (Linux 5.19)
     bool submit_all = false;     ///< IORING_SETUP_SUBMIT_ALL (Linux 5.18)
     bool futex_wait = false;     ///< IORING_OP_FUTEX_WAIT (Linux 6.7; see io/futex.hpp)
+    /// IORING_SETUP_TASKRUN_FLAG (Linux 5.19), with DEFER_TASKRUN or COOP_TASKRUN: the kernel
+    /// raises IORING_SQ_TASKRUN while it holds completions for us, so a loop that polls
+    /// watched entries enters it only then (`reactor_stats::enters`).
+    bool taskrun_flag = false;
 };
 
 /// What a reactor's loop has done since the reactor was made, for tests and diagnostics: busy
@@ -92,6 +97,13 @@ struct reactor_stats {
     /// io_uring_enter calls that may sleep until a completion or a time: waits with nothing to
     /// poll for, after busy polling, and the pauses while entries are watched.
     std::uint64_t kernel_waits = 0;
+    /// io_uring_enter calls made while busy polling, without sleeping: to submit, or to run
+    /// the completions the kernel holds back for a deferred or cooperative task-run ring
+    /// (their CQEs appear only then). At every step of a plain busy poll; while entries are
+    /// watched, only when there is something to submit or the kernel says it holds
+    /// completions (IORING_SQ_TASKRUN, where the ring has IORING_SETUP_TASKRUN_FLAG), else
+    /// every 10 µs.
+    std::uint64_t enters = 0;
     /// Sleeps that every watched entry allowed (`poll_entry::prepare_sleep`); counted in
     /// `kernel_waits` too.
     std::uint64_t watched_sleeps = 0;
