@@ -30,9 +30,11 @@ TEST_CASE("the reactor probes io_uring set-up flags and falls back to what the k
     // DEFER_TASKRUN needs SINGLE_ISSUER, and COOP_TASKRUN is only the fallback for it.
     if (f.defer_taskrun) CHECK(f.single_issuer);
     CHECK_FALSE((f.defer_taskrun && f.coop_taskrun));
+    // The flag is only asked for beside one of the two.
+    if (f.taskrun_flag) CHECK((f.defer_taskrun || f.coop_taskrun));
     MESSAGE("single_issuer=" << f.single_issuer << " defer_taskrun=" << f.defer_taskrun
-                             << " coop_taskrun=" << f.coop_taskrun
-                             << " submit_all=" << f.submit_all);
+                             << " coop_taskrun=" << f.coop_taskrun << " submit_all=" << f.submit_all
+                             << " taskrun_flag=" << f.taskrun_flag);
     CHECK(r.sq_entries() >= 256);
     CHECK(r.in_flight() == 0);
 }
