@@ -489,8 +489,8 @@ COROCOLL_DECL bool reactor::kernel_holds_completions() const noexcept {
 }
 
 COROCOLL_DECL void reactor::submit_and_collect() noexcept {
-    ++stats_.enters;
     if (features_.defer_taskrun || features_.coop_taskrun) {
+        ++stats_.enters;  // (a plain ring's submit enters only with something to submit)
         io_uring_submit_and_get_events(&ring_);
     } else {
         flush();
