@@ -217,8 +217,8 @@ COROCOLL_DECL void shm_arena::copy_from(engine& e, const collective_meta& meta, 
         if (got <= 0) {
             failed(got);
         } else if (static_cast<std::size_t>(got) < to.size()) {
-            read(to.data(), 0,
-                 to.size());  // cut short (a fault on the way): all of it again, forward
+            // Cut short (a fault on the way): all of it again, forward.
+            read(to.data(), 0, to.size());
         }
     } else {
         read(to.data(), 0, to.size());
