@@ -1325,22 +1325,24 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "shm arena: a root of small broadcasts runs 24 calls ahead of readers that have not "
-    "come yet without waiting once, on up to 8 ranks") {
-    // Groups of up to 8 ranks keep 32 step places per rank (transport::detail::arena_steps_for):
-    // the root writes its next 24 calls' lines while the others are still asleep, each call
-    // done at once, its reactor not turning once. With 8 places it waited at the 8th call.
+    "shm arena: a root of small broadcasts runs ahead of readers that have not come yet "
+    "without waiting once: 24 calls on 2 ranks, 96 on 3 to 8") {
+    // Groups of 3 to 8 ranks keep 128 step places per rank, 2 ranks 32
+    // (transport::detail::arena_steps_for): the root writes its next calls' lines while the
+    // others are still asleep, each call done at once, its reactor not turning once. With 8
+    // places it waited at the 8th call; with 32 (3 to 8 ranks until 2026-12-02), at the 32nd.
     thread_ranks_options o;
     o.limits.shm_arena_bytes = matrix_arena_bytes;
     CHECK(cc::transport::detail::arena_steps_for(2) == 32);
-    CHECK(cc::transport::detail::arena_steps_for(8) == 32);
+    CHECK(cc::transport::detail::arena_steps_for(3) == 128);
+    CHECK(cc::transport::detail::arena_steps_for(8) == 128);
     CHECK(cc::transport::detail::arena_steps_for(9) == 8);
-    for (int n : {2, 8}) {
+    for (auto [n, calls] : {std::pair{2, 24}, std::pair{3, 96}, std::pair{8, 96}}) {
         CAPTURE(n);
         std::uint64_t turns_ahead = 1;
         check_every_rank_ok(run_threads(
             n,
-            [&turns_ahead](cc::process_group& pg) -> cc::task<> {
+            [&turns_ahead, calls](cc::process_group& pg) -> cc::task<> {
                 pg.set_algorithm(coll::collective_kind::broadcast, coll::algorithm::shm);
                 std::vector<std::int32_t> b(4);
                 co_await pg.barrier();
@@ -1349,13 +1351,13 @@ TEST_CASE(
                     std::this_thread::sleep_for(std::chrono::milliseconds(100));
                 } else {
                     const std::uint64_t before = pg.reactor().stats().turns;
-                    for (int it = 0; it < 24; ++it) {
+                    for (int it = 0; it < calls; ++it) {
                         b.assign(4, it);
                         co_await pg.broadcast(b, 0);
                     }
                     turns_ahead = pg.reactor().stats().turns - before;
                 }
-                for (int it = 0; it < 24; ++it) {
+                for (int it = 0; it < calls; ++it) {
                     if (pg.rank() != 0) {
                         b.assign(4, -1);
                         co_await pg.broadcast(b, 0);
@@ -1380,7 +1382,8 @@ TEST_CASE(
     // differs by iteration, rank and element: a line read too late or too soon shows.
     thread_ranks_options o;
     o.limits.shm_arena_bytes = matrix_arena_bytes;
-    // 9 ranks: a group with 8 step places per rank (arena_steps_for), the others 32.
+    // 9 ranks: a group with 8 step places per rank (arena_steps_for), 2 ranks 32, the others
+    // 128.
     for (int n : {2, 3, 5, 9}) {
         CAPTURE(n);
         check_every_rank_ok(run_threads(
@@ -1396,9 +1399,11 @@ TEST_CASE(
                                              " wrong");
                 };
                 // A root far ahead: the others start late, and the root's writes must wait
-                // for their reads once it is arena_steps_for(n) calls ahead (not overwrite them).
+                // for their reads once it is arena_steps_for(n) calls ahead (not overwrite them):
+                // twice as many calls as the places.
                 if (r != 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-                for (int it = 0; it < 64; ++it) {
+                const auto ahead = static_cast<int>(2 * cc::transport::detail::arena_steps_for(n));
+                for (int it = 0; it < ahead; ++it) {
                     std::vector<std::int32_t> b(5, r == 0 ? it : -1);
                     co_await pg.broadcast(b, 0);
                     if (b != std::vector<std::int32_t>(5, it)) fail(it, "broadcast ahead");

@@ -133,18 +133,25 @@ struct arena_header {
 // ranks: step s uses place s % that count. A power of two, the same on every rank. More
 // places let a rank that goes on without waiting (a root of broadcasts, scatters; a sender of
 // gathers) run further ahead of its readers and wait for them less often; each place is 4 KiB
-// of every rank's memory, so large groups keep few (docs/performance.md, "Deeper arena steps
-// for small groups").
-constexpr std::uint64_t arena_steps_for(int ranks) noexcept { return ranks <= 8 ? 32 : 8; }
-// Whether an arena of `ranks` ranks keeps the deep queue of step places (32, up to 8 ranks),
-// where a loop of small rooted calls runs far ahead of its readers (`select` sends small
-// broadcasts through the arena there, by the tree where the queue is short).
+// of every rank's memory, so large groups keep few. 3 to 8 ranks keep 128: where ranks
+// outnumber processors, a reader runs only when another gives its processor up, and reads
+// the calls the root wrote meanwhile, so the processors change hands once in P / 2 calls
+// (4 ranks on 2 processors: broadcasts of 4 B took 0.95 us with 32 places, 0.46 with 128).
+// 2 ranks keep 32, as each rank mostly has a processor of its own, where 128 made gathers of
+// 64 B-1 KiB 15-20% slower (more pages in turn). (docs/performance.md, "Deeper arena steps
+// for small groups" and "Deeper still where ranks outnumber processors".)
+constexpr std::uint64_t arena_steps_for(int ranks) noexcept {
+    return ranks <= 2 ? 32 : ranks <= 8 ? 128 : 8;
+}
+// Whether an arena of `ranks` ranks keeps a deep queue of step places (32 or more, up to 8
+// ranks), where a loop of small rooted calls runs far ahead of its readers (`select` sends
+// small broadcasts through the arena there, by the tree where the queue is short).
 constexpr bool arena_queue_is_deep(int ranks) noexcept { return arena_steps_for(ranks) >= 32; }
 // shm_arena::place takes s modulo the count with a mask, and an even count keeps each rank's
 // `arena_line` 128-byte aligned after its places. At least 4: an arrival asks for the place two
 // steps on (`shm_arena::prepare_place`), which with 2 would be the place just published.
-static_assert(std::has_single_bit(arena_steps_for(1)) && std::has_single_bit(arena_steps_for(9)) &&
-              arena_steps_for(9) >= 4);
+static_assert(std::has_single_bit(arena_steps_for(1)) && std::has_single_bit(arena_steps_for(3)) &&
+              std::has_single_bit(arena_steps_for(9)) && arena_steps_for(9) >= 4);
 
 // What one rank brings to one step (see `arena_line`): its first cache line holds the counter,
 // the call and 16 bytes of data, so that a peer that sees the rank arrive has its call and its
