@@ -11,7 +11,7 @@
 // shm_arena::line_bytes (4 KiB) go in the root's own step lines instead of a data set, which the
 // root may write again long before every reader is done with the last call's (settle_lines):
 // a loop of small broadcasts runs one call fewer ahead of the readers than the arena has places
-// per rank (transport::detail::arena_steps_for: 32 up to 8 ranks, 8 beyond), as an MPI's
+// per rank (transport::detail::arena_steps_for: 32 on 2 ranks, 128 on 3-8, 8 beyond), as an MPI's
 // eager messages do, where each call once waited for the readers' look at the one before.
 // From the group's single-copy size (shm_arena::single_copy), where every rank may read every
 // other's memory, the arena carries only the root's address instead: every other rank copies

@@ -8,9 +8,9 @@
 // every copy in rank order, or copies each block into place. Scatter: the root writes every
 // other rank's block into its lines and goes on; each other rank waits for the root alone and
 // copies its block. The ranks that go on wait for nobody until they are one step fewer ahead
-// of the slowest than the arena has places per rank (transport::detail::arena_steps_for: 32 up
-// to 8 ranks, 8 beyond; settle_lines): a loop of them runs as a queue, the way an MPI's eager
-// messages do. Larger gathers and scatters: from the group's single-copy size
+// of the slowest than the arena has places per rank (transport::detail::arena_steps_for: 32 on 2
+// ranks, 128 on 3 to 8, 8 beyond; settle_lines): a loop of them runs as a queue, the way an MPI's
+// eager messages do. Larger gathers and scatters: from the group's single-copy size
 // (shm_arena::single_copy) the root copies every block straight from the others' buffers
 // (gather), or the others copy theirs straight from the root's (scatter), and the rank whose
 // buffer was read waits at a second step until that is done; below it, in pieces of a slot of

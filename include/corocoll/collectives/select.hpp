@@ -115,8 +115,8 @@ struct thresholds {
     std::size_t shm_pair_all_reduce_ring_below = std::size_t{4} << 20;
     /// On more than 8 ranks (where the arena keeps 8 step places per rank:
     /// transport::detail::arena_steps_for) a broadcast below this size goes by the binomial
-    /// tree, whose root hands its message to two children and returns. With 32 places (up to
-    /// 8 ranks) the arena's queue of small broadcasts wins at every size (docs/performance.md,
+    /// tree, whose root hands its message to two children and returns. With 32 places or more (up
+    /// to 8 ranks) the arena's queue of small broadcasts wins at every size (docs/performance.md,
     /// "Deeper arena steps for small groups").
     std::size_t shm_broadcast_tree_below = std::size_t{4} << 10;
     /// Where the arena copies straight from the ranks' buffers (2 ranks from 16 KiB by

@@ -312,7 +312,7 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
             }
         }
         if (k == collective_kind::broadcast) {
-            // Where the arena keeps 32 step places (up to 8 ranks), its queue of small
+            // Where the arena keeps 32 step places or more (up to 8 ranks), its queue of small
             // broadcasts beats the tree; with 8 (more ranks) the tree leads below a size.
             bool tree = n > 2 ? bytes < t.shm_broadcast_tree_below &&
                                     !transport::detail::arena_queue_is_deep(n)
