@@ -1337,7 +1337,8 @@ TEST_CASE(
     CHECK(cc::transport::detail::arena_steps_for(3) == 128);
     CHECK(cc::transport::detail::arena_steps_for(8) == 128);
     CHECK(cc::transport::detail::arena_steps_for(9) == 8);
-    for (auto [n, calls] : {std::pair{2, 24}, std::pair{3, 96}, std::pair{8, 96}}) {
+    for (const auto& run : {std::pair{2, 24}, std::pair{3, 96}, std::pair{8, 96}}) {
+        const int n = run.first, calls = run.second;
         CAPTURE(n);
         std::uint64_t turns_ahead = 1;
         check_every_rank_ok(run_threads(
