@@ -136,7 +136,7 @@ struct arena_header {
 // of every rank's memory, so large groups keep few. 3 to 8 ranks keep 128: where ranks
 // outnumber processors, a reader runs only when another gives its processor up, and reads
 // the calls the root wrote meanwhile, so the processors change hands once in P / 2 calls
-// (4 ranks on 2 processors: broadcasts of 4 B took 0.95 us with 32 places, 0.46 with 128).
+// (4 ranks on 2 processors: broadcasts of 4 B took 0.95 µs with 32 places, 0.46 with 128).
 // 2 ranks keep 32, as each rank mostly has a processor of its own, where 128 made gathers of
 // 64 B-1 KiB 15-20% slower (more pages in turn). (docs/performance.md, "Deeper arena steps
 // for small groups" and "Deeper still where ranks outnumber processors".)
