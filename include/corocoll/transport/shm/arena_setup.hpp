@@ -37,12 +37,16 @@ namespace detail {
 // and there every rank reads every other's buffer, so that a rank leaving the call after another
 // was killed made a third blame it, not the killed one.
 // Where one process_vm_readv costs `slow_single_copy` or more before it copies a byte
-// (`copy_cost`, `single_copy_cost()`: a VM that traps system calls), the 2-rank sizes of the
-// other uses move up to where the arena's two copies outgrow the L2: broadcast from a buffer of
-// the L2, all_gather, gather and scatter from blocks of half of it (a whole buffer of the L2),
-// all_to_all from blocks of a sixteenth; on 3 to 8 ranks scatter from blocks of the L2 over
-// the ranks (a whole buffer of the L2) and all_to_all from blocks of an eighth; never below the
-// sizes above (docs/performance.md, "Single copies where a system call is slow").
+// (`copy_cost`, `single_copy_cost()`: a VM that traps system calls), the 2-rank sizes of
+// broadcast, gather and scatter move up to where the arena's two copies outgrow the L2:
+// broadcast from a buffer of the L2, gather and scatter from blocks of half of it (a whole
+// buffer of the L2); 2-rank all_gather, all_to_all and all_reduce, where both ranks read from
+// each other at once, make none (the kernel's copy there cost 2-4x a memcpy of the same bytes,
+// and the pair's ring or the arena's data sets led at every size: docs/performance.md, "No
+// single copies both ways where a process_vm_readv is slow"); on 3 to 8 ranks scatter from
+// blocks of the L2 over the ranks (a whole buffer of the L2) and all_to_all from blocks of an
+// eighth; never below the sizes above (docs/performance.md, "Single copies where a system call
+// is slow").
 COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std::size_t option,
                                                std::size_t l2_bytes,
                                                std::chrono::nanoseconds copy_cost = {});
