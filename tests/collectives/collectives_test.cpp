@@ -1278,9 +1278,8 @@ TEST_CASE(
     const std::size_t l2_or_2m = l2 > 0 ? l2 : 2048 * kib;
     const bool slow =
         cc::transport::detail::single_copy_cost() >= cc::transport::detail::slow_single_copy;
-    const expected pair =
-        slow ? expected{2, l2_or_2m, 0, l2_or_2m / 2, l2_or_2m / 2, 0}
-             : expected{2, 16 * kib, 8 * kib, 16 * kib, 16 * kib, 16 * kib};
+    const expected pair = slow ? expected{2, l2_or_2m, 0, l2_or_2m / 2, l2_or_2m / 2, 0}
+                               : expected{2, 16 * kib, 8 * kib, 16 * kib, 16 * kib, 16 * kib};
     const std::string cost = "a process_vm_readv of 64 B costs " +
                              std::to_string(cc::transport::detail::single_copy_cost().count()) +
                              " ns here";
