@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -528,8 +529,8 @@ step_sleep_counts step_sleep_and_wake(bool futex_wait) {
 
 TEST_CASE(
     "an arena arrival asks for as many lines of a later place as its data filled, at most 16") {
-    // The counter's line carries the call and the first 16 bytes; each 64 bytes more fill a
-    // line; from 976 bytes more the copy waits for its lines at once (arena.hpp).
+    // The counter's line carries the call and the first 32 bytes; each 64 bytes more fill a
+    // line; from 960 bytes more the copy waits for its lines at once (arena.hpp).
     using arena = cc::transport::shm_arena;
     CHECK(arena::lines_prepared_for(0) == 1);
     CHECK(arena::lines_prepared_for(arena::small_bytes) == 1);
@@ -539,6 +540,47 @@ TEST_CASE(
     CHECK(arena::lines_prepared_for(arena::small_bytes + 15 * 64) == arena::prepared_lines);
     CHECK(arena::lines_prepared_for(arena::line_bytes) == arena::prepared_lines);
     CHECK(arena::prepared_lines == 16);
+}
+
+TEST_CASE(
+    "an arena step place records the call in 24 bytes, so that 32 bytes of data share the "
+    "counter's line, and the call's number comes back whole") {
+    // With the call as collective_meta (32 bytes) the first line held 16 bytes of data, and a
+    // 2-rank gather of 32-byte blocks read two lines of the other rank's place per call
+    // (docs/performance.md, "A call's record in 24 bytes").
+    using arena = cc::transport::shm_arena;
+    using place = cc::transport::detail::arena_step_line;
+    CHECK(arena::small_bytes == 32);
+    CHECK(offsetof(place, small) + arena::small_bytes == 64);
+    CHECK(arena::lines_prepared_for(32) == 1);
+    CHECK(arena::line_bytes == 4096);
+    using cc::transport::collective_meta;
+    using cc::transport::detail::step_call;
+    constexpr std::uint64_t wrap = std::uint64_t{1} << 32;
+    for (std::uint64_t seq :
+         {std::uint64_t{0}, std::uint64_t{7}, wrap - 1, wrap, wrap + 3, 5 * wrap + 11}) {
+        CAPTURE(seq);
+        collective_meta m;
+        m.collective = 3;
+        m.redop = 2;
+        m.dtype = 9;
+        m.algorithm = 4;
+        m.root = 70000;
+        m.count = (std::uint64_t{1} << 40) + 5;
+        m.seq = seq;
+        m.history = 0xdeadbeef;
+        const step_call c = step_call::of(m);
+        // The reader's own call: the same one, or one a few calls before or after.
+        CHECK(c.expand(m) == m);
+        for (std::int64_t off : {-3, -1, 1, 2}) {
+            CAPTURE(off);
+            collective_meta mine = m;
+            mine.seq = seq + static_cast<std::uint64_t>(off);
+            const collective_meta back = c.expand(mine);
+            CHECK(back == m);
+            CHECK(!(back == mine));  // the numbers differ: a mismatch still shows
+        }
+    }
 }
 
 TEST_CASE("a rank waiting at an arena step sleeps on a futex until the last rank arrives") {

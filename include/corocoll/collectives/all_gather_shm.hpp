@@ -2,7 +2,7 @@
 
 // All-gather through the group's shared arena (transport/shm/arena.hpp), for a group whose
 // ranks all share one host: every rank copies its block into its slot of the arena, meets the
-// others at one step, and copies every block out. A block of up to 16 bytes goes in the
+// others at one step, and copies every block out. A block of up to 32 bytes goes in the
 // rank's own line, and one of `all_gather_shm_lines_from` up to shm_arena::line_bytes (4 KiB)
 // in its step's lines; a block larger than a slot (the arena's data set / n) goes in pieces
 // of a slot, one step each.

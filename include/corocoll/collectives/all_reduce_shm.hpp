@@ -2,7 +2,7 @@
 
 // All-reduce through the group's shared arena (transport/shm/arena.hpp), for a group whose
 // ranks all share one host. Small buffers (whole: n * bytes at most `whole_bytes`): every rank
-// writes its buffer into the arena (at most 16 bytes go in its own line, so a 4-byte
+// writes its buffer into the arena (at most 32 bytes go in its own line, so a 4-byte
 // all_reduce moves one line per peer), meets the others at one step, and reduces every rank's
 // copy itself, in rank order, so that every rank computes the same bits. Larger buffers go in
 // chunks of a slot (the arena's data set / n): every rank copies its chunk in, one step, then

@@ -4,7 +4,7 @@
 // for a group whose ranks all share one host: every rank copies its whole input (n blocks)
 // into its slot of the arena, meets the others at one step, and reads block `rank` of every
 // rank's slot: all-to-all copies each into place, reduce-scatter reduces them over every rank
-// in rank order. An input of up to 16 bytes goes in the rank's own line; blocks larger than
+// in rank order. An input of up to 32 bytes goes in the rank's own line; blocks larger than
 // a slot's share (the arena's data set / n / n) go in pieces of that share, one step each.
 // From the group's single-copy size (shm_arena::single_copy; 16 KiB on 2 ranks by default),
 // all-to-all puts only the inputs' addresses in the arena: each rank copies its own block

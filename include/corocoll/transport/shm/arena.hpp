@@ -9,7 +9,7 @@
 // its own in the arena (P = `arena_steps_for(ranks)` of them, used in turn: step s uses s's
 // place modulo P), each with a counter, `arrived`, that only it stores: the last step of that
 // place it reached. A step is a barrier: a rank writes what it brings to the step (its call,
-// and up to `shm_arena::line_bytes` of data: the first 16 in the line with the counter),
+// and up to `shm_arena::line_bytes` of data: the first 32 in the line with the counter),
 // stores the step's number (release), and goes on once every rank's counter shows it
 // (acquire). What a rank's lines carry for step s is written between every rank passing step
 // s - P (arriving at s - P + 1) and this rank arriving at s, and read between passing s and
@@ -153,19 +153,57 @@ constexpr bool arena_queue_is_deep(int ranks) noexcept { return arena_steps_for(
 static_assert(std::has_single_bit(arena_steps_for(1)) && std::has_single_bit(arena_steps_for(3)) &&
               std::has_single_bit(arena_steps_for(9)) && arena_steps_for(9) >= 4);
 
+// A call as a step place records it (`collective_meta` in 24 bytes instead of 32): the call's
+// number in the group keeps its low 32 bits, which `expand` completes from the reader's own
+// call (the two are the same call, or ranks whose counts differ by far less than 2^32).
+struct step_call {
+    std::uint8_t collective = 0, redop = 0, dtype = 0, algorithm = 0;
+    std::uint32_t root = 0;
+    std::uint64_t count = 0;
+    std::uint32_t seq_low = 0;
+    std::uint32_t history = 0;
+
+    static step_call of(const collective_meta& m) noexcept {
+        return {m.collective,
+                m.redop,
+                m.dtype,
+                m.algorithm,
+                m.root,
+                m.count,
+                static_cast<std::uint32_t>(m.seq),
+                m.history};
+    }
+    // The call with its number completed from `near`'s: the nearest number with these low
+    // bits.
+    collective_meta expand(const collective_meta& near) const noexcept {
+        collective_meta m;
+        m.collective = collective;
+        m.redop = redop;
+        m.dtype = dtype;
+        m.algorithm = algorithm;
+        m.root = root;
+        m.count = count;
+        const auto gap = static_cast<std::int32_t>(seq_low - static_cast<std::uint32_t>(near.seq));
+        m.seq = near.seq + static_cast<std::uint64_t>(static_cast<std::int64_t>(gap));
+        m.history = history;
+        return m;
+    }
+};
+static_assert(sizeof(step_call) == 24 && std::is_trivially_copyable_v<step_call>);
+
 // What one rank brings to one step (see `arena_line`): its first cache line holds the counter,
-// the call and 16 bytes of data, so that a peer that sees the rank arrive has its call and its
-// small data in the same transfer; 64 more lines hold up to 4,080 bytes more.
+// the call and 32 bytes of data, so that a peer that sees the rank arrive has its call and its
+// small data in the same transfer; 64 more lines hold up to 4,064 bytes more.
 struct alignas(64) arena_step_line {
     // The last step of this place the rank reached: it reached step s once its place for s
     // (shm_arena::place) shows `arrived >= s`. Only the owner stores it (release, after what
     // the step carries); the others load it (acquire) before they read the rest of the lines.
     std::atomic<std::uint64_t> arrived{0};
-    collective_meta meta;  // the call declared with this place's step
-    // 16-byte aligned (offset 48), as the widest element type needs.
-    alignas(16) std::byte small[16 + 4080];
+    step_call call;  // the call declared with this place's step
+    // 16-byte aligned (offset 32), as the widest element type needs.
+    alignas(16) std::byte small[32 + 4064];
 };
-static_assert(sizeof(arena_step_line) == 4160 && offsetof(arena_step_line, small) == 48);
+static_assert(sizeof(arena_step_line) == 4160 && offsetof(arena_step_line, small) == 32);
 
 // One rank's lines: one place per step (`arena_steps_for(ranks)` of them, used in turn; see
 // shm_arena::place), then this: the collective it runs now, whatever its algorithm, and what
@@ -208,12 +246,12 @@ class shm_arena {
 public:
     /// Bytes of data a rank's step carries in the line with its counter (`small`): a peer
     /// that sees the rank arrive has them in the same transfer.
-    static constexpr std::size_t small_bytes = 16;
+    static constexpr std::size_t small_bytes = 32;
     /// Bytes of data a rank's step carries in all (`small`: its lines, which a rank that went
     /// past steps without waiting may write again sooner than the data sets; `settle_lines`).
     static constexpr std::size_t line_bytes = sizeof(detail::arena_step_line::small);
     /// The most cache lines of a later step place that an arrival asks for writing
-    /// (`prepare_place`): the counter's line (with 16 bytes of data) and 15 more, 976 bytes.
+    /// (`prepare_place`): the counter's line (with 32 bytes of data) and 15 more, 992 bytes.
     /// From about 1 KiB the copy into the lines has stores enough in flight to wait for many
     /// lines at once, and asking for more made no difference (docs/performance.md, "Lines
     /// asked for before they are written").
@@ -368,11 +406,16 @@ public:
         small_written_ = bytes;
         return small(rank_, next_step());
     }
-    /// What rank `r` declared with step `s` (see `declare`).
-    const collective_meta& meta(int r, std::uint64_t s) const noexcept { return place(r, s).meta; }
+    /// What rank `r` declared with step `s` (see `declare`), its call's number completed from
+    /// `mine` (`step_call::expand`).
+    collective_meta meta(int r, std::uint64_t s, const collective_meta& mine) const noexcept {
+        return place(r, s).call.expand(mine);
+    }
     /// Declares this rank's call with the next step; the ranks compare it when they meet
     /// there (`arrive` with `check`).
-    void declare(const collective_meta& m) noexcept { place(rank_, next_step()).meta = m; }
+    void declare(const collective_meta& m) noexcept {
+        place(rank_, next_step()).call = detail::step_call::of(m);
+    }
 
     /// Says which collective this rank runs now, whatever its algorithm (every collective of
     /// a group with an arena does, as it begins): a rank that waits at a step for a rank in

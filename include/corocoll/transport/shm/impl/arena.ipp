@@ -314,7 +314,7 @@ COROCOLL_DECL void shm_arena::compare_going_on(engine& e, const collective_meta&
                 continue;
             }
         }
-        if (!e.check_call(r, meta, this->meta(r, s))) return;
+        if (!e.check_call(r, meta, this->meta(r, s, meta))) return;
     }
 }
 
@@ -480,7 +480,7 @@ COROCOLL_DECL void shm_arena::step_wait::await_resume() {
     if (!check_) return;
     for (int r = 0; r < a_.size_; ++r) {
         if (r == a_.rank_ || (only_ >= 0 && r != only_)) continue;
-        if (!e_.check_call(r, meta_, a_.meta(r, step_))) e_.raise_if_failed(meta_, where);
+        if (!e_.check_call(r, meta_, a_.meta(r, step_, meta_))) e_.raise_if_failed(meta_, where);
     }
 }
 
