@@ -176,17 +176,9 @@ struct step_call {
     // The call with its number completed from `near`'s: the nearest number with these low
     // bits.
     collective_meta expand(const collective_meta& near) const noexcept {
-        collective_meta m;
-        m.collective = collective;
-        m.redop = redop;
-        m.dtype = dtype;
-        m.algorithm = algorithm;
-        m.root = root;
-        m.count = count;
         const auto gap = static_cast<std::int32_t>(seq_low - static_cast<std::uint32_t>(near.seq));
-        m.seq = near.seq + static_cast<std::uint64_t>(static_cast<std::int64_t>(gap));
-        m.history = history;
-        return m;
+        const std::uint64_t seq = near.seq + static_cast<std::uint64_t>(std::int64_t{gap});
+        return {collective, redop, dtype, algorithm, root, count, seq, history};
     }
 };
 static_assert(sizeof(step_call) == 24 && std::is_trivially_copyable_v<step_call>);
