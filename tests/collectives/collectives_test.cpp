@@ -859,6 +859,19 @@ TEST_CASE(
     CHECK(pick(k::broadcast, 4, 2) == coll::algorithm::shm);
     CHECK(pick(k::broadcast, std::size_t{1} << 20, 2) == coll::algorithm::binomial);
     CHECK(pick(k::all_gather, std::size_t{1} << 20, 2) == coll::algorithm::ring);
+    // all_gather of 2 ranks whose arena makes no single copies (a slow or missing
+    // process_vm_readv): the pair's ring at every size from the window's start, since the
+    // data sets trailed it up to 64 MiB; with single copies (from 8 KiB blocks), the arena's.
+    CHECK(pick(k::all_gather, std::size_t{8} << 20, 2) == coll::algorithm::ring);
+    CHECK(pick(k::all_gather, std::size_t{64} << 20, 2) == coll::algorithm::ring);
+    CHECK(coll::select(k::all_gather, std::size_t{8} << 20, 2, {}, {}, nullptr, true, 8192) ==
+          coll::algorithm::shm);
+    // A single copy from a block beyond the ring's window (an option) leaves the data sets
+    // between the two.
+    CHECK(coll::select(k::all_gather, std::size_t{8} << 20, 2, {}, {}, nullptr, true,
+                       std::size_t{64} << 20) == coll::algorithm::shm);
+    CHECK(coll::select(k::all_gather, std::size_t{1} << 20, 2, {}, {}, nullptr, true,
+                       std::size_t{64} << 20) == coll::algorithm::ring);
     // Small broadcasts: the arena's queue where it keeps 32 step places (up to 8 ranks), the
     // tree below 4 KiB where it keeps 8.
     CHECK(pick(k::broadcast, 4, 4) == coll::algorithm::shm);

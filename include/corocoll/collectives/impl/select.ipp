@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -299,8 +300,15 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
                        : algorithm::shm;
         }
         if (k == collective_kind::all_gather) {
-            return pair_ring && !single(bytes / static_cast<std::size_t>(n)) ? algorithm::ring
-                                                                             : algorithm::shm;
+            if (single(bytes / static_cast<std::size_t>(n))) return algorithm::shm;
+            // Where the arena makes no single copies of this call, the ring has no upper end:
+            // the data sets trailed it at every size (docs/performance.md, "all_gather of 2
+            // ranks by the ring at every size where no single copies are made").
+            const bool ring =
+                single_copy_from == 0
+                    ? pair_window(t.shm_pair_ring_from, std::numeric_limits<std::size_t>::max())
+                    : pair_ring;
+            return ring ? algorithm::ring : algorithm::shm;
         }
         // One message between the two, in a window of sizes (thresholds::shm_pair_message_below).
         const std::size_t message_from =
