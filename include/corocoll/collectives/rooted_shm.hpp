@@ -69,19 +69,28 @@ inline bool scatter_shm_in_lines(const transport::shm_arena& a, std::size_t bloc
            !a.single_copy(transport::single_copy_use::scatter, block);
 }
 
+/// Where rank `r`'s block of `block` bytes starts in the lines of a scatter's root `root`
+/// (the root leaves its own block out).
+inline std::size_t scatter_shm_offset(int r, int root, std::size_t block) noexcept {
+    return static_cast<std::size_t>(r < root ? r : r - 1) * block;
+}
+
 /// Whether the small path of a rooted call in the lines would run to its end now without
 /// waiting: this rank's lines are free again (`lines_settled`) and, where this rank waits,
 /// those it waits for have arrived at the step already: the root alone where the root writes
 /// and goes on (`root_writes`: broadcast, scatter), else every other rank (the root of a
-/// reduce or gather). Reads the others' lines; changes nothing else.
-inline bool rooted_shm_ready(transport::shm_arena& a, int root, bool root_writes) noexcept {
+/// reduce or gather). Reads the others' lines; changes nothing else. `reads`: the bytes of
+/// data this rank would read from the start of the lines of each rank it waits for (the
+/// looks ask for those lines too: `shm_arena::arrived`).
+inline bool rooted_shm_ready(transport::shm_arena& a, int root, bool root_writes,
+                             std::size_t reads) noexcept {
     if (!a.lines_settled()) return false;
     const bool is_root = a.rank() == root;
     if (is_root == root_writes) return true;  // this rank writes and goes on
     const std::uint64_t s = a.next_step();
-    if (!is_root) return a.arrived(root, s);
+    if (!is_root) return a.arrived(root, s, reads);
     for (int r = 0; r < a.size(); ++r) {
-        if (r != root && !a.arrived(r, s)) return false;
+        if (r != root && !a.arrived(r, s, reads)) return false;
     }
     return true;
 }

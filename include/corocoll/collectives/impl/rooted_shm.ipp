@@ -30,12 +30,6 @@ inline void rooted_shm_write(context& c, std::span<const std::byte> what, std::s
     a.arrive_and_go(c.net, c.meta, true);
 }
 
-// Where rank `r`'s block of `block` bytes starts in the lines of a scatter's root `root`
-// (`rooted_shm_write` leaves the root's own block out).
-inline std::size_t scatter_shm_offset(int r, int root, std::size_t block) {
-    return static_cast<std::size_t>(r < root ? r : r - 1) * block;
-}
-
 // A rank that only writes `what` for the step, its lines free: says so, declares the call,
 // writes and goes on (a reduce's or gather's non-root).
 inline void rooted_shm_go_on(context& c, std::span<const std::byte> what) {

@@ -322,11 +322,19 @@ COROCOLL_DECL bool process_group::run_at_once(const small_call& p) {
     transport::shm_arena& a = *g.arena_;
     const auto kind = static_cast<collective_kind>(p.kind);
     const bool root_writes = kind == collective_kind::broadcast || kind == collective_kind::scatter;
+    // What this rank reads of the lines of those it waits for: a broadcast's or reduce's
+    // buffer, a gather's block, a scatter's block where the root's lines hold it.
+    const std::size_t reads =
+        kind == collective_kind::gather ? p.in.size()
+        : kind == collective_kind::scatter
+            ? collectives::scatter_shm_offset(g.rank(), p.root, p.data.size()) + p.data.size()
+            : p.data.size();
     // What `collective` does, less its frame, its context's deadline and its waits. A call
     // that would wait anywhere goes by its task, and so does one on a closed or failed group
     // (whose task throws the words for that) or one that must catch up first.
     if (g.closed_ || g.engine_.failed() || g.engine_.must_catch_up() ||
-        !collectives::rooted_shm_ready(a, p.root, root_writes) || !g.collective_lock_.try_lock()) {
+        !collectives::rooted_shm_ready(a, p.root, root_writes, reads) ||
+        !g.collective_lock_.try_lock()) {
         return false;
     }
     // Nobody waited for the lock (it was free) and nobody can meanwhile: nothing here
