@@ -860,8 +860,8 @@ TEST_CASE(
     CHECK(pick(k::broadcast, std::size_t{1} << 20, 2) == coll::algorithm::binomial);
     CHECK(pick(k::all_gather, std::size_t{1} << 20, 2) == coll::algorithm::ring);
     // all_gather of 2 ranks whose arena makes no single copies (a slow or missing
-    // process_vm_readv): the pair's ring at every size from the window's start, since the
-    // data sets trailed it up to 64 MiB; with single copies (from 8 KiB blocks), the arena's.
+    // process_vm_readv): the pair's ring at every size from the window's start (the data sets
+    // trailed it up to 16 MiB and tied from 32); with single copies (8 KiB blocks), the arena's.
     CHECK(pick(k::all_gather, std::size_t{8} << 20, 2) == coll::algorithm::ring);
     CHECK(pick(k::all_gather, std::size_t{64} << 20, 2) == coll::algorithm::ring);
     CHECK(coll::select(k::all_gather, std::size_t{8} << 20, 2, {}, {}, nullptr, true, 8192) ==

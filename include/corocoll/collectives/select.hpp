@@ -105,8 +105,8 @@ struct thresholds {
     std::size_t shm_pair_ring_from = std::size_t{512} << 10;
     /// ... up to (not including) this one where the arena makes single copies of all_gather
     /// from a larger block (an option), and at every size where it makes none (a slow or
-    /// missing process_vm_readv: its data sets trailed the ring up to 64 MiB); a broadcast,
-    /// one message, goes by the tree from `shm_pair_ring_from` on.
+    /// missing process_vm_readv: its data sets trailed the ring up to 16 MiB and tied from
+    /// 32); a broadcast, one message, goes by the tree from `shm_pair_ring_from` on.
     std::size_t shm_pair_ring_below = std::size_t{4} << 20;
     /// On 2 ranks all_reduce goes by the ring from this size ...
     std::size_t shm_pair_all_reduce_ring_from = std::size_t{128} << 10;

@@ -286,7 +286,6 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
         auto pair_window = [&](std::size_t from, std::size_t below) {
             return n == 2 && bytes >= from && bytes < below;
         };
-        const bool pair_ring = pair_window(t.shm_pair_ring_from, t.shm_pair_ring_below);
         // Whether the arena's call copies straight from the ranks' buffers (the buffer one
         // rank offers: a broadcast's, one block of the others; `single_copy_from` is this
         // kind's).
@@ -301,14 +300,14 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
         }
         if (k == collective_kind::all_gather) {
             if (single(bytes / static_cast<std::size_t>(n))) return algorithm::shm;
-            // Where the arena makes no single copies of this call, the ring has no upper end:
-            // the data sets trailed it at every size (docs/performance.md, "all_gather of 2
-            // ranks by the ring at every size where no single copies are made").
-            const bool ring =
-                single_copy_from == 0
-                    ? pair_window(t.shm_pair_ring_from, std::numeric_limits<std::size_t>::max())
-                    : pair_ring;
-            return ring ? algorithm::ring : algorithm::shm;
+            // Where the arena makes no single copies of this call, the ring's window has no
+            // upper end: the data sets trailed it up to 16 MiB and tied from 32 (docs/
+            // performance.md, "all_gather of 2 ranks by the ring at every size where no
+            // single copies are made").
+            const std::size_t below = single_copy_from == 0
+                                          ? std::numeric_limits<std::size_t>::max()
+                                          : t.shm_pair_ring_below;
+            return pair_window(t.shm_pair_ring_from, below) ? algorithm::ring : algorithm::shm;
         }
         // One message between the two, in a window of sizes (thresholds::shm_pair_message_below).
         const std::size_t message_from =
