@@ -3,7 +3,7 @@
 //
 //   coll_perf [--coll COLL] [-d TYPE] [-o REDOP] [-r ROOT] [--algo ALGORITHM] [-b MIN] [-e MAX]
 //             [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1] [-F text|csv|json] [-J FILE]
-//             [--nproc N]
+//             [--stats 0|1] [--nproc N]
 //
 //   --coll  the collective: all_reduce (default), broadcast, reduce, all_gather, reduce_scatter,
 //           gather, scatter, all_to_all, ping_pong (one-way time = round trip / 2, between
@@ -26,6 +26,10 @@
 //   -F      stdout as text (nccl-tests' table, the default), csv or json (the same rows)
 //   -J, --output_file  also write the rows as JSON to FILE (rank 0 writes it, so a
 //           launcher's rank prefixes never break it)
+//   --stats 1  every rank writes to stderr, for each size, what its reactor did in the timed
+//           loop (turns, polls, yields, sleeps, ...: io::reactor_stats) and how many of its
+//           collectives ran at once: one line per rank and size, beginning "coll_perf stats:"
+//           (which side of a rooted call waits for the other, in one command)
 //
 // The letters coll_perf used before it took nccl-tests' (-t type, -R reduction, -a algorithm)
 // are refused with a message naming the new ones.
@@ -94,8 +98,37 @@ struct config {
     int root = 0;
     std::string format = "text";
     std::string json_path;
+    bool stats = false;
     int nproc = 2;
 };
+
+// What this rank's reactor and group did over a timed loop (`--stats`).
+struct loop_counts {
+    cc::io::reactor_stats reactor;
+    std::uint64_t at_once = 0;
+};
+
+loop_counts counts_of(const cc::process_group& pg) {
+    return {pg.reactor().stats(), pg.calls_run_at_once()};
+}
+
+// `after` less `before`, field by field.
+loop_counts operator-(const loop_counts& after, const loop_counts& before) {
+    const auto& a = after.reactor;
+    const auto& b = before.reactor;
+    loop_counts d;
+    d.reactor.turns = a.turns - b.turns;
+    d.reactor.polls = a.polls - b.polls;
+    d.reactor.yields = a.yields - b.yields;
+    d.reactor.kernel_waits = a.kernel_waits - b.kernel_waits;
+    d.reactor.enters = a.enters - b.enters;
+    d.reactor.watched_sleeps = a.watched_sleeps - b.watched_sleeps;
+    d.reactor.futex_sleeps = a.futex_sleeps - b.futex_sleeps;
+    d.reactor.moves = a.moves - b.moves;
+    d.reactor.wakeups = a.wakeups - b.wakeups;
+    d.at_once = after.at_once - before.at_once;
+    return d;
+}
 
 bool reduces(const std::string& op) {
     return op == "all_reduce" || op == "reduce" || op == "reduce_scatter";
@@ -333,12 +366,17 @@ public:
         co_await pg_.barrier();
         co_await run(c_.sweep.warmup);
         co_await pg_.barrier();
+        const loop_counts before = counts_of(pg_);
         auto t0 = clock_type::now();
         co_await run(c_.sweep.iters);
         std::chrono::duration<double, std::micro> took = clock_type::now() - t0;
+        counted_ = counts_of(pg_) - before;
         double per = took.count() / std::max(1, c_.sweep.iters);
         co_return op_ == "ping_pong" ? per / 2 : per;
     }
+
+    // What this rank's reactor and group did in the last `time`'s timed loop.
+    const loop_counts& counted() const noexcept { return counted_; }
 
     // Fills the inputs, runs once, and counts the elements that differ from what they must be.
     cc::task<long long> check() {
@@ -406,6 +444,7 @@ private:
 
     cc::process_group& pg_;
     const config& c_;
+    loop_counts counted_;
     std::string op_;
     std::string redop_;
     enum class which {
@@ -486,6 +525,23 @@ void write(perf::report& out, const row& r, int n) {
     out.row(fields, cells);
 }
 
+// One line on stderr with what this rank's loop did over `iters` calls of `op` (`--stats`),
+// written at once so that the ranks' lines do not mix.
+void write_counts(const cc::process_group& pg, const std::string& op, std::size_t bytes, int iters,
+                  const loop_counts& d) {
+    const auto& s = d.reactor;
+    auto u = [](std::uint64_t v) { return static_cast<unsigned long long>(v); };
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "coll_perf stats: rank %d %s %zu B iters %d: turns %llu polls %llu yields %llu "
+                  "kernel_waits %llu enters %llu watched_sleeps %llu futex_sleeps %llu moves %llu "
+                  "wakeups %llu at_once %llu\n",
+                  pg.rank(), op.c_str(), bytes, iters, u(s.turns), u(s.polls), u(s.yields),
+                  u(s.kernel_waits), u(s.enters), u(s.watched_sleeps), u(s.futex_sleeps),
+                  u(s.moves), u(s.wakeups), u(d.at_once));
+    std::fputs(line, stderr);
+}
+
 // Every size of one collective, type and reduction; each row is written (on rank 0, where
 // `out` is) as soon as it is measured.
 template <class T>
@@ -510,6 +566,7 @@ cc::task<> sweep(cc::process_group& pg, const config& c, const std::string& op,
         r.root = rooted(op) ? c.root : -1;
         r.in_place = in_place(op);
         double mine = co_await b.time();
+        if (c.stats) write_counts(pg, op, r.bytes, c.sweep.iters, b.counted());
         std::vector<double> t(1, mine);
         co_await pg.all_reduce(t, cc::reduce_op::max);
         r.time_us = t[0];
@@ -666,6 +723,8 @@ config parse(int argc, char** argv) {
     a.one_of("--algo", c.algorithm, algorithms, "force an algorithm (default: by size)")
         .one_of("-F,--format", c.format, {"text", "csv", "json"}, "what stdout carries")
         .text("-J,--output_file", c.json_path, "FILE", "also write the rows to FILE as JSON")
+        .boolean("--stats", c.stats,
+                 "each rank writes what its reactor did in each size's timed loop to stderr")
         .integer("--nproc", c.nproc, 1, 4096, "ranks to spawn where no launcher started it")
         .moved("-t", "the datatype is -d now, as in nccl-tests")
         .moved("-R", "the reduction is -o now, as in nccl-tests (the collective is --coll)")
