@@ -124,6 +124,7 @@ loop_counts operator-(const loop_counts& after, const loop_counts& before) {
     d.reactor.enters = a.enters - b.enters;
     d.reactor.watched_sleeps = a.watched_sleeps - b.watched_sleeps;
     d.reactor.futex_sleeps = a.futex_sleeps - b.futex_sleeps;
+    d.reactor.fenced_sleeps = a.fenced_sleeps - b.fenced_sleeps;
     d.reactor.moves = a.moves - b.moves;
     d.reactor.wakeups = a.wakeups - b.wakeups;
     d.at_once = after.at_once - before.at_once;
@@ -534,11 +535,11 @@ void write_counts(const cc::process_group& pg, const std::string& op, std::size_
     char line[512];
     std::snprintf(line, sizeof line,
                   "coll_perf stats: rank %d %s %zu B iters %d: turns %llu polls %llu yields %llu "
-                  "kernel_waits %llu enters %llu watched_sleeps %llu futex_sleeps %llu moves %llu "
-                  "wakeups %llu at_once %llu\n",
+                  "kernel_waits %llu enters %llu watched_sleeps %llu futex_sleeps %llu "
+                  "fenced_sleeps %llu moves %llu wakeups %llu at_once %llu\n",
                   pg.rank(), op.c_str(), bytes, iters, u(s.turns), u(s.polls), u(s.yields),
                   u(s.kernel_waits), u(s.enters), u(s.watched_sleeps), u(s.futex_sleeps),
-                  u(s.moves), u(s.wakeups), u(d.at_once));
+                  u(s.fenced_sleeps), u(s.moves), u(s.wakeups), u(d.at_once));
     std::fputs(line, stderr);
 }
 

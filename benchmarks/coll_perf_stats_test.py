@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 FIELDS = ("turns", "polls", "yields", "kernel_waits", "enters", "watched_sleeps",
-          "futex_sleeps", "moves", "wakeups", "at_once")
+          "futex_sleeps", "fenced_sleeps", "moves", "wakeups", "at_once")
 LINE = re.compile(r"coll_perf stats: rank (\d+) (\w+) (\d+) B iters (\d+): (.*)$")
 
 

@@ -19,6 +19,7 @@
 
 #include <corocoll/io/endpoint.hpp>
 #include <corocoll/io/futex.hpp>
+#include <corocoll/io/membarrier.hpp>
 #include <corocoll/io/reactor.hpp>
 #include <corocoll/io/reactor_types.hpp>
 #include <corocoll/io/socket.hpp>

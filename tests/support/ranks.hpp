@@ -63,9 +63,10 @@ std::vector<std::exception_ptr> on_threads(int n, Body body) {
 /// Runs `body(rank, r)` to completion for ranks 0 to `n` - 1, each on a thread of its own with
 /// a reactor `r` of its own. Returns each rank's exception, null where it finished.
 inline std::vector<std::exception_ptr> run_ranks(
-    int n, const std::function<cc::task<>(int, cc::io::reactor&)>& body) {
+    int n, const std::function<cc::task<>(int, cc::io::reactor&)>& body,
+    const cc::io::reactor_options& reactor = {}) {
     return on_threads(n, [&](int rank) {
-        cc::io::reactor r;
+        cc::io::reactor r(reactor);
         r.run(body(rank, r));
     });
 }
@@ -80,6 +81,8 @@ struct thread_ranks_options {
     /// Each rank's `engine_options::host_tag` (rank r takes entry r), to lay ranks out on
     /// hosts; empty: every rank on this host.
     std::vector<std::string> host_tags;
+    /// Each rank's reactor.
+    cc::io::reactor_options reactor;
 };
 
 /// Runs `body(group)` on `n` ranks as `run_ranks` does, each rank first setting up its group
@@ -94,21 +97,24 @@ inline std::vector<std::exception_ptr> run_threads(
         if (o.max_start_delay.count() > 0)
             d = std::chrono::milliseconds(rng() % o.max_start_delay.count());
     }
-    return run_ranks(n, [&](int rank, cc::io::reactor& r) -> cc::task<> {
-        std::this_thread::sleep_for(delays[static_cast<std::size_t>(rank)]);
-        cc::init_options init;
-        init.rank = rank;
-        init.world_size = n;
-        init.timeout = o.timeout;
-        init.group_name = o.group_name;
-        init.limits = o.limits;
-        if (!o.host_tags.empty())
-            init.limits.host_tag = o.host_tags[static_cast<std::size_t>(rank)];
-        init.store =
-            co_await cc::rendezvous::tcp_store::connect(r, server->local_endpoint(), o.timeout);
-        auto pg = co_await cc::init_process_group(r, init);
-        co_await run_then_close(*pg, body);
-    });
+    return run_ranks(
+        n,
+        [&](int rank, cc::io::reactor& r) -> cc::task<> {
+            std::this_thread::sleep_for(delays[static_cast<std::size_t>(rank)]);
+            cc::init_options init;
+            init.rank = rank;
+            init.world_size = n;
+            init.timeout = o.timeout;
+            init.group_name = o.group_name;
+            init.limits = o.limits;
+            if (!o.host_tags.empty())
+                init.limits.host_tag = o.host_tags[static_cast<std::size_t>(rank)];
+            init.store =
+                co_await cc::rendezvous::tcp_store::connect(r, server->local_endpoint(), o.timeout);
+            auto pg = co_await cc::init_process_group(r, init);
+            co_await run_then_close(*pg, body);
+        },
+        o.reactor);
 }
 
 /// Checks (doctest CHECK, so every rank is reported) that every rank finished without an

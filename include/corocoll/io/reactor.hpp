@@ -143,6 +143,9 @@ public:
     /// Counts a sleep that a watched entry's `prepare_sleep` made wait on a futex in the ring
     /// (`reactor_stats::futex_sleeps`).
     void note_futex_sleep() noexcept { ++stats_.futex_sleeps; }
+    /// Counts a watched sleep before which an entry ran a barrier on other processes'
+    /// processors (`reactor_stats::fenced_sleeps`); called by the entry.
+    void note_fenced_sleep() noexcept { ++stats_.fenced_sleeps; }
 
     /// Queues `item` to run on the reactor's thread; from any thread. Wakes the loop through its
     /// eventfd only when the queue was empty: no allocation, at most one write(2).

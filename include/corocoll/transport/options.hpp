@@ -131,6 +131,14 @@ struct engine_options {
     /// rank it waits for arrives, which wakes it (false, or an older kernel: it pauses
     /// between looks, at most 500 µs; shm_arena::sleep_on_futex).
     bool shm_futex_wait = true;
+    /// A shared-memory channel's writer publishes what it wrote (and its reader the room it
+    /// freed) with a plain store and a look at the peer's sleep flag, without a full fence,
+    /// where both processes are registered for membarrier(2)'s global expedited barrier (Linux
+    /// 4.16, probed at run time): a side about to sleep pays instead, one membarrier call
+    /// between raising its flag and its last look (io/membarrier.hpp). false, or a kernel
+    /// without it: every publish is a sequentially consistent store (a full fence, which waits
+    /// for the message's lines to be owned before the writer goes on).
+    bool shm_publish_without_fence = true;
     /// How long a large message that arrives before its receive is left in its channel
     /// (shared memory from 4 KiB: the sender waiting for room, or for its single copy; TCP
     /// from 64 KiB: the socket's buffer, flow control holding the sender; see

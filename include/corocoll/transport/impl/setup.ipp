@@ -274,9 +274,9 @@ COROCOLL_DECL std::vector<std::unique_ptr<channel>> make_channels(
                                : "; no single copies (process_vm_readv refused)";
         }
         socks[slot(p)].close();
-        auto ch =
-            std::make_unique<shm_channel>(r, side, pl.map.addr, pl.map.bytes, pl.sock.release(),
-                                          o.shm_single_copy_bytes, o.shm_futex_wait);
+        auto ch = std::make_unique<shm_channel>(r, side, pl.map.addr, pl.map.bytes,
+                                                pl.sock.release(), o.shm_single_copy_bytes,
+                                                o.shm_futex_wait, o.shm_publish_without_fence);
         COROCOLL_LOG(info, "INIT", pair, ": shm (same boot id, one segment mapped by both", copies,
                      "; sleeps on a ", ch->sleeps_on(), ")");
         out[slot(p)] = std::move(ch);
@@ -369,6 +369,7 @@ COROCOLL_DECL task<std::vector<std::unique_ptr<channel>>> connect_channels(
         so.ring_bytes = ring;
         so.single_copy_bytes = o.shm_single_copy_bytes;
         so.futex_wait = o.shm_futex_wait;
+        so.publish_without_fence = o.shm_publish_without_fence;
         so.group = group;
         so.mine = me.choice;
         std::vector<bool> deferred(slot(size));

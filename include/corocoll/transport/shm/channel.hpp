@@ -12,7 +12,10 @@
 // for its busy-poll time it may sleep: the entry then raises its side's `asleep` flag, and a
 // peer that writes to or frees room in a ring looks at that flag after its own store (a
 // full fence on both sides, so one of them sees the other) and, only if it is raised, makes
-// one system call to wake it. Where the kernel has io_uring's FUTEX_WAIT (Linux 6.7), the
+// one system call to wake it. Where membarrier(2) allows, the writer's side has no fence: the
+// sleeper, between raising its flag and its last look, has the kernel run a barrier on the
+// writer's processor instead (io/membarrier.hpp), and the writer goes on while the lines of
+// its message are still on their way. Where the kernel has io_uring's FUTEX_WAIT (Linux 6.7), the
 // sleeper keeps a futex wait on its `asleep` word in flight in its ring and the peer's call
 // is a FUTEX_WAKE; elsewhere (or with `engine_options::shm_futex_wait` off) the call sends one
 // byte on the socket, which completes the receive the sleeper's ring keeps in flight on it.
@@ -24,6 +27,7 @@
 #include <corocoll/core/error.hpp>
 #include <corocoll/core/event_loop.hpp>
 #include <corocoll/core/task.hpp>
+#include <corocoll/io/membarrier.hpp>
 #include <corocoll/io/reactor.hpp>
 #include <corocoll/transport/channel.hpp>
 #include <corocoll/transport/frame.hpp>
@@ -67,9 +71,13 @@ public:
     /// connected unix socket `fd`, and starts watching the socket for the peer's end.
     /// Payloads of at least `single_copy_bytes` go as single copies where the peer may read
     /// this process's memory (0: never). With `futex_wait`, a sleep waits on an io_uring futex
-    /// wait where the reactor's kernel has it (else on the socket).
+    /// wait where the reactor's kernel has it (else on the socket). With
+    /// `publish_without_fence`, this side runs a barrier on the peer's processor before it
+    /// sleeps, and publishes without a fence once the peer does the same (where membarrier(2)
+    /// allows: engine_options::shm_publish_without_fence).
     shm_channel(io::reactor& r, int side, void* mapping, std::size_t map_bytes, int fd,
-                std::size_t single_copy_bytes = 0, bool futex_wait = true);
+                std::size_t single_copy_bytes = 0, bool futex_wait = true,
+                bool publish_without_fence = true);
     COROCOLL_DECL ~shm_channel() override;
 
     const char* kind() const noexcept override { return "shm"; }
@@ -112,6 +120,16 @@ public:
     /// "socket" (a receive on the pair's socket, woken by a byte).
     const char* sleeps_on() const noexcept { return use_futex_ ? "futex" : "socket"; }
 
+    /// Whether this side publishes without a fence: it and the peer both run a barrier on the
+    /// other's processor before they sleep. Known once the peer's side has started (false
+    /// until then: every publish is a full fence).
+    bool publishes_without_fence() noexcept {
+        if (!no_fence_ && fences_before_sleep_) {
+            no_fence_ = seg_->fences_before_sleep[1 - side_].load(std::memory_order_acquire) != 0;
+        }
+        return no_fence_;
+    }
+
 private:
     // ---- the rings ----
 
@@ -152,6 +170,11 @@ private:
 
     void publish() noexcept;
 
+    // Stores `value` in a counter the peer reads (our ring's tail, or the head of theirs), then
+    // wakes the peer if it sleeps: with a full fence between the two, or, where both sides
+    // fence before they sleep, with only the compiler's order (see `wake_peer_if_asleep`).
+    void store_then_wake(std::atomic<std::uint64_t>& counter, std::uint64_t value) noexcept;
+
     // Makes what the reader has consumed room for the writer (stores the head, wakes the peer
     // if it sleeps).
     void free_room() noexcept;
@@ -188,7 +211,10 @@ private:
     // After a store the peer may wait for. That store and this look at the flag are
     // sequentially consistent, as are the sleeper's raising of the flag and its last look at
     // the rings: one of the two sides sees the other's store. (Fences would say the same, but
-    // TSan does not model them; on x86 a seq_cst store costs what a fence does.)
+    // TSan does not model them; on x86 a seq_cst store costs what a fence does, and waits for
+    // every line the message was written to.) Where both sides fence before they sleep, the
+    // store is a plain release and only the compiler keeps this look after it: the sleeper's
+    // barrier on our processor, between its flag and its look, stands for the fence.
     void wake_peer_if_asleep() noexcept;
 
     // ---- waiting ----
@@ -309,6 +335,10 @@ private:
     watch_op futex_op_;
     bool use_futex_ = false;
     bool futex_armed_ = false;
+    // This side runs a barrier on the peer's processor before it sleeps; both sides do (known
+    // once the peer's flag was seen).
+    bool fences_before_sleep_ = false;
+    bool no_fence_ = false;
     bool shut_ = false;
     bool peer_ended_ = false;
     std::coroutine_handle<> close_waiter_;

@@ -37,6 +37,8 @@ struct first_use_shm_options {
     std::size_t single_copy_bytes = 0;
     /// See engine_options::shm_futex_wait.
     bool futex_wait = true;
+    /// See engine_options::shm_publish_without_fence.
+    bool publish_without_fence = true;
     /// The group's name hashed: an intro of another group is a stray.
     std::uint64_t group = 0;
     /// COROCOLL_TRANSPORT of this rank.

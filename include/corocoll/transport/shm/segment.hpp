@@ -63,6 +63,10 @@ struct shm_segment {
     // Whether side s sleeps on a futex wait on `asleep[s]` (wake it with FUTEX_WAKE) rather
     // than on the socket (wake it with a byte).
     std::atomic<std::uint32_t> futex_sleeper[2] = {0, 0};
+    // Whether side s runs a barrier on the other side's processor before it sleeps
+    // (io/membarrier.hpp): set once, before side s first sleeps. Where both are set, each side
+    // publishes without a fence.
+    std::atomic<std::uint32_t> fences_before_sleep[2] = {0, 0};
     std::int32_t pid[2] = {0, 0};
 
     static constexpr std::size_t data_offset = 16384;

@@ -11,7 +11,7 @@ namespace transport {
 
 COROCOLL_DECL shm_channel::shm_channel(io::reactor& r, int side, void* mapping,
                                        std::size_t map_bytes, int fd, std::size_t single_copy_bytes,
-                                       bool futex_wait)
+                                       bool futex_wait, bool publish_without_fence)
     : reactor_(r),
       side_(side),
       seg_(static_cast<detail::shm_segment*>(mapping)),
@@ -38,6 +38,8 @@ COROCOLL_DECL shm_channel::shm_channel(io::reactor& r, int side, void* mapping,
     futex_op_.complete_ = &complete_futex;
     use_futex_ = futex_wait && reactor_.features().futex_wait;
     seg_->futex_sleeper[side_].store(use_futex_ ? 1 : 0, std::memory_order_seq_cst);
+    fences_before_sleep_ = publish_without_fence && io::membarrier_registered();
+    seg_->fences_before_sleep[side_].store(fences_before_sleep_ ? 1 : 0, std::memory_order_seq_cst);
     watching_ = true;
     reactor_.submit(watch_op_);
 }
@@ -336,12 +338,21 @@ COROCOLL_DECL bool shm_channel::put_remote(const iovec& v) noexcept {
 }
 
 COROCOLL_DECL void shm_channel::publish() noexcept {
-    seg_->tail[side_].value.store(out_tail_, std::memory_order_seq_cst);
-    wake_peer_if_asleep();
+    store_then_wake(seg_->tail[side_].value, out_tail_);
 }
 
 COROCOLL_DECL void shm_channel::free_room() noexcept {
-    seg_->head[1 - side_].value.store(in_head_, std::memory_order_seq_cst);
+    store_then_wake(seg_->head[1 - side_].value, in_head_);
+}
+
+COROCOLL_DECL void shm_channel::store_then_wake(std::atomic<std::uint64_t>& counter,
+                                                std::uint64_t value) noexcept {
+    if (publishes_without_fence()) {
+        counter.store(value, std::memory_order_release);
+        std::atomic_signal_fence(std::memory_order_seq_cst);
+    } else {
+        counter.store(value, std::memory_order_seq_cst);
+    }
     wake_peer_if_asleep();
 }
 

@@ -92,6 +92,12 @@ COROCOLL_DECL bool shm_channel::prepare_sleep_fn(io::poll_entry& e) noexcept {
     if (!c.watching_) return false;  // nothing would end the sleep
     auto& flag = c.seg_->asleep[c.side_].value;
     flag.store(1, std::memory_order_seq_cst);
+    // The peer may publish without a fence: its store and its look at our flag can pass each
+    // other on its processor unless a barrier runs there between our flag and our look.
+    if (c.fences_before_sleep_ && !io::barrier_on_processes()) {
+        flag.store(0, std::memory_order_relaxed);
+        return false;  // not promised: no sleep (the loop pauses and looks again)
+    }
     if (((c.reader_ != nullptr || c.idle_reader_) && c.readable_by_tail()) ||
         (c.writer_ != nullptr && c.writer_ready()) || c.shut_ || c.peer_ended_ || c.kicked_) {
         flag.store(0, std::memory_order_relaxed);
@@ -106,6 +112,7 @@ COROCOLL_DECL bool shm_channel::prepare_sleep_fn(io::poll_entry& e) noexcept {
         }
         c.reactor_.note_futex_sleep();
     }
+    if (c.fences_before_sleep_) c.reactor_.note_fenced_sleep();
     return true;
 }
 

@@ -53,7 +53,8 @@ COROCOLL_DECL task<std::unique_ptr<channel>> first_use_shm::offer(io::socket& s,
     auto* seg = static_cast<shm_segment*>(map.addr);
     seg->can_read_peer[0].store(can_read(seg->pid[1], reply.address, v.nonce) ? 1 : 0);
     auto ch = std::make_unique<shm_channel>(reactor_, 0, map.addr, map.bytes, sock.release(),
-                                            options_.single_copy_bytes, options_.futex_wait);
+                                            options_.single_copy_bytes, options_.futex_wait,
+                                            options_.publish_without_fence);
     map.addr = nullptr;  // the channel owns it now
     COROCOLL_LOG(info, "P2P", "rank ", rank_, " - rank ", p,
                  ": shm on first use (one segment mapped by both; sleeps on a ", ch->sleeps_on(),
@@ -85,7 +86,8 @@ COROCOLL_DECL task<std::unique_ptr<channel>> first_use_shm::take(io::socket& s, 
     }
     if (map.addr == nullptr) co_return stay_on_tcp(p, why);
     auto ch = std::make_unique<shm_channel>(reactor_, 1, map.addr, map.bytes, a.conn.release(),
-                                            options_.single_copy_bytes, options_.futex_wait);
+                                            options_.single_copy_bytes, options_.futex_wait,
+                                            options_.publish_without_fence);
     map.addr = nullptr;  // the channel owns it now
     co_return ch;
 }
