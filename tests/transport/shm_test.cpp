@@ -220,6 +220,40 @@ cc::task<> until_held(cc::process_group& pg) {
 
 }  // namespace
 
+TEST_CASE(
+    "on shared memory an early message from 1 KiB waits in the ring for its receive, and a "
+    "smaller one is buffered") {
+    // Rank 1 sends 1023 bytes (tag 1), then 1 KiB (tag 2), before rank 0 posts a receive:
+    // rank 0's reader buffers the first and holds the second, which its receive, posted
+    // first (a receive for the other would end the hold), then takes straight from the ring.
+    // The hold is long here, so that a slow machine cannot run it out.
+    cc::transport::engine::hold_counts counts;
+    thread_ranks_options o = with(cc::transport::transport_choice::shm);
+    o.limits.hold = std::chrono::seconds(30);
+    check_every_rank_ok(run_threads(
+        2,
+        [&](cc::process_group& pg) -> cc::task<> {
+            std::vector<std::byte> below(1023), at(1024);
+            if (pg.rank() == 1) {
+                co_await pg.send(pattern(below.size(), 7), 0, 1);
+                co_await pg.send(pattern(at.size(), 8), 0, 2);
+                co_return;
+            }
+            co_await until_held(pg);
+            co_await pg.recv(at, 1, 2);
+            co_await pg.recv(below, 1, 1);
+            if (below != pattern(below.size(), 7) || at != pattern(at.size(), 8))
+                throw std::runtime_error("payload differs");
+            counts = pg.engine().holds();
+        },
+        o));
+    CHECK(cc::transport::shm_channel::hold_bytes == 1024);
+    CHECK(counts.buffered == 1);
+    CHECK(counts.held == 1);
+    CHECK(counts.taken == 1);
+    CHECK(counts.expired == 0);
+}
+
 TEST_CASE("over TCP a large message that comes before its receive waits in the socket for it") {
     // Rank 1 sends 256 KiB and then 8 bytes; rank 0 lets its reactor run (its reader reads
     // the first header and finds no receive) before it posts the receives. The reader leaves

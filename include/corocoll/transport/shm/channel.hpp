@@ -89,9 +89,11 @@ public:
 
     bool worth_holding(std::uint64_t bytes) noexcept override { return bytes >= hold_bytes; }
     /// Payloads from this size on are held for their receive (`worth_holding`): buffering an
-    /// early message costs a copy and an allocation that holding it saves; below 4 KiB a held
-    /// message would keep the ones behind it waiting for little gain.
-    static constexpr std::size_t hold_bytes = std::size_t{4} << 10;
+    /// early message costs a copy and an allocation that holding it saves. A stream of 1-2 KiB
+    /// messages that runs ahead of its receives (a 2-rank scatter of 2-4 KiB, a broadcast of
+    /// 1-2 KiB) went 10-25% faster held than buffered (docs/performance.md, "Early messages
+    /// held from 1 KiB"); below it, a message fits a small record and its copy costs little.
+    static constexpr std::size_t hold_bytes = std::size_t{1} << 10;
 
     COROCOLL_DECL bool await_readable(std::coroutine_handle<> h) noexcept override;
     COROCOLL_DECL void kick_reader() noexcept override;
