@@ -143,8 +143,8 @@ public:
     /// Counts a sleep that a watched entry's `prepare_sleep` made wait on a futex in the ring
     /// (`reactor_stats::futex_sleeps`).
     void note_futex_sleep() noexcept { ++stats_.futex_sleeps; }
-    /// Counts a watched sleep before which an entry ran a barrier on other processes'
-    /// processors (`reactor_stats::fenced_sleeps`); called by the entry.
+    /// Counts a barrier on other processes' processors that an entry ran before agreeing to a
+    /// watched sleep (`reactor_stats::fenced_sleeps`); called by the entry.
     void note_fenced_sleep() noexcept { ++stats_.fenced_sleeps; }
 
     /// Queues `item` to run on the reactor's thread; from any thread. Wakes the loop through its

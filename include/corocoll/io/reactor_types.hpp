@@ -110,9 +110,10 @@ struct reactor_stats {
     /// Of those, sleeps with an IORING_OP_FUTEX_WAIT in flight for a watched entry (a shared
     /// memory channel's): the peer ends them with one FUTEX_WAKE.
     std::uint64_t futex_sleeps = 0;
-    /// Of the watched sleeps, those before which a shared-memory channel had the kernel run a
-    /// barrier on its peer's processors (io/membarrier.hpp), so that the peer publishes to it
-    /// without a fence.
+    /// Barriers on the peers' processors (io/membarrier.hpp) that shared-memory channels ran
+    /// before the watched sleeps they agreed to, so that their peers publish to them without
+    /// a fence: one per channel that waits, so a sleep with three channels watched counts
+    /// three.
     std::uint64_t fenced_sleeps = 0;
     /// Times the loop moved its thread off a processor it found shared with the peer it
     /// waited for (see `reactor_options::yield_after`).
