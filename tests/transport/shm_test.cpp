@@ -538,13 +538,13 @@ TEST_CASE(
 TEST_CASE(
     "senders that publish without a fence lose no wake-up: sleeps for data and for room, both "
     "ways, each ended by the peer within the receive's deadline") {
-    // A wake-up missed would leave the sleeper until a timer: the receives' deadline (3 s)
-    // comes long before the engine's periodic timer (a quarter of the 60 s stall interval),
-    // so a missed one fails a receive. The pauses before each side's call straddle the
-    // reactor's busy polling (50 us), so that sides go to sleep just as the other publishes;
-    // 128 KiB messages through 64 KiB rings make the writer sleep for room too.
+    // A wake-up missed would leave the sleeper until a timer: the receives' deadline (10 s,
+    // room for a loaded machine) comes before the engine's periodic timer (a quarter of the
+    // 60 s stall interval), so a missed one fails a receive. The pauses before each side's call
+    // straddle the reactor's busy polling (50 us), so that sides go to sleep just as the other
+    // publishes; 128 KiB messages through 64 KiB rings make the writer sleep for room too.
     auto o = with(cc::transport::transport_choice::shm);
-    o.timeout = 3s;
+    o.timeout = 10s;
     o.limits.stall = 60s;
     o.limits.shm_ring_bytes = 64 << 10;
     std::vector<std::uint64_t> fenced(2), slept(2);

@@ -140,7 +140,7 @@ struct engine_options {
     /// for the message's lines to be owned before the writer goes on).
     bool shm_publish_without_fence = true;
     /// How long a large message that arrives before its receive is left in its channel
-    /// (shared memory from 4 KiB: the sender waiting for room, or for its single copy; TCP
+    /// (shared memory from 1 KiB: the sender waiting for room, or for its single copy; TCP
     /// from 64 KiB: the socket's buffer, flow control holding the sender; see
     /// `channel::worth_holding`) before it is buffered like any early message. Held, it goes
     /// straight into the receive when that comes; the bound keeps a program whose ranks all send

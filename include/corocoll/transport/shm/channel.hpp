@@ -91,7 +91,7 @@ public:
     /// Payloads from this size on are held for their receive (`worth_holding`): buffering an
     /// early message costs a copy and an allocation that holding it saves. A stream of 1-2 KiB
     /// messages that runs ahead of its receives (a 2-rank scatter of 2-4 KiB, a broadcast of
-    /// 1-2 KiB) went 10-25% faster held than buffered (docs/performance.md, "Early messages
+    /// 1-2 KiB) went 10-35% faster held than buffered near (docs/performance.md, "Early messages
     /// held from 1 KiB"); below it, a message fits a small record and its copy costs little.
     static constexpr std::size_t hold_bytes = std::size_t{1} << 10;
 
