@@ -425,6 +425,15 @@ private:
     int yields_seen_ = 0;      // of the current window of `yield_window`
     int handovers_ = 0;        // of those, yields that gave the processor away
     int handover_streak_ = 0;  // such yields in a row, the last one included
+    // Yields in a row, the last one included, that returned at once: nothing else wanted this
+    // processor (at most `quick_yields_to_thin`).
+    int quick_yields_ = 0;
+    // So many quick yields in a row, and a watched wait yields at one full turn in
+    // `busy_turns` + 1 only (`wait_while_watching`): a sched_yield that hands the processor
+    // to nobody still costs a system call, and a message that lands meanwhile waits for it.
+    static constexpr int quick_yields_to_thin = 4;
+    // Turns between full turns while busy polling (each one `tight_polls` looks).
+    static constexpr unsigned busy_turns = 15;
     std::chrono::steady_clock::time_point last_move_{};
     // The last decision that looked for room elsewhere (`room_elsewhere`): at most one a
     // `look_interval`.

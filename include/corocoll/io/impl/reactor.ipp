@@ -535,7 +535,7 @@ COROCOLL_DECL void reactor::wait_while_watching() noexcept {
     auto idle = now - watch_progress_;
     if (idle < options_.busy_poll || now < busy_until_) {
         const bool yield = yield_between_polls() || polled_long_enough(idle);
-        if (!yield) busy_turns_left_ = 15;
+        if (!yield) busy_turns_left_ = busy_turns;
         ++stats_.polls;
         // Entering the kernel costs much more than a poll of shared memory (0.2-1 µs), and a
         // message that lands meanwhile waits for it: only when there is something to submit
@@ -549,6 +549,13 @@ COROCOLL_DECL void reactor::wait_while_watching() noexcept {
         }
         if (yield) {
             yield_processor();
+            // Where the last yields all came back at once (the job's other ranks, or the other
+            // programs, asleep or on other processors), yielding at every turn gives the
+            // processor to nobody: 4 ranks on 2 processors, two of them ping-ponging while the
+            // others slept in a barrier, yielded at every poll, 1.3 times a message. The
+            // turns up to the next full one just look; a task that wakes up here waits for
+            // them at most (a few microseconds), and then its first yield hands over again.
+            if (quick_yields_ >= quick_yields_to_thin) busy_turns_left_ = busy_turns;
         }
         return;
     }
@@ -599,8 +606,10 @@ COROCOLL_DECL void reactor::yield_processor() noexcept {
         ++handovers_;
         // Saturated: a rank that shares its processor for hours hands over at every yield.
         if (handover_streak_ < handovers_in_a_row) ++handover_streak_;
+        quick_yields_ = 0;
     } else {
         handover_streak_ = 0;
+        if (quick_yields_ < quick_yields_to_thin) ++quick_yields_;
     }
     if (move_in_ > 0) {
         // A move was decided: it is made after a few more yields, if they handed over too.
