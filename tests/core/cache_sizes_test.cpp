@@ -231,46 +231,8 @@ TEST_CASE(
                 CHECK(from(single_copy_use::broadcast, n, automatic) == 0);
                 CHECK(from(single_copy_use::all_to_all, 9, automatic) == 0);
             }
-            // Where it is slow, all_to_all of 3 to 8 ranks ends its single copies at blocks of
-            // 4 L2s (the kernel's copy of such blocks cost 2.5-3.5x a memcpy, and the pairwise
-            // exchange led); no other use, no set size, no bound where it is quick.
-            auto below = [&](single_copy_use u, int n, std::size_t option) {
-                return cc::transport::detail::single_copy_below_for(u, n, option, l2, cost);
-            };
-            for (int n : {2, 3, 4, 8, 9}) {
-                CAPTURE(n);
-                const bool bounded = slow && n >= 3 && n <= 8;
-                CHECK(below(single_copy_use::all_to_all, n, automatic) == (bounded ? 4 * m : 0));
-                CHECK(below(single_copy_use::all_to_all, n, 64 * kib) == 0);
-                for (auto u : {single_copy_use::broadcast, single_copy_use::all_gather,
-                               single_copy_use::gather, single_copy_use::scatter,
-                               single_copy_use::all_reduce}) {
-                    CHECK(below(u, n, automatic) == 0);
-                }
-            }
             CHECK(from(single_copy_use::broadcast, 2, 16 * kib) == 16 * kib);
         }
-    }
-}
-
-TEST_CASE("an all_to_all of 3 to 8 ranks leaves its single copies at the arena's bound") {
-    // The block (a rank's share) from `single_copy_below` on goes pairwise, as without an arena
-    // (the blocks are far past all_to_all_linear_block_below); below it, and with no bound, by
-    // the arena's single copies.
-    using namespace cc::collectives;
-    const algorithm_choice none;
-    for (int n : {3, 4, 8}) {
-        CAPTURE(n);
-        auto pick = [&](std::size_t block, std::size_t below) {
-            return select(collective_kind::all_to_all, block * static_cast<std::size_t>(n), n, none,
-                          thresholds::for_l2(1 * mib), nullptr, true, 128 * kib, below);
-        };
-        CHECK(pick(32 * kib, 4 * mib) == algorithm::shm);  // the data sets
-        CHECK(pick(1 * mib, 4 * mib) == algorithm::shm);
-        CHECK(pick(4 * mib - 64, 4 * mib) == algorithm::shm);
-        CHECK(pick(4 * mib, 4 * mib) == algorithm::pairwise);
-        CHECK(pick(16 * mib, 4 * mib) == algorithm::pairwise);
-        CHECK(pick(16 * mib, 0) == algorithm::shm);
     }
 }
 

@@ -51,17 +51,6 @@ COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std
                                                std::size_t l2_bytes,
                                                std::chrono::nanoseconds copy_cost = {});
 
-// The size (as `single_copy_from_for` measures it) from which use `u` of `ranks` ranks makes
-// no single copies again; 0: no bound. Where a process_vm_readv is slow (`copy_cost`), an
-// all_to_all of 3 to 8 ranks copies blocks of 4 L2s or more through the ranks' messages: on
-// an AMD EPYC VM with a 1 MiB L2 the kernel's copy of such blocks cost 2.5-3.5x a memcpy, and
-// the pairwise exchange led from 4 MiB blocks at 3 and 4 ranks (4 ranks, 32 MiB: 6.0-6.5 ms
-// against 8.2-9.0; docs/performance.md, "Single copies of all_to_all end at blocks of 4 L2s
-// where a process_vm_readv is slow"). Not a set size (`option`), not elsewhere.
-COROCOLL_DECL std::size_t single_copy_below_for(single_copy_use u, int ranks, std::size_t option,
-                                                std::size_t l2_bytes,
-                                                std::chrono::nanoseconds copy_cost = {});
-
 // From this cost of a process_vm_readv of a few bytes, single copies of 2 ranks wait for larger
 // buffers (`single_copy_from_for`): an AMD EPYC VM whose getppid took 1.0 us paid 1.9-2.1 us,
 // and lost to the arena's two copies from 16 KiB up to 256 KiB-1 MiB by 2-3x.

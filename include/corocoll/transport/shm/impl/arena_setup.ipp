@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <limits>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -57,15 +56,6 @@ COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std
     }
 }
 
-COROCOLL_DECL std::size_t single_copy_below_for(single_copy_use u, int ranks, std::size_t option,
-                                                std::size_t l2_bytes,
-                                                std::chrono::nanoseconds copy_cost) {
-    if (option != engine_options::automatic_single_copy || copy_cost < slow_single_copy) return 0;
-    if (u != single_copy_use::all_to_all || ranks < 3 || ranks > 8) return 0;
-    const std::size_t l2 = l2_bytes > 0 ? l2_bytes : std::size_t{2} << 20;
-    return 4 * l2;
-}
-
 COROCOLL_DECL std::chrono::nanoseconds single_copy_cost() noexcept {
     static const std::chrono::nanoseconds cost = corocoll::detail::cheapest_of(32, [] {
         char from[64] = {1};
@@ -91,13 +81,6 @@ COROCOLL_DECL mapping create_arena(int ranks, std::size_t set_bytes, std::uint64
         h->single_copy_from[u] =
             single_copy_from_for(static_cast<single_copy_use>(u), ranks, single_copy_bytes,
                                  l2_bytes, single_copy_cost());
-        const std::size_t below =
-            single_copy_below_for(static_cast<single_copy_use>(u), ranks, single_copy_bytes,
-                                  l2_bytes, single_copy_cost());
-        // Whole KiB, rounded up (a bound past 4 TiB is none).
-        const std::size_t kib = (below + 1023) >> 10;
-        h->single_copy_below_kib[u] =
-            kib > std::numeric_limits<std::uint32_t>::max() ? 0 : static_cast<std::uint32_t>(kib);
     }
     h->l2_bytes = l2_bytes;
     const std::uint64_t steps = arena_steps_for(ranks);
