@@ -219,15 +219,16 @@ TEST_CASE(
             CHECK(from(single_copy_use::all_reduce, 2, automatic) == (slow ? 0 : m));
             CHECK(from(single_copy_use::all_reduce, 2, 16 * kib) == 16 * kib);
             CHECK(from(single_copy_use::all_to_all, 2, 16 * kib) == 16 * kib);
-            // 3 to 8 ranks: scatter from blocks of the L2 over the ranks, all_to_all from
-            // blocks of an eighth of it (never below the sizes of a quick process_vm_readv).
+            // 3 to 8 ranks: scatter from blocks of the L2 over the ranks (never below the size
+            // of a quick process_vm_readv); all_to_all from 24 KiB blocks, none where slow (the
+            // messages led from 128 KiB blocks to 16 MiB ones).
             for (int n : {3, 4, 8}) {
                 CAPTURE(n);
                 const std::size_t per_rank = m / static_cast<std::size_t>(n);
                 CHECK(from(single_copy_use::scatter, n, automatic) ==
                       (slow ? std::max(64 * kib, per_rank) : 64 * kib));
-                CHECK(from(single_copy_use::all_to_all, n, automatic) ==
-                      (slow ? std::max(24 * kib, m / 8) : 24 * kib));
+                CHECK(from(single_copy_use::all_to_all, n, automatic) == (slow ? 0 : 24 * kib));
+                CHECK(from(single_copy_use::all_to_all, n, 64 * kib) == 64 * kib);
                 CHECK(from(single_copy_use::broadcast, n, automatic) == 0);
                 CHECK(from(single_copy_use::all_to_all, 9, automatic) == 0);
             }

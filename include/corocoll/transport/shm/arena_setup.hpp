@@ -44,9 +44,10 @@ namespace detail {
 // each other at once, make none (the kernel's copy there cost 2-4x a memcpy of the same bytes,
 // and the pair's ring or the arena's data sets led at every size: docs/performance.md, "No
 // single copies both ways where a process_vm_readv is slow"); on 3 to 8 ranks scatter from
-// blocks of the L2 over the ranks (a whole buffer of the L2) and all_to_all from blocks of an
-// eighth; never below the sizes above (docs/performance.md, "Single copies where a system call
-// is slow").
+// blocks of the L2 over the ranks (a whole buffer of the L2), never below the size above
+// (docs/performance.md, "Single copies where a system call is slow"), and all_to_all none (the
+// pairwise exchange led it from 128 KiB to 16 MiB blocks: "No single copies of all_to_all on 3
+// to 8 ranks where a process_vm_readv is slow").
 COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std::size_t option,
                                                std::size_t l2_bytes,
                                                std::chrono::nanoseconds copy_cost = {});

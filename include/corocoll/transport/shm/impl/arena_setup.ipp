@@ -50,7 +50,10 @@ COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std
         case single_copy_use::scatter:
             return from(64 * kib, l2 / static_cast<std::size_t>(ranks));
         case single_copy_use::all_to_all:
-            return from(24 * kib, l2 / 8);
+            // Where it is slow, none: the messages led from the first blocks past the data
+            // sets' (128 KiB on 4 ranks) to 16 MiB ones (docs/performance.md, "No single
+            // copies of all_to_all on 3 to 8 ranks where a process_vm_readv is slow").
+            return slow ? 0 : 24 * kib;
         default:
             return 0;
     }
