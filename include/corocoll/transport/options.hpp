@@ -113,9 +113,10 @@ struct engine_options {
     /// scatter from blocks of 64 KiB and all_to_all from blocks of 24 KiB, the others never
     /// (measured slower there); none beyond 8 ranks. Where a process_vm_readv is slow (1 µs or
     /// more before it copies a byte: a VM that traps system calls) these sizes grow with the L2,
-    /// and 2-rank all_gather, all_to_all and all_reduce make none (docs/performance.md, "Why the
-    /// defaults", "Single copies of scatter and all_to_all on 3 to 8 ranks" and "No single copies
-    /// both ways where a process_vm_readv is slow"; transport::detail::single_copy_from_for).
+    /// and 2-rank all_gather and all_reduce, and all_to_all of any group, make none
+    /// (docs/performance.md, "Why the defaults", "Single copies of scatter and all_to_all on 3 to
+    /// 8 ranks", "No single copies both ways where a process_vm_readv is slow" and "No single
+    /// copies of all_to_all on 3 to 8 ranks where ..."; transport::detail::single_copy_from_for).
     static constexpr std::size_t automatic_single_copy = ~std::size_t{0};
     /// From this many bytes (of the buffer a rank brings: a broadcast's or an all_reduce's, one
     /// block of an all_gather, gather, scatter or all_to_all) the arena's calls copy straight from
