@@ -554,7 +554,8 @@ COROCOLL_DECL void reactor::wait_while_watching() noexcept {
             // processor to nobody: 4 ranks on 2 processors, two of them ping-ponging while the
             // others slept in a barrier, yielded at every poll, 1.3 times a message. The
             // turns up to the next full one just look; a task that wakes up here waits for
-            // them at most (a few microseconds), and then its first yield hands over again.
+            // them at most (about 5 us: reactor_test's wait made 65,585 polls in 20 ms on an
+            // AMD EPYC VM), and then its first yield hands over again.
             if (quick_yields_ >= quick_yields_to_thin) busy_turns_left_ = busy_turns;
         }
         return;
