@@ -198,8 +198,8 @@ TEST_CASE(
                                                           l2) == 16 * kib);
         // Where a process_vm_readv costs 1 us or more before it copies (a VM that traps system
         // calls: 1.9-2.1 us, and single copies lost by 2-3x from 16 KiB to 256 KiB-1 MiB), the
-        // 2-rank sizes of broadcast, gather and scatter move up with the L2, and all_gather,
-        // all_to_all and all_reduce of 2 ranks make none (the pair's ring, both ranks copying at
+        // 2-rank sizes of broadcast, gather, scatter and all_to_all move up with the L2, and
+        // all_gather and all_reduce of 2 ranks make none (the pair's ring, both ranks copying at
         // once, led them at every size); not on more ranks, not a set one.
         const std::size_t m = l2 > 0 ? l2 : 2 * mib;
         for (auto cost : {std::chrono::nanoseconds{999}, std::chrono::nanoseconds{1000},
@@ -215,7 +215,7 @@ TEST_CASE(
             CHECK(from(single_copy_use::all_gather, 2, automatic) == (slow ? 0 : 8 * kib));
             CHECK(from(single_copy_use::gather, 2, automatic) == (slow ? m / 2 : 16 * kib));
             CHECK(from(single_copy_use::scatter, 2, automatic) == (slow ? m / 2 : 16 * kib));
-            CHECK(from(single_copy_use::all_to_all, 2, automatic) == (slow ? 0 : 16 * kib));
+            CHECK(from(single_copy_use::all_to_all, 2, automatic) == (slow ? m / 2 : 16 * kib));
             CHECK(from(single_copy_use::all_reduce, 2, automatic) == (slow ? 0 : m));
             CHECK(from(single_copy_use::all_reduce, 2, 16 * kib) == 16 * kib);
             CHECK(from(single_copy_use::all_to_all, 2, 16 * kib) == 16 * kib);
@@ -232,8 +232,51 @@ TEST_CASE(
                 CHECK(from(single_copy_use::broadcast, n, automatic) == 0);
                 CHECK(from(single_copy_use::all_to_all, 9, automatic) == 0);
             }
+            // Where it is slow, all_to_all of 2 ranks ends its single copies at blocks of 8 L2s
+            // (the pair's ring led from 16 MiB blocks on a 1 MiB L2); no other use, no other
+            // group size, no set size, no bound where it is quick.
+            auto below = [&](single_copy_use u, int n, std::size_t option) {
+                return cc::transport::detail::single_copy_below_for(u, n, option, l2, cost);
+            };
+            for (int n : {2, 3, 4, 8, 9}) {
+                CAPTURE(n);
+                const bool bounded = slow && n == 2;
+                CHECK(below(single_copy_use::all_to_all, n, automatic) == (bounded ? 8 * m : 0));
+                CHECK(below(single_copy_use::all_to_all, n, 64 * kib) == 0);
+                for (auto u : {single_copy_use::broadcast, single_copy_use::all_gather,
+                               single_copy_use::gather, single_copy_use::scatter,
+                               single_copy_use::all_reduce}) {
+                    CHECK(below(u, n, automatic) == 0);
+                }
+            }
             CHECK(from(single_copy_use::broadcast, 2, 16 * kib) == 16 * kib);
         }
+    }
+}
+
+TEST_CASE("an all_to_all of 2 ranks leaves its single copies at the arena's bound") {
+    // The block (a rank's share) from `single_copy_below` on goes pairwise, through the pair's
+    // ring, as without an arena (the buffer is far past shm_pair_exchange_below); from
+    // `single_copy_from` below it, and from there with no bound, by the arena's single copies;
+    // below `single_copy_from` pairwise too, and through the data sets below the exchange's
+    // bound.
+    using namespace cc::collectives;
+    const algorithm_choice none;
+    for (std::size_t l2 : {512 * kib, 1 * mib, 2 * mib}) {
+        CAPTURE(l2);
+        const thresholds t = thresholds::for_l2(l2);
+        auto pick = [&](std::size_t block, std::size_t below) {
+            return select(collective_kind::all_to_all, 2 * block, 2, none, t, nullptr, true, l2 / 2,
+                          below);
+        };
+        CHECK(pick(16 * kib, 8 * l2) == algorithm::shm);  // the data sets
+        CHECK(pick(64 * kib, 8 * l2) == algorithm::pairwise);
+        CHECK(pick(l2 / 2 - 64, 8 * l2) == algorithm::pairwise);
+        CHECK(pick(l2 / 2, 8 * l2) == algorithm::shm);  // single copies
+        CHECK(pick(8 * l2 - 64, 8 * l2) == algorithm::shm);
+        CHECK(pick(8 * l2, 8 * l2) == algorithm::pairwise);
+        CHECK(pick(32 * l2, 8 * l2) == algorithm::pairwise);
+        CHECK(pick(32 * l2, 0) == algorithm::shm);
     }
 }
 

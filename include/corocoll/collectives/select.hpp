@@ -248,12 +248,13 @@ private:
 /// describes (null: one host). A group that `topology::hierarchical` calls so gets the
 /// hierarchical algorithm wherever the collective has one, at every size. A group with a
 /// shared arena (`arena`: all its ranks share one host's memory) gets the shared-memory
-/// algorithms, but where `thresholds` says otherwise; `single_copy_from` is the arena's
-/// (`process_group::arena_single_copy_from` of the kind, 0: none), which changes where they win.
+/// algorithms, but where `thresholds` says otherwise; `single_copy_from` and
+/// `single_copy_below` are the arena's (`process_group::arena_single_copy_from` and
+/// `arena_single_copy_below` of the kind, 0: none, no bound), which change where they win.
 COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
                                const algorithm_choice& choice, const thresholds& t = {},
                                const topology* hosts = nullptr, bool arena = false,
-                               std::size_t single_copy_from = 0);
+                               std::size_t single_copy_from = 0, std::size_t single_copy_below = 0);
 
 /// How a collective call reads in errors: "all_reduce(sum, float32 x 100, ring)".
 COROCOLL_DECL std::string describe(const transport::collective_meta& m);

@@ -176,6 +176,11 @@ public:
     /// kind that makes none, single copies off for it, or some rank may not read another's
     /// memory). See `transport::engine_options::shm_arena_single_copy_bytes`.
     COROCOLL_DECL std::size_t arena_single_copy_from(collectives::collective_kind k) const noexcept;
+    /// From how many bytes (as `arena_single_copy_from` counts them) calls of kind `k` copy
+    /// through the arena or messages again; 0: no bound (or no single copies). Set where a
+    /// process_vm_readv is slow (transport::detail::single_copy_below_for).
+    COROCOLL_DECL std::size_t arena_single_copy_below(
+        collectives::collective_kind k) const noexcept;
     /// The sizes at which this group's choice of algorithm changes: those that depend on a
     /// core's L2 follow the L2 of rank 0's machine where the group has an arena, of this one
     /// elsewhere (`collectives::thresholds::for_l2`, `machine_cache_sizes`).

@@ -23,8 +23,9 @@ inline constexpr std::uint32_t frame_magic = 0x4c4f4343;
 /// what kind of failure it reports (`failure_cause`, in `dtype`). Version 7: the shared
 /// arena's header holds a single-copy size per kind of call (shm/arena.hpp, `arena_header`).
 /// Version 8: one kind more there (all_reduce). Version 9: a step place of the arena records
-/// the call in 24 bytes (`step_call`) and holds 32 bytes of data in its first line.
-inline constexpr std::uint16_t protocol_version = 9;
+/// the call in 24 bytes (`step_call`) and holds 32 bytes of data in its first line. Version 10:
+/// the arena's header bounds each kind's single copies from above too (`single_copy_below_kib`).
+inline constexpr std::uint16_t protocol_version = 10;
 
 enum class frame_kind : std::uint8_t {
     hello = 1,       ///< first frame on a connection: who is calling, for which group

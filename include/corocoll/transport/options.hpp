@@ -113,10 +113,13 @@ struct engine_options {
     /// scatter from blocks of 64 KiB and all_to_all from blocks of 24 KiB, the others never
     /// (measured slower there); none beyond 8 ranks. Where a process_vm_readv is slow (1 µs or
     /// more before it copies a byte: a VM that traps system calls) these sizes grow with the L2,
-    /// and 2-rank all_gather and all_reduce, and all_to_all of any group, make none
+    /// 2-rank all_to_all makes them only from blocks of half the L2 to blocks of 8 L2s, and
+    /// 2-rank all_gather and all_reduce, and all_to_all of 3 to 8 ranks, make none
     /// (docs/performance.md, "Why the defaults", "Single copies of scatter and all_to_all on 3 to
-    /// 8 ranks", "No single copies both ways where a process_vm_readv is slow" and "No single
-    /// copies of all_to_all on 3 to 8 ranks where ..."; transport::detail::single_copy_from_for).
+    /// 8 ranks", "No single copies both ways where a process_vm_readv is slow", "No single
+    /// copies of all_to_all on 3 to 8 ranks where ..." and "Single copies of all_to_all of 2
+    /// ranks between half the L2 and 8 L2s where ..."; transport::detail::single_copy_from_for
+    /// and single_copy_below_for).
     static constexpr std::size_t automatic_single_copy = ~std::size_t{0};
     /// From this many bytes (of the buffer a rank brings: a broadcast's or an all_reduce's, one
     /// block of an all_gather, gather, scatter or all_to_all) the arena's calls copy straight from

@@ -279,7 +279,8 @@ static_assert(thresholds{}.shm_pair_gather_message_from == transport::shm_arena:
 
 COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
                                const algorithm_choice& choice, const thresholds& t,
-                               const topology* hosts, bool arena, std::size_t single_copy_from) {
+                               const topology* hosts, bool arena, std::size_t single_copy_from,
+                               std::size_t single_copy_below) {
     if (algorithm forced = choice.forced(k); forced != algorithm::automatic) return forced;
     if (arena) {
         // Whether a 2-rank call of this size falls in [from, below).
@@ -287,10 +288,11 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
             return n == 2 && bytes >= from && bytes < below;
         };
         // Whether the arena's call copies straight from the ranks' buffers (the buffer one
-        // rank offers: a broadcast's, one block of the others; `single_copy_from` is this
-        // kind's).
+        // rank offers: a broadcast's, one block of the others; `single_copy_from` and
+        // `single_copy_below` are this kind's).
         auto single = [&](std::size_t offered) {
-            return single_copy_from > 0 && offered >= single_copy_from;
+            return single_copy_from > 0 && offered >= single_copy_from &&
+                   (single_copy_below == 0 || offered < single_copy_below);
         };
         if (k == collective_kind::all_reduce) {
             if (single(bytes)) return algorithm::shm;

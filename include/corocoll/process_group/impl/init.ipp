@@ -257,6 +257,8 @@ COROCOLL_DECL task<std::shared_ptr<process_group>> build_group(
                     copies += std::string(copies.empty() ? "" : ", ") +
                               transport::single_copy_use_name(u) + " from " +
                               std::to_string(from >> 10) + " KiB";
+                    if (std::size_t below = arena->single_copy_below(u); below > 0)
+                        copies += " below " + std::to_string(below >> 10) + " KiB";
                 }
             }
             copies = copies.empty() ? "; no single copies (off)"

@@ -6,6 +6,8 @@
 #include <corocoll/collectives/rooted_shm.hpp>
 #include <corocoll/process_group/process_group.hpp>
 
+#include <optional>
+
 COROCOLL_BEGIN_NAMESPACE
 
 COROCOLL_DECL process_group::process_group(io::reactor& r, int rank, int size, std::string name,
@@ -60,27 +62,45 @@ COROCOLL_DECL std::vector<work<int>> process_group::batch_isend_irecv(
     return out;
 }
 
-COROCOLL_DECL std::size_t process_group::arena_single_copy_from(
-    collectives::collective_kind k) const noexcept {
+namespace {
+
+// The arena's use of calls of kind `k`; none for the kinds that make no single copies.
+std::optional<transport::single_copy_use> single_copy_use_of(
+    collectives::collective_kind k) noexcept {
     using collectives::collective_kind;
     using transport::single_copy_use;
-    if (!arena_ || !arena_->single_copy_allowed()) return 0;
     switch (k) {
         case collective_kind::broadcast:
-            return arena_->single_copy_from(single_copy_use::broadcast);
+            return single_copy_use::broadcast;
         case collective_kind::all_gather:
-            return arena_->single_copy_from(single_copy_use::all_gather);
+            return single_copy_use::all_gather;
         case collective_kind::gather:
-            return arena_->single_copy_from(single_copy_use::gather);
+            return single_copy_use::gather;
         case collective_kind::scatter:
-            return arena_->single_copy_from(single_copy_use::scatter);
+            return single_copy_use::scatter;
         case collective_kind::all_to_all:
-            return arena_->single_copy_from(single_copy_use::all_to_all);
+            return single_copy_use::all_to_all;
         case collective_kind::all_reduce:
-            return arena_->single_copy_from(single_copy_use::all_reduce);
+            return single_copy_use::all_reduce;
         default:
-            return 0;  // the other kinds make no single copies
+            return std::nullopt;
     }
+}
+
+}  // namespace
+
+COROCOLL_DECL std::size_t process_group::arena_single_copy_from(
+    collectives::collective_kind k) const noexcept {
+    if (!arena_ || !arena_->single_copy_allowed()) return 0;
+    const auto u = single_copy_use_of(k);
+    return u ? arena_->single_copy_from(*u) : 0;
+}
+
+COROCOLL_DECL std::size_t process_group::arena_single_copy_below(
+    collectives::collective_kind k) const noexcept {
+    if (!arena_ || !arena_->single_copy_allowed()) return 0;
+    const auto u = single_copy_use_of(k);
+    return u ? arena_->single_copy_below(*u) : 0;
 }
 
 COROCOLL_DECL collectives::algorithm process_group::choose(collectives::collective_kind k,
@@ -93,8 +113,9 @@ COROCOLL_DECL collectives::algorithm process_group::choose(collectives::collecti
         const std::uint64_t word = last.load(std::memory_order_relaxed);
         if ((word >> 8) == bytes + 1) return static_cast<collectives::algorithm>(word & 0xff);
     }
-    auto a = collectives::select(k, bytes, size(), algorithms_, thresholds_, &topology_,
-                                 has_arena(), arena_single_copy_from(k));
+    auto a =
+        collectives::select(k, bytes, size(), algorithms_, thresholds_, &topology_, has_arena(),
+                            arena_single_copy_from(k), arena_single_copy_below(k));
     if (a == collectives::algorithm::shm && !has_arena()) {
         throw std::invalid_argument(
             prefix(collectives::kind_name(k)) +

@@ -124,6 +124,9 @@ struct arena_header {
     // The creator's sizes from which each use copies straight from the ranks' buffers (see
     // shm_arena::single_copy; by single_copy_use, 0: never): one set for the group.
     std::uint64_t single_copy_from[single_copy_uses] = {};
+    // ... and below which, in KiB (0: no bound; see shm_arena::single_copy): 32 bits, so that
+    // the header keeps to the 128 bytes before the ranks' lines.
+    std::uint32_t single_copy_below_kib[single_copy_uses] = {};
     // The creator's L2 in bytes (machine_cache_sizes; 0: not known), from which every rank
     // derives the group's size thresholds alike (collectives::thresholds::for_l2).
     std::uint64_t l2_bytes = 0;
@@ -306,10 +309,12 @@ public:
     /// (`allow_single_copy`) and `bytes` is at least the group's `single_copy_from(u)` (rank
     /// 0's, derived from `engine_options::shm_arena_single_copy_bytes` and the group's size
     /// by `detail::single_copy_from_for`, kept in the arena, so that every rank decides alike;
-    /// 0: never).
+    /// 0: never) and below its `single_copy_below(u)` where that is not 0
+    /// (`detail::single_copy_below_for`).
     bool single_copy(single_copy_use u, std::size_t bytes) const noexcept {
         const std::size_t from = single_copy_from(u);
-        return single_copy_allowed_ && from > 0 && bytes >= from;
+        const std::size_t below = single_copy_below(u);
+        return single_copy_allowed_ && from > 0 && bytes >= from && (below == 0 || bytes < below);
     }
     /// Every rank may read every other's memory (found at set-up): see `single_copy`.
     void allow_single_copy() noexcept { single_copy_allowed_ = true; }
@@ -319,6 +324,10 @@ public:
     /// buffers, when allowed (0: never).
     std::size_t single_copy_from(single_copy_use u) const noexcept {
         return single_copy_from_[static_cast<std::size_t>(u)];
+    }
+    /// The group's size from which calls of use `u` copy through the arena again (0: none).
+    std::size_t single_copy_below(single_copy_use u) const noexcept {
+        return single_copy_below_[static_cast<std::size_t>(u)];
     }
     /// The L2 of rank 0's cores (bytes, 0: not known), kept in the arena so that every rank
     /// derives the same size thresholds from it.
@@ -652,6 +661,7 @@ private:
     // The ranks a suspended step still waits for (what a status answer lists); sized once.
     std::vector<int> missing_;
     std::size_t single_copy_from_[single_copy_uses] = {};
+    std::size_t single_copy_below_[single_copy_uses] = {};
     std::size_t l2_bytes_ = 0;
     bool single_copy_allowed_ = false;
     bool backward_ = false;

@@ -39,11 +39,12 @@ namespace detail {
 // Where one process_vm_readv costs `slow_single_copy` or more before it copies a byte
 // (`copy_cost`, `single_copy_cost()`: a VM that traps system calls), the 2-rank sizes of
 // broadcast, gather and scatter move up to where the arena's two copies outgrow the L2:
-// broadcast from a buffer of the L2, gather and scatter from blocks of half of it (a whole
-// buffer of the L2); 2-rank all_gather, all_to_all and all_reduce, where both ranks read from
-// each other at once, make none (the kernel's copy there cost 2-4x a memcpy of the same bytes,
-// and the pair's ring or the arena's data sets led at every size: docs/performance.md, "No
-// single copies both ways where a process_vm_readv is slow"); on 3 to 8 ranks scatter from
+// broadcast from a buffer of the L2, gather, scatter and all_to_all from blocks of half of it
+// (a whole buffer of the L2; all_to_all up to `single_copy_below_for`); 2-rank all_gather and
+// all_reduce, where both ranks read from each other at once, make none (the kernel's copy there
+// cost 2-4x a memcpy of the same bytes, and the pair's ring or the arena's data sets led at
+// every size: docs/performance.md, "No single copies both ways where a process_vm_readv is
+// slow"); on 3 to 8 ranks scatter from
 // blocks of the L2 over the ranks (a whole buffer of the L2), never below the size above
 // (docs/performance.md, "Single copies where a system call is slow"), and all_to_all none (the
 // pairwise exchange led it from 128 KiB to 16 MiB blocks: "No single copies of all_to_all on 3
@@ -51,6 +52,18 @@ namespace detail {
 COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std::size_t option,
                                                std::size_t l2_bytes,
                                                std::chrono::nanoseconds copy_cost = {});
+
+// The size (as `single_copy_from_for` measures it) from which use `u` of `ranks` ranks makes
+// no single copies again; 0: no bound. Where a process_vm_readv is slow (`copy_cost`), an
+// all_to_all of 2 ranks sends blocks of 8 L2s or more through the pair's ring again: on an AMD
+// EPYC VM with a 1 MiB L2 single copies led the ring for blocks of 512 KiB to 4 MiB (4 MiB in
+// all: 133-181 us against 191-209), tied at 8 MiB blocks and trailed from 16 MiB ones (64 MiB
+// in all: 5.7-6.0 ms against 5.1-5.4; docs/performance.md, "Single copies of all_to_all of 2 ranks
+// between half the L2 and 8 L2s where a process_vm_readv is slow"). Not a set size
+// (`option`), not elsewhere.
+COROCOLL_DECL std::size_t single_copy_below_for(single_copy_use u, int ranks, std::size_t option,
+                                                std::size_t l2_bytes,
+                                                std::chrono::nanoseconds copy_cost = {});
 
 // From this cost of a process_vm_readv of a few bytes, single copies of 2 ranks wait for larger
 // buffers (`single_copy_from_for`): an AMD EPYC VM whose getppid took 1.0 us paid 1.9-2.1 us,

@@ -18,6 +18,7 @@ COROCOLL_DECL shm_arena::shm_arena(void* mapping, std::size_t bytes, int rank)
     data_ = base_ + data_offset(size_);
     for (std::size_t u = 0; u < single_copy_uses; ++u) {
         single_copy_from_[u] = static_cast<std::size_t>(h->single_copy_from[u]);
+        single_copy_below_[u] = std::size_t{h->single_copy_below_kib[u]} << 10;
     }
     l2_bytes_ = static_cast<std::size_t>(h->l2_bytes);
     step_ = 0;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 
 COROCOLL_BEGIN_NAMESPACE
 
@@ -30,8 +31,11 @@ COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std
     };
     const std::size_t kib = 1024;
     if (ranks == 2) {
-        // Where it is slow, the calls in which both ranks copy from each other make none: the
-        // pair's ring, whose two copies the two ranks make at once, led them at every size.
+        // Where it is slow, all_reduce and all_gather, where both ranks copy from each other,
+        // make none: the pair's ring, whose two copies the two ranks make at once, led them at
+        // every size. all_to_all makes them from blocks of half the L2 to blocks of 8 L2s
+        // (`single_copy_below_for`): there the ring's three copies (the own block, in and
+        // out of the ring) trailed one copy by the kernel and the own block's.
         switch (u) {
             case single_copy_use::all_reduce:
                 return slow ? 0 : l2;
@@ -40,7 +44,7 @@ COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std
             case single_copy_use::all_gather:
                 return slow ? 0 : 8 * kib;
             case single_copy_use::all_to_all:
-                return slow ? 0 : 16 * kib;
+                return from(16 * kib, l2 / 2);
             default:  // gather, scatter
                 return from(16 * kib, l2 / 2);
         }
@@ -57,6 +61,15 @@ COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std
         default:
             return 0;
     }
+}
+
+COROCOLL_DECL std::size_t single_copy_below_for(single_copy_use u, int ranks, std::size_t option,
+                                                std::size_t l2_bytes,
+                                                std::chrono::nanoseconds copy_cost) {
+    if (option != engine_options::automatic_single_copy || copy_cost < slow_single_copy) return 0;
+    if (u != single_copy_use::all_to_all || ranks != 2) return 0;
+    const std::size_t l2 = l2_bytes > 0 ? l2_bytes : std::size_t{2} << 20;
+    return 8 * l2;
 }
 
 COROCOLL_DECL std::chrono::nanoseconds single_copy_cost() noexcept {
@@ -84,6 +97,13 @@ COROCOLL_DECL mapping create_arena(int ranks, std::size_t set_bytes, std::uint64
         h->single_copy_from[u] =
             single_copy_from_for(static_cast<single_copy_use>(u), ranks, single_copy_bytes,
                                  l2_bytes, single_copy_cost());
+        const std::size_t below =
+            single_copy_below_for(static_cast<single_copy_use>(u), ranks, single_copy_bytes,
+                                  l2_bytes, single_copy_cost());
+        // Whole KiB, rounded up (a bound past 4 TiB is none).
+        const std::size_t kib = (below + 1023) >> 10;
+        h->single_copy_below_kib[u] =
+            kib > std::numeric_limits<std::uint32_t>::max() ? 0 : static_cast<std::uint32_t>(kib);
     }
     h->l2_bytes = l2_bytes;
     const std::uint64_t steps = arena_steps_for(ranks);
