@@ -211,7 +211,7 @@ def parse_args():
                    help="a section of its own in performance.md, and perf/NAME/ for its files")
     p.add_argument("--recheck", type=int, default=2,
                    help="times each flagged cell (over 1.25x the best peer, or a cliff) is "
-                        "measured again, its corocoll system and the best peer alone at that "
+                        "measured again, its corocoll system and every peer alone at that "
                         "size; the cell then keeps the median of all its runs (0: none)")
     a = p.parse_args()
     if a.quick:
@@ -619,22 +619,27 @@ def run_segments(a, system, op, ranks, runs, out, timeout=None):
 
 
 def recheck_plan(a, rows):
-    """The runs of a recheck, in order: [(system, op, ranks, size)]. Each flagged cell's two
-    systems (the corocoll system and the peer that beat it), or each cliff's two sizes of one
-    system, run one after the other, a.recheck times over (A B A B), each alone at that size.
-    Not every corocoll run first and every peer's after: a VM's processors can be placed
-    nearer or farther apart for minutes at a time (a 2-vCPU AMD EPYC: a cache line crossed in
-    75-90 ns for a while, in 330 ns for another; Open MPI's 8 B ping-pong 0.13 µs, then 0.45),
-    and the two sides of one comparison must see the machine alike."""
+    """The runs of a recheck, in order: [(system, op, ranks, size)]. Each flagged cell's
+    systems (the corocoll system and every peer that ran the cell, not only the one that beat
+    it), or each cliff's two sizes of one system, run one after the other, a.recheck times over
+    (A B C A B C), each alone at that size. Not every corocoll run first and every peer's
+    after: a VM's processors can be placed nearer or farther apart for minutes at a time (a
+    2-vCPU AMD EPYC: a cache line crossed in 75-90 ns for a while, in 330 ns for another; Open
+    MPI's 8 B ping-pong 0.13 µs, then 0.45), and the sides of one comparison must see the
+    machine alike. Every peer, since the recheck may move a cell's best peer: a sweep's
+    all_to_all of 16 MiB, flagged far against vader, was rechecked mostly near, where vader
+    and corocoll both ran slower, and then stood flagged against MPICH's one far run."""
     groups = []
+    cells = sweep_summary.by_cell(rows)
     for ref in sweep_summary.REFERENCE_SYSTEMS:
         peers = sweep_summary.peers_of(ref, a.systems)
         if ref not in a.systems or not peers:
             continue
-        rat = sweep_summary.ratios(sweep_summary.by_cell(rows), ref, peers)
-        for (op, ranks, size), (r, who) in sorted(rat.items()):
+        rat = sweep_summary.ratios(cells, ref, peers)
+        for (op, ranks, size), (r, _) in sorted(rat.items()):
             if r > sweep_summary.FLAG_RATIO:
-                groups.append(((ref, op, ranks, size), (who, op, ranks, size)))
+                ran = [p for p in peers if p in cells[(op, ranks, size)]]
+                groups.append(tuple((s, op, ranks, size) for s in [ref, *ran]))
     for system, op, ranks, size, _, bigger, _ in sweep_summary.cliffs(rows):
         groups.append(((system, op, ranks, size), (system, op, ranks, bigger)))
     # A run that is in two groups (a flagged peer's cell that is also a cliff's size) runs in
@@ -912,10 +917,10 @@ def section(a, m, results, plots, summary):
         "the total of wrong elements); n/a marks an op the system does not have. "
         f"Iterations: {policy}." + (
             f" A cell over {sweep_summary.FLAG_RATIO}x the best peer, or either size of a "
-            f"cliff, was measured {a.recheck} more times (the corocoll system and the peer "
-            "that beat it, or the cliff's two sizes, each alone at that size and one after "
-            "the other, A B A B: a VM's processors may sit nearer or farther apart for "
-            "minutes) and keeps the median of its runs (results.json lists them)."
+            f"cliff, was measured {a.recheck} more times (the corocoll system and every peer "
+            "that ran the cell, or the cliff's two sizes, each alone at that size and one "
+            "after the other, A B C A B C: a VM's processors may sit nearer or farther apart "
+            "for minutes) and keeps the median of its runs (results.json lists them)."
             if a.recheck > 0 else ""),
         "",
         (f"The machine has {cpus} CPUs, so the runs with {oversubscribed} are "
