@@ -133,6 +133,13 @@ struct thresholds {
     /// ... and on more (measured with coll_perf, docs/performance.md, "reduce_scatter and
     /// all_to_all through the arena").
     std::size_t shm_exchange_below = std::size_t{512} << 10;
+    /// On a group with a shared arena of 3 to 8 ranks, an all_to_all past those data sets that
+    /// makes no single copies sends every block at once (all_to_all_linear: every channel's
+    /// ring busy together) for blocks below this size, by the pairwise exchange from there:
+    /// measured with coll_perf, forced, on 3, 4 and 8 ranks (docs/performance.md,
+    /// "all_to_all of 3 to 8 ranks all at once on one host"). A cost of n - 1 streams at
+    /// once against n - 1 rounds, not a cache size: not scaled with the L2.
+    std::size_t shm_all_to_all_linear_block_below = std::size_t{16} << 20;
     /// On a group with a shared arena, reduce, gather and scatter whose rank-written part fits
     /// a step's lines (rooted_shm.hpp) go through it, but for 2-rank gathers and scatters in
     /// the message window below (`shm_pair_message_from`); on 2 ranks gather also goes through

@@ -359,6 +359,11 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
                 return algorithm::shm;
             }
         }
+        if (k == collective_kind::all_to_all && n > 2 && n <= 8) {
+            return bytes / static_cast<std::size_t>(n) < t.shm_all_to_all_linear_block_below
+                       ? algorithm::linear
+                       : algorithm::pairwise;
+        }
     }
     if (hosts != nullptr && hosts->hierarchical() && supports(k, algorithm::hierarchical)) {
         return algorithm::hierarchical;
