@@ -43,9 +43,7 @@ COROCOLL_DECL std::size_t single_copy_from_for(single_copy_use u, int ranks, std
                 return from(16 * kib, l2);
             case single_copy_use::all_gather:
                 return slow ? 0 : 8 * kib;
-            case single_copy_use::all_to_all:
-                return from(16 * kib, l2 / 2);
-            default:  // gather, scatter
+            default:  // gather, scatter, all_to_all
                 return from(16 * kib, l2 / 2);
         }
     }
