@@ -261,6 +261,14 @@ TEST_CASE("an all_to_all of 2 ranks leaves its single copies at the arena's boun
     // below `single_copy_from` pairwise too, and through the data sets below the exchange's
     // bound.
     using namespace cc::collectives;
+    // The window that both the arena and select read: from inclusive, below exclusive, 0 from
+    // never, 0 below no bound.
+    using cc::transport::in_single_copy_sizes;
+    CHECK_FALSE(in_single_copy_sizes(1 * mib, 0, 0));
+    CHECK_FALSE(in_single_copy_sizes(512 * kib - 1, 512 * kib, 8 * mib));
+    CHECK(in_single_copy_sizes(512 * kib, 512 * kib, 8 * mib));
+    CHECK_FALSE(in_single_copy_sizes(8 * mib, 512 * kib, 8 * mib));
+    CHECK(in_single_copy_sizes(64 * mib, 512 * kib, 0));
     const algorithm_choice none;
     for (std::size_t l2 : {512 * kib, 1 * mib, 2 * mib}) {
         CAPTURE(l2);

@@ -291,8 +291,7 @@ COROCOLL_DECL algorithm select(collective_kind k, std::size_t bytes, int n,
         // rank offers: a broadcast's, one block of the others; `single_copy_from` and
         // `single_copy_below` are this kind's).
         auto single = [&](std::size_t offered) {
-            return single_copy_from > 0 && offered >= single_copy_from &&
-                   (single_copy_below == 0 || offered < single_copy_below);
+            return transport::in_single_copy_sizes(offered, single_copy_from, single_copy_below);
         };
         if (k == collective_kind::all_reduce) {
             if (single(bytes)) return algorithm::shm;

@@ -110,6 +110,14 @@ constexpr const char* single_copy_use_name(single_copy_use u) noexcept {
     return names[static_cast<std::size_t>(u)];
 }
 
+/// Whether a call whose offered buffer has `bytes` bytes lies in its use's single-copy sizes,
+/// from `from` (0: never) up to, not including, `below` (0: no bound). The arena's own check
+/// (shm_arena::single_copy) and collectives::select both ask this, so they cannot disagree.
+constexpr bool in_single_copy_sizes(std::size_t bytes, std::size_t from,
+                                    std::size_t below) noexcept {
+    return from > 0 && bytes >= from && (below == 0 || bytes < below);
+}
+
 namespace detail {
 
 /// "CCARENA1": the first word of an arena.
@@ -312,9 +320,8 @@ public:
     /// 0: never) and below its `single_copy_below(u)` where that is not 0
     /// (`detail::single_copy_below_for`).
     bool single_copy(single_copy_use u, std::size_t bytes) const noexcept {
-        const std::size_t from = single_copy_from(u);
-        const std::size_t below = single_copy_below(u);
-        return single_copy_allowed_ && from > 0 && bytes >= from && (below == 0 || bytes < below);
+        return single_copy_allowed_ &&
+               in_single_copy_sizes(bytes, single_copy_from(u), single_copy_below(u));
     }
     /// Every rank may read every other's memory (found at set-up): see `single_copy`.
     void allow_single_copy() noexcept { single_copy_allowed_ = true; }
